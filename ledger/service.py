@@ -1,0 +1,369 @@
+"""The Ledger service: group-committed appends, signed checkpoints, reads and proofs.
+
+Formats: entries per ledger/entry.py (RFC 8785), tree per RFC 6962/9162 (ledger/merkle.py),
+checkpoints per C2SP tlog-checkpoint (ledger/note.py).
+
+Group commit: append() enqueues and waits; one writer thread drains the queue, assigns seq/time/prev,
+writes the whole batch, its blobs and one signed checkpoint in a single transaction (one fsync), and
+only then wakes the callers. A failed write rolls the in-memory tree back to the store's state.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ledger.entry import ZERO_HASH, PreparedEntry, encode, format_time, prepare
+from ledger.errors import (
+    EntryNotFound,
+    LedgerClosed,
+    LedgerCorrupted,
+    LedgerError,
+    LedgerUnavailable,
+    ProofError,
+)
+from ledger.keys import NoteSigner
+from ledger.merkle import MerkleTree, leaf_hash
+from ledger.note import Checkpoint, parse_checkpoint, sign_checkpoint
+from ledger.store import LedgerStore, Row, open_store
+
+MAX_BATCH = 1024
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    seq: int
+    hash: str
+    time: str
+    blobs: dict[str, str]
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    seq: int
+    hash: str
+    raw: bytes
+    value: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class InclusionProof:
+    leaf_index: int
+    tree_size: int
+    leaf_hash: bytes
+    hashes: list[bytes]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "leaf_index": self.leaf_index,
+            "tree_size": self.tree_size,
+            "leaf_hash": base64.b64encode(self.leaf_hash).decode(),
+            "hashes": [base64.b64encode(h).decode() for h in self.hashes],
+        }
+
+
+@dataclass(frozen=True)
+class ConsistencyProof:
+    old_size: int
+    new_size: int
+    hashes: list[bytes]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "old_size": self.old_size,
+            "new_size": self.new_size,
+            "hashes": [base64.b64encode(h).decode() for h in self.hashes],
+        }
+
+
+@dataclass
+class LedgerStats:
+    """Counters for the group-commit writer (read them, do not write)."""
+
+    batches: int = 0
+    entries: int = 0
+    max_batch: int = 0
+    failed_batches: int = 0
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+
+
+class _Pending:
+    __slots__ = ("error", "event", "prep", "result")
+
+    def __init__(self, prep: PreparedEntry) -> None:
+        self.prep = prep
+        self.event = threading.Event()
+        self.result: AppendResult | None = None
+        self.error: LedgerError | None = None
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise LedgerCorrupted("stored entry is not JSON") from e
+    if not isinstance(value, dict):
+        raise LedgerCorrupted("stored entry is not a JSON object")
+    return value
+
+
+class Ledger:
+    """Append-only signed ledger over a LedgerStore. All public methods are thread-safe."""
+
+    def __init__(self, store: LedgerStore, signer: NoteSigner, clock: Callable[[], datetime]) -> None:
+        self._store = store
+        self._signer = signer
+        self._clock = clock
+        self._tree = MerkleTree()
+        self._size = 0
+        self._last_hash = ZERO_HASH
+        self._checkpoint: str | None = None
+        self.stats = LedgerStats()
+        # _state guards tree/size/last hash/checkpoint; the writer never holds it across I/O.
+        self._state = threading.Lock()
+        self._cv = threading.Condition()
+        self._queue: list[_Pending] = []
+        self._closed = False
+        self._writer: threading.Thread | None = None
+
+    @classmethod
+    def open(cls, url: str, *, signer: NoteSigner, clock: Callable[[], datetime] | None = None) -> Ledger:
+        """Open (creating tables if missing), rebuild the tree and check the tail.
+
+        Raises StoreError if the store cannot be opened and LedgerCorrupted if its tail is broken.
+        """
+        store = open_store(url)
+        try:
+            led = cls(store, signer, clock or _utcnow)
+            led._load()
+        except BaseException:
+            store.close()
+            raise
+        led._writer = threading.Thread(target=led._run_writer, name="ledger-writer", daemon=True)
+        led._writer.start()
+        return led
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        leaves = bytearray()
+        last: Row | None = None
+        sha = hashlib.sha256
+        for expect, row in enumerate(self._store.iter_entries(0)):
+            if row[0] != expect:
+                raise LedgerCorrupted(f"ledger store has a gap at seq {expect}")
+            leaves += sha(b"\x00" + row[2]).digest()
+            last = row
+        tree = MerkleTree.from_leaf_hashes(leaves)
+        if last is not None and hashlib.sha256(last[2]).hexdigest() != last[1]:
+            raise LedgerCorrupted(f"seq {last[0]}: stored hash does not match its bytes")
+        cp = self._store.latest_checkpoint()
+        if cp is not None:
+            size, note = cp
+            try:
+                checkpoint = parse_checkpoint(note[: note.rfind("\n\n") + 1])
+            except LedgerError as e:
+                raise LedgerCorrupted(f"latest checkpoint is malformed: {e.diagnostics()}") from e
+            if size != tree.size or checkpoint.size != size:
+                raise LedgerCorrupted(f"latest checkpoint is for size {size} but the store holds {tree.size}")
+            if checkpoint.root != tree.root(size):
+                raise LedgerCorrupted(f"latest checkpoint root does not match the entries (size {size})")
+            self._checkpoint = note
+        elif tree.size:
+            raise LedgerCorrupted("ledger has entries but no checkpoint")
+        with self._state:
+            self._tree = tree
+            self._size = tree.size
+            self._last_hash = last[1] if last is not None else ZERO_HASH
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def append(
+        self, kind: str, body: Mapping[str, Any], *, blobs: Mapping[str, bytes] | None = None
+    ) -> AppendResult:
+        """Append one entry; returns once it is durable and covered by a signed checkpoint.
+
+        Raises InvalidEntry for a body that is not I-JSON, LedgerUnavailable if the write failed.
+        """
+        p = _Pending(prepare(kind, body, blobs))
+        with self._cv:
+            if self._closed:
+                raise LedgerClosed("ledger is closed")
+            self._queue.append(p)
+            self._cv.notify()
+        p.event.wait()
+        if p.error is not None:
+            raise p.error
+        assert p.result is not None
+        return p.result
+
+    def _run_writer(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                batch = self._queue[:MAX_BATCH]
+                del self._queue[:MAX_BATCH]
+            self._commit(batch)
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        with self._state:
+            start, prev = self._size, self._last_hash
+        rows: list[Row] = []
+        results: list[AppendResult] = []
+        blobs: dict[str, bytes] = {}
+        try:
+            for i, p in enumerate(batch):
+                t = format_time(self._clock())
+                raw = encode(p.prep, start + i, t, prev)
+                prev = hashlib.sha256(raw).hexdigest()
+                rows.append((start + i, prev, raw))
+                results.append(AppendResult(start + i, prev, t, dict(p.prep.blob_refs)))
+                blobs.update(p.prep.blob_data)
+            end = start + len(rows)
+            with self._state:
+                for r in rows:
+                    self._tree.append(leaf_hash(r[2]))
+                root = self._tree.root(end)
+            note = sign_checkpoint(Checkpoint(self._signer.name, end, root), self._signer)
+            self._store.write_batch(rows, blobs, (end, note))
+        except Exception as e:  # the writer must survive anything; callers get a LedgerError
+            err = LedgerUnavailable(f"ledger write failed: {e}")
+            err.__cause__ = e
+            self._recover(start, rows, batch, err)
+            return
+        with self._state:
+            self._size, self._last_hash, self._checkpoint = end, prev, note
+        self._record(len(batch))
+        for p, res in zip(batch, results, strict=True):
+            p.result = res
+            p.event.set()
+
+    def _recover(self, start: int, rows: list[Row], batch: list[_Pending], err: LedgerUnavailable) -> None:
+        """After a failed write, make memory match the store again, then fail the batch.
+
+        A commit can fail after the database made it durable (e.g. a lost connection on COMMIT);
+        then the store is the truth and the batch succeeded after all.
+        """
+        with self._state:
+            self._tree.truncate(start)
+        try:
+            stored = self._store.count()
+        except LedgerError:
+            stored = -1
+        if rows and stored == start + len(rows):
+            got = self._store.get_entries(rows[-1][0], 1)
+            if got and got[0][1] == rows[-1][1] and got[0][2] == rows[-1][2]:
+                cp = self._store.latest_checkpoint()
+                with self._state:
+                    for r in rows:
+                        self._tree.append(leaf_hash(r[2]))
+                    self._size, self._last_hash = start + len(rows), rows[-1][1]
+                    self._checkpoint = cp[1] if cp else self._checkpoint
+                self._record(len(batch))
+                for p, r in zip(batch, rows, strict=True):
+                    p.result = AppendResult(r[0], r[1], json.loads(r[2])["time"], dict(p.prep.blob_refs))
+                    p.event.set()
+                return
+        self.stats.failed_batches += 1
+        for p in batch:
+            p.error = err
+            p.event.set()
+
+    def _record(self, n: int) -> None:
+        s = self.stats
+        s.batches += 1
+        s.entries += n
+        s.max_batch = max(s.max_batch, n)
+        s.batch_sizes[n] = s.batch_sizes.get(n, 0) + 1
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def size(self) -> int:
+        """Number of durable entries."""
+        with self._state:
+            return self._size
+
+    def entry(self, seq: int) -> StoredEntry:
+        """The entry at seq; raises EntryNotFound (or StoreError)."""
+        if seq < 0 or seq >= self.size():
+            raise EntryNotFound(seq)
+        rows = self._store.get_entries(seq, 1)
+        if not rows or rows[0][0] != seq:
+            raise EntryNotFound(seq)
+        s, h, raw = rows[0]
+        return StoredEntry(s, h, raw, _parse(raw))
+
+    def entries(self, start: int = 0, limit: int = 100) -> list[StoredEntry]:
+        """Up to limit entries from start, in seq order; raises StoreError."""
+        limit = min(max(limit, 0), self.size() - max(start, 0))
+        if limit <= 0:
+            return []
+        return [
+            StoredEntry(s, h, raw, _parse(raw)) for s, h, raw in self._store.get_entries(max(start, 0), limit)
+        ]
+
+    def blob(self, digest: str) -> bytes | None:
+        return self._store.get_blob(digest)
+
+    def root(self, size: int | None = None) -> bytes:
+        """Merkle tree hash at size (default: current); raises ProofError."""
+        with self._state:
+            return self._tree.root(self._size if size is None else self._bounded(size))
+
+    def latest_checkpoint(self) -> str:
+        """Signed checkpoint note for the current size (signed on the fly for an empty ledger)."""
+        with self._state:
+            note = self._checkpoint
+            root = self._tree.root(self._size)
+            size = self._size
+        if note is None:
+            note = sign_checkpoint(Checkpoint(self._signer.name, size, root), self._signer)
+        return note
+
+    def _bounded(self, size: int) -> int:
+        if not 0 <= size <= self._size:
+            raise ProofError(f"tree size {size} is beyond the ledger's {self._size} entries")
+        return size
+
+    def inclusion_proof(self, seq: int, size: int | None = None) -> InclusionProof:
+        """RFC 9162 inclusion proof of entry seq in the tree of size; raises ProofError."""
+        with self._state:
+            n = self._size if size is None else self._bounded(size)
+            hashes = self._tree.inclusion_proof(seq, n)
+            return InclusionProof(seq, n, self._tree.leaf(seq), hashes)
+
+    def consistency_proof(self, old: int, new: int | None = None) -> ConsistencyProof:
+        """RFC 9162 consistency proof between tree sizes old and new; raises ProofError."""
+        with self._state:
+            n = self._size if new is None else self._bounded(new)
+            return ConsistencyProof(old, n, self._tree.consistency_proof(old, n))
+
+    def close(self) -> None:
+        """Finish queued appends, stop the writer and close the store. Idempotent."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._cv.notify_all()
+        if self._writer is not None:
+            self._writer.join()
+        self._store.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

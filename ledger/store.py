@@ -1,0 +1,304 @@
+"""Ledger storage port (LedgerStore) and its SQLite and PostgreSQL adapters.
+
+Schema (both engines): ledger_entries(seq, hash, data), ledger_checkpoints(size, note),
+ledger_blobs(digest, data). Triggers refuse UPDATE and DELETE (and TRUNCATE on PostgreSQL) so the
+ledger role can only append and read (DESIGN.md "Stores", requirement H3). Every driver error is
+mapped to StoreError here, at the boundary.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+from ledger.errors import StoreError
+
+Row = tuple[int, str, bytes]
+
+_SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger_entries (seq INTEGER PRIMARY KEY, hash TEXT NOT NULL, data BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_checkpoints (size INTEGER PRIMARY KEY, note TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_blobs (digest TEXT PRIMARY KEY, data BLOB NOT NULL);
+CREATE TRIGGER IF NOT EXISTS ledger_entries_no_update BEFORE UPDATE ON ledger_entries
+  BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS ledger_entries_no_delete BEFORE DELETE ON ledger_entries
+  BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS ledger_checkpoints_no_update BEFORE UPDATE ON ledger_checkpoints
+  BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS ledger_checkpoints_no_delete BEFORE DELETE ON ledger_checkpoints
+  BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS ledger_blobs_no_update BEFORE UPDATE ON ledger_blobs
+  BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS ledger_blobs_no_delete BEFORE DELETE ON ledger_blobs
+  BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+"""
+
+_PG_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger_entries (seq BIGINT PRIMARY KEY, hash TEXT NOT NULL, data BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_checkpoints (size BIGINT PRIMARY KEY, note TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_blobs (digest TEXT PRIMARY KEY, data BYTEA NOT NULL);
+CREATE OR REPLACE FUNCTION ledger_refuse_change() RETURNS trigger LANGUAGE plpgsql AS
+  $$ BEGIN RAISE EXCEPTION 'ledger is append-only'; END $$;
+DO $$ DECLARE t text; BEGIN
+  FOREACH t IN ARRAY ARRAY['ledger_entries', 'ledger_checkpoints', 'ledger_blobs'] LOOP
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = t || '_append_only') THEN
+      EXECUTE format('CREATE TRIGGER %I BEFORE UPDATE OR DELETE ON %I
+                      FOR EACH ROW EXECUTE FUNCTION ledger_refuse_change()', t || '_append_only', t);
+      EXECUTE format('CREATE TRIGGER %I BEFORE TRUNCATE ON %I
+                      FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_change()', t || '_no_truncate', t);
+    END IF;
+  END LOOP;
+END $$;
+"""
+
+_FETCH = 2048
+
+
+class LedgerStore(Protocol):
+    """What the ledger needs from a database. Implementations are safe to share between threads."""
+
+    def create_schema(self) -> None: ...
+    def count(self) -> int: ...
+    def iter_entries(self, start: int = 0) -> Iterator[Row]: ...
+    def get_entries(self, start: int, limit: int) -> list[Row]: ...
+    def get_blob(self, digest: str) -> bytes | None: ...
+    def checkpoints(self) -> list[tuple[int, str]]: ...
+    def latest_checkpoint(self) -> tuple[int, str] | None: ...
+    def write_batch(
+        self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]
+    ) -> None:
+        """Insert rows, blobs and the checkpoint in one durable transaction (all or nothing)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_store(url: str, *, create: bool = True) -> LedgerStore:
+    """Open sqlite:///abs/path.db or postgresql://...; create=False requires existing tables."""
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        if not parsed.path or parsed.netloc:
+            raise StoreError(f"SQLite URL must be sqlite:///absolute/path.db, got {url!r}")
+        return SqliteStore(Path(parsed.path), create=create)
+    if parsed.scheme in ("postgresql", "postgres"):
+        return PostgresStore(url, create=create)
+    raise StoreError(f"unsupported ledger store URL {url!r} (use sqlite:/// or postgresql://)")
+
+
+class SqliteStore:
+    """SQLite in WAL mode with synchronous=FULL: a commit returns only after the WAL is fsynced."""
+
+    def __init__(self, path: Path, *, create: bool = True) -> None:
+        self.path = path
+        if not create and not path.is_file():
+            raise StoreError(f"no ledger database at {path}")
+        try:
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            self._w = self._connect()
+            self._r = self._connect()
+            if create:
+                self._w.executescript(_SQLITE_SCHEMA)
+            else:
+                have = {r[0] for r in self._r.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                missing = {"ledger_entries", "ledger_checkpoints", "ledger_blobs"} - have
+                if missing:
+                    raise StoreError(
+                        f"{path} is not a ledger database (missing {', '.join(sorted(missing))})"
+                    )
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open ledger database {path}: {e}") from e
+        self._wlock = threading.Lock()
+        self._rlock = threading.Lock()
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
+    def create_schema(self) -> None:
+        with self._wlock:
+            try:
+                self._w.executescript(_SQLITE_SCHEMA)
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot create ledger tables: {e}") from e
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._rlock:
+            try:
+                return self._r.execute(sql, args).fetchall()
+            except sqlite3.Error as e:
+                raise StoreError(f"ledger read failed: {e}") from e
+
+    def count(self) -> int:
+        return int(self._query("SELECT count(*) FROM ledger_entries")[0][0])
+
+    def iter_entries(self, start: int = 0) -> Iterator[Row]:
+        # A private connection: a long scan must not hold the shared reader's lock.
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            try:
+                cur = conn.execute(
+                    "SELECT seq, hash, data FROM ledger_entries WHERE seq >= ? ORDER BY seq", (start,)
+                )
+                while rows := cur.fetchmany(_FETCH):
+                    yield from rows
+            finally:
+                conn.close()
+        except sqlite3.Error as e:
+            raise StoreError(f"ledger read failed: {e}") from e
+
+    def get_entries(self, start: int, limit: int) -> list[Row]:
+        return self._query(
+            "SELECT seq, hash, data FROM ledger_entries WHERE seq >= ? ORDER BY seq LIMIT ?", (start, limit)
+        )
+
+    def get_blob(self, digest: str) -> bytes | None:
+        rows = self._query("SELECT data FROM ledger_blobs WHERE digest = ?", (digest,))
+        return bytes(rows[0][0]) if rows else None
+
+    def checkpoints(self) -> list[tuple[int, str]]:
+        return [
+            (int(s), str(n))
+            for s, n in self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size")
+        ]
+
+    def latest_checkpoint(self) -> tuple[int, str] | None:
+        rows = self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size DESC LIMIT 1")
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
+
+    def write_batch(
+        self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]
+    ) -> None:
+        with self._wlock:
+            c = self._w
+            try:
+                c.execute("BEGIN IMMEDIATE")
+                try:
+                    c.executemany("INSERT INTO ledger_entries (seq, hash, data) VALUES (?, ?, ?)", rows)
+                    if blobs:
+                        c.executemany(
+                            "INSERT OR IGNORE INTO ledger_blobs (digest, data) VALUES (?, ?)", blobs.items()
+                        )
+                    c.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (?, ?)", checkpoint)
+                    c.execute("COMMIT")
+                except BaseException:
+                    if c.in_transaction:
+                        c.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise StoreError(f"ledger write failed: {e}") from e
+
+    def close(self) -> None:
+        with self._wlock, self._rlock:
+            self._w.close()
+            self._r.close()
+
+
+class PostgresStore:
+    """PostgreSQL via psycopg 3; synchronous_commit=on so COMMIT returns after the WAL flush."""
+
+    def __init__(self, url: str, *, create: bool = True) -> None:
+        import psycopg
+
+        self._psycopg = psycopg
+        self.url = url
+        try:
+            self._w = psycopg.connect(url, autocommit=True)
+            self._r = psycopg.connect(url, autocommit=True)
+            self._w.execute("SET synchronous_commit = on")
+            if create:
+                # Serialise concurrent first starts: CREATE ... IF NOT EXISTS races in PostgreSQL.
+                with self._w.transaction():
+                    self._w.execute("SELECT pg_advisory_xact_lock(7305614)")
+                    self._w.execute(_PG_SCHEMA)
+            else:
+                row = self._r.execute(
+                    "SELECT to_regclass('ledger_entries'), to_regclass('ledger_checkpoints'),"
+                    " to_regclass('ledger_blobs')"
+                ).fetchone()
+                if row is None or any(x is None for x in row):
+                    raise StoreError("database has no ledger tables")
+        except psycopg.Error as e:
+            raise StoreError(f"cannot open ledger database: {e}") from e
+        self._wlock = threading.Lock()
+        self._rlock = threading.Lock()
+
+    def create_schema(self) -> None:
+        with self._wlock:
+            try:
+                self._w.execute(_PG_SCHEMA)
+            except self._psycopg.Error as e:
+                raise StoreError(f"cannot create ledger tables: {e}") from e
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._rlock:
+            try:
+                return self._r.execute(sql, args).fetchall()
+            except self._psycopg.Error as e:
+                raise StoreError(f"ledger read failed: {e}") from e
+
+    def count(self) -> int:
+        return int(self._query("SELECT count(*) FROM ledger_entries")[0][0])
+
+    def iter_entries(self, start: int = 0) -> Iterator[Row]:
+        psycopg = self._psycopg
+        try:
+            with psycopg.connect(self.url) as conn, conn.cursor(name="ledger_scan") as cur:
+                cur.itersize = _FETCH
+                cur.execute(
+                    "SELECT seq, hash, data FROM ledger_entries WHERE seq >= %s ORDER BY seq", (start,)
+                )
+                for seq, h, data in cur:
+                    yield int(seq), str(h), bytes(data)
+        except psycopg.Error as e:
+            raise StoreError(f"ledger read failed: {e}") from e
+
+    def get_entries(self, start: int, limit: int) -> list[Row]:
+        rows = self._query(
+            "SELECT seq, hash, data FROM ledger_entries WHERE seq >= %s ORDER BY seq LIMIT %s", (start, limit)
+        )
+        return [(int(s), str(h), bytes(d)) for s, h, d in rows]
+
+    def get_blob(self, digest: str) -> bytes | None:
+        rows = self._query("SELECT data FROM ledger_blobs WHERE digest = %s", (digest,))
+        return bytes(rows[0][0]) if rows else None
+
+    def checkpoints(self) -> list[tuple[int, str]]:
+        return [
+            (int(s), str(n))
+            for s, n in self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size")
+        ]
+
+    def latest_checkpoint(self) -> tuple[int, str] | None:
+        rows = self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size DESC LIMIT 1")
+        return (int(rows[0][0]), str(rows[0][1])) if rows else None
+
+    def write_batch(
+        self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]
+    ) -> None:
+        with self._wlock:
+            try:
+                with self._w.transaction(), self._w.cursor() as cur:
+                    cur.executemany("INSERT INTO ledger_entries (seq, hash, data) VALUES (%s, %s, %s)", rows)
+                    if blobs:
+                        cur.executemany(
+                            "INSERT INTO ledger_blobs (digest, data) VALUES (%s, %s)"
+                            " ON CONFLICT (digest) DO NOTHING",
+                            list(blobs.items()),
+                        )
+                    cur.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (%s, %s)", checkpoint)
+            except self._psycopg.Error as e:
+                raise StoreError(f"ledger write failed: {e}") from e
+
+    def close(self) -> None:
+        with self._wlock, self._rlock:
+            self._w.close()
+            self._r.close()
