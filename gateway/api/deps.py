@@ -1,0 +1,44 @@
+"""Request-scoped dependencies: the gateway, and the caller authenticated inside a transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session
+
+from gateway.auth import TRIGGER_HEADER, Caller, authenticate
+from gateway.context import Gateway
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    gw: Gateway
+    authorization: str | None
+    trigger: str | None
+    source: dict[str, str | bool | None]
+
+    def caller(self, session: Session) -> Caller:
+        return authenticate(session, self.authorization, trigger=self.trigger, source=self.source, now=self.gw.clock())
+
+
+def get_context(
+    request: Request,
+    authorization: Annotated[str | None, Header(description="Bearer token: `Bearer jg_...`")] = None,
+    x_jobgate_trigger: Annotated[
+        str | None, Header(alias=TRIGGER_HEADER, description="Service accounts: pipeline and run id (F1).")
+    ] = None,
+) -> RequestContext:
+    client = request.client.host if request.client else None
+    user_agent = request.headers.get("user-agent", "")
+    source: dict[str, str | bool | None] = {
+        "ip": client,
+        "user_agent": user_agent,
+        "script": x_jobgate_trigger is not None or not user_agent.startswith("Mozilla"),
+        "request_id": request.headers.get("x-request-id"),
+    }
+    return RequestContext(request.app.state.gateway, authorization, x_jobgate_trigger, source)
+
+
+Ctx = Annotated[RequestContext, Depends(get_context)]

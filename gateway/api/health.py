@@ -1,0 +1,15 @@
+"""/healthz: liveness plus the facts an operator checks first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness and readiness")
+def healthz(request: Request) -> dict[str, Any]:
+    gw = request.app.state.gateway
+    return {"status": "ok", "ledger_size": gw.ledger.size(), "policy_hash": gw.policy.policy_hash}

@@ -1,0 +1,55 @@
+"""/v1/jobs: submit, list, show and stop jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response, status
+
+from gateway import jobs
+from gateway.api.deps import Ctx
+from gateway.schemas import JobList, JobOut, JobSubmit, StopRequest, StopResponse
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut, summary="Submit a job")
+def submit_job(spec: JobSubmit, ctx: Ctx) -> JobOut:
+    """Queue a job after the admission pre-check (Q1). Creator is the caller; owner defaults to the caller."""
+    with ctx.gw.transaction() as session:
+        job, _ = jobs.submit(ctx.gw, session, ctx.caller(session), spec)
+        return jobs.job_out(job)
+
+
+@router.get("", response_model=JobList, summary="List jobs you may see")
+def list_jobs(
+    ctx: Ctx,
+    project: Annotated[str | None, Query(description="Only this project")] = None,
+    state: Annotated[str | None, Query(description="Only jobs in this state")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> JobList:
+    with ctx.gw.transaction() as session:
+        found = jobs.list_jobs(ctx.gw, session, ctx.caller(session), project=project, state=state, limit=limit)
+        return JobList(jobs=[jobs.job_out(j) for j in found])
+
+
+@router.get("/{job_id}", response_model=JobOut, summary="Show one job")
+def show_job(job_id: str, ctx: Ctx) -> JobOut:
+    """State, placement, the four ownerships and, once stopped, the stop evidence."""
+    with ctx.gw.transaction() as session:
+        return jobs.job_out(jobs.get_job(ctx.gw, session, ctx.caller(session), job_id))
+
+
+@router.post(
+    "/{job_id}/stop",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=StopResponse,
+    summary="Stop a job (graceful window, then forced)",
+)
+def stop_job(job_id: str, body: StopRequest, ctx: Ctx, response: Response) -> StopResponse:
+    """Decided by policy and recorded in the ledger before anything changes. A queued job is cancelled at
+    once; a running one gets its prepare signal, its grace window, then SIGKILL. Poll the job for
+    `stopped` and its evidence."""
+    with ctx.gw.transaction() as session:
+        job, rec = jobs.stop(ctx.gw, session, ctx.caller(session), job_id, body)
+        return StopResponse(job=jobs.job_out(job), decision=jobs.decision_out(rec))

@@ -1,0 +1,31 @@
+"""/v1/nodes: the pool's nodes, their health and free GPUs (cluster usage, Q10)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy import select
+
+from gateway.api.deps import Ctx
+from gateway.models import Allocation, Node
+
+router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
+
+
+@router.get("", summary="Nodes, health and GPU use")
+def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
+    with ctx.gw.transaction() as session:
+        ctx.caller(session)
+        used: dict[str, int] = defaultdict(int)
+        for node_id, gpus in session.execute(
+            select(Allocation.node, Allocation.gpus).where(Allocation.released.is_(False))
+        ).all():
+            used[node_id] += len(gpus)
+        nodes = session.scalars(select(Node).order_by(Node.id)).all()
+        return {"nodes": [
+            {"id": n.id, "state": n.state, "gpus": n.gpus, "gpus_used": used[n.id],
+             "last_heartbeat": n.last_heartbeat.isoformat() if n.last_heartbeat else None}
+            for n in nodes
+        ]}

@@ -1,0 +1,53 @@
+"""Builds the FastAPI application; nothing is created at import time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
+from fastapi import FastAPI
+
+from gateway.api import agents, health, jobs, ledger, nodes
+from gateway.bootstrap import open_gateway
+from gateway.errors import install_error_handlers
+from gateway.scheduling import SchedulerLoop
+from gateway.settings import Settings
+
+DESCRIPTION = """
+jobgate is the one door through which anyone changes a training job on the shared GPU pool.
+
+Every mutation is authenticated (bearer token), decided against the policy set that security reviewers
+own (Casbin role matrix + Rego guards), **recorded in a signed, hash-chained ledger before anything
+changes**, and only then carried out by the scheduler and the node agents.
+
+Errors are RFC 9457 `application/problem+json` with a stable `type`.
+"""
+
+
+def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Long polls from node agents each hold a worker thread; give them room beside API calls.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 200
+        gw = open_gateway(settings)
+        app.state.gateway = gw
+        loop = SchedulerLoop(gw) if run_scheduler else None
+        if loop:
+            loop.start()
+        try:
+            yield
+        finally:
+            if loop:
+                loop.stop()
+            gw.close()
+
+    app = FastAPI(title="jobgate", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    install_error_handlers(app)
+    for module in (health, jobs, nodes, ledger, agents):
+        app.include_router(module.router)
+    logging.getLogger("jobgate").setLevel(logging.INFO)
+    return app

@@ -1,0 +1,33 @@
+"""Opens a gateway's stores, keys and policy set from settings (shared by the server and the CLI)."""
+
+from __future__ import annotations
+
+from gateway.context import Gateway, load_bindings
+from gateway.db import Database
+from gateway.keys import load_or_create_command_key
+from gateway.policy.engine import EmbeddedEngine
+from gateway.policy.loader import load_policy_set
+from gateway.settings import Settings
+from ledger.keys import load_or_create_signer
+from ledger.service import Ledger
+
+
+def open_gateway(settings: Settings) -> Gateway:
+    """Create the data dir, keys and schema on first start; reuse them after. Raises on a bad policy set."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.resolved_database_url())
+    db.create_schema()
+    signer = load_or_create_signer(settings.keys_dir, settings.ledger_origin)
+    ledger = Ledger.open(settings.resolved_ledger_url(), signer=signer)
+    policy_set = load_policy_set(settings.policies_dir)
+    with db.transaction() as session:
+        bindings = load_bindings(session)
+    engine = EmbeddedEngine(policy_set, bindings)
+    return Gateway(
+        settings=settings,
+        db=db,
+        ledger=ledger,
+        policy_set=policy_set,
+        policy=engine,
+        command_key=load_or_create_command_key(settings.keys_dir),
+    )

@@ -1,0 +1,3 @@
+from gateway.cli.main import main
+
+main()

@@ -1,0 +1,80 @@
+"""HTTP client used by the CLI: one place that turns transport and problem+json errors into one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+import click
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class ApiError(click.ClickException):
+    """Printed by click as one line: `Error: <message>`, exit code 1."""
+
+
+def fail(message: str) -> NoReturn:
+    raise ApiError(message)
+
+
+class Client:
+    def __init__(self, url: str, token: str | None, trigger: str | None = None, timeout: float = 30.0) -> None:
+        headers = {"User-Agent": "jobgate-cli"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if trigger:
+            headers["X-Jobgate-Trigger"] = trigger
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as e:
+            fail(f"cannot reach the gateway at {self.url} ({e.__class__.__name__}: {e})")
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+                detail = body.get("detail") or body.get("title")
+            except ValueError:
+                detail = r.text.strip()[:300]
+            fail(f"{r.status_code} {detail}")
+        if r.headers.get("content-type", "").startswith("application/json"):
+            return r.json()
+        return r.text
+
+
+pass_client = click.make_pass_decorator(Client)
+
+
+def client_options(f: Any) -> Any:
+    """--gateway/--token (or JOBGATE_URL/JOBGATE_TOKEN) on every client command group."""
+    f = click.option("--trigger", envvar="JOBGATE_TRIGGER", help="Service accounts: pipeline and run id.")(f)
+    f = click.option("--token", envvar="JOBGATE_TOKEN", help="Bearer token (or JOBGATE_TOKEN).")(f)
+    f = click.option("--gateway", envvar="JOBGATE_URL", default=DEFAULT_URL, show_default=True,
+                     help="Gateway URL (or JOBGATE_URL).")(f)
+    return f
+
+
+def emit_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    """Plain aligned text table: columns are (key, heading)."""
+    if not rows:
+        return "(none)"
+    cells = [[str(r.get(k, "") if r.get(k) is not None else "-") for k, _ in columns] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, (_, h) in enumerate(columns)]
+    head = "  ".join(h.upper().ljust(w) for (_, h), w in zip(columns, widths, strict=True))
+    body = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join([head.rstrip(), *body])
+
+
+def is_tty() -> bool:
+    return sys.stdout.isatty() and os.environ.get("TERM") != "dumb"

@@ -1,0 +1,149 @@
+"""`jobgate job ...`: submit, list, show and stop jobs through the gateway's HTTP API."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from gateway.cli.client import Client, client_options, emit_json, fail, table
+
+JOB_COLUMNS = [("id", "id"), ("name", "name"), ("project", "project"), ("queue", "queue"), ("state", "state"),
+               ("gpus", "gpus"), ("owner", "owner"), ("where", "where")]
+
+
+def _row(job: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **job,
+        "gpus": f"{job['nodes']}x{job['gpus_per_node']}",
+        "owner": job["ownership"]["owner"],
+        "where": ",".join(p["node"] for p in job["placement"]) or job.get("state_reason", "")[:40],
+    }
+
+
+@click.group("job")
+@client_options
+@click.pass_context
+def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+    """Submit, list, show and stop jobs."""
+    ctx.obj = Client(gateway, token, trigger)
+
+
+@job_group.command("submit")
+@click.option("--name", required=True, help="Human-readable job name.")
+@click.option("--project", required=True, help="Project to run in.")
+@click.option("--queue", type=click.Choice(["urgent", "normal", "batch"]), default="normal", show_default=True)
+@click.option("--gpus", "gpus_per_node", type=int, default=1, show_default=True, help="GPUs per node.")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes in the gang.")
+@click.option("--grace", "grace_seconds", type=float, default=30.0, show_default=True,
+              help="Seconds between the prepare signal and SIGKILL.")
+@click.option("--signal", "stop_signal", default="SIGTERM", show_default=True, help="Prepare signal.")
+@click.option("--owner", help="Responsible owner (default: you).")
+@click.option("--environment", type=click.Choice(["research", "staging", "production"]), default="research")
+@click.option("--label", "labels", multiple=True, help="key=value, repeatable.")
+@click.option("--runtime-limit", type=float, help="Declared runtime limit in seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.argument("command", nargs=-1, required=True)
+@click.pass_obj
+def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: int, nodes: int,
+           grace_seconds: float, stop_signal: str, owner: str | None, environment: str, labels: tuple[str, ...],
+           runtime_limit: float | None, as_json: bool, command: tuple[str, ...]) -> None:
+    """Submit COMMAND (after `--`) as a job, e.g. `jobgate job submit --name t --project vision -- python train.py`."""
+    parsed = {}
+    for item in labels:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--label {item!r} must look like key=value")
+        parsed[key] = value
+    body: dict[str, Any] = {"name": name, "project": project, "queue": queue, "gpus_per_node": gpus_per_node,
+                            "nodes": nodes, "command": list(command), "grace_seconds": grace_seconds,
+                            "stop_signal": stop_signal, "environment": environment, "labels": parsed}
+    if owner:
+        body["owner"] = owner
+    if runtime_limit:
+        body["runtime_limit_seconds"] = runtime_limit
+    job = client.request("POST", "/v1/jobs", json=body)
+    if as_json:
+        emit_json(job)
+    else:
+        click.echo(f"submitted {job['id']} ({job['name']}) to {job['project']}/{job['queue']}: {job['state']}")
+
+
+@job_group.command("list")
+@click.option("--project", help="Only this project.")
+@click.option("--state", help="Only jobs in this state.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def list_jobs(client: Client, project: str | None, state: str | None, as_json: bool) -> None:
+    """List the jobs you may see, newest first."""
+    params = {k: v for k, v in {"project": project, "state": state}.items() if v}
+    jobs = client.request("GET", "/v1/jobs", params=params)["jobs"]
+    if as_json:
+        emit_json(jobs)
+    else:
+        click.echo(table([_row(j) for j in jobs], JOB_COLUMNS))
+
+
+def _describe(job: dict[str, Any]) -> str:
+    own = job["ownership"]
+    lines = [
+        f"{job['id']}  {job['name']}  [{job['state']}]" + (f"  {job['state_reason']}" if job["state_reason"] else ""),
+        f"  project {job['project']}, queue {job['queue']}, {job['nodes']} node(s) x {job['gpus_per_node']} GPU(s)",
+        f"  creator {own['creator']} ({own['creator_kind']}), owner {own['owner']},"
+        f" beneficiary {own['beneficiary_project']}, rights holder {own['rights_holder']}"
+        + (" (external rights)" if own["external_rights"] else ""),
+        f"  command: {' '.join(job['command'])}",
+    ]
+    for p in job["placement"]:
+        lines.append(f"  on {p['node']} GPUs {p['gpus']}")
+    if job["stop_request"]:
+        s = job["stop_request"]
+        lines.append(f"  stop requested by {s['by']} at {s['at']}: {s['reason']}")
+    if job["outcome"]:
+        lines.append(f"  outcome: {job['outcome']}, exit code {job['exit_code']}")
+    for node, ev in (job["evidence"].get("nodes") or {}).items():
+        lines.append(f"  evidence from {node}: signal {ev.get('signal')} at {ev.get('signal_sent_at')},"
+                     f" exit {ev.get('exit_code')}, process group gone: {ev.get('process_group_gone')}")
+        for c in ev.get("checkpoints") or []:
+            lines.append(f"    checkpoint {c['path']} {c['size']} bytes sha256 {c['sha256'][:16]}...")
+    return "\n".join(lines)
+
+
+@job_group.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def show(client: Client, job_id: str, as_json: bool) -> None:
+    """Show one job: state, placement, ownerships, stop evidence."""
+    job = client.request("GET", f"/v1/jobs/{job_id}")
+    if as_json:
+        emit_json(job)
+    else:
+        click.echo(_describe(job))
+
+
+@job_group.command("stop")
+@click.argument("job_id")
+@click.option("--reason", required=True, help="Written reason; kept in the ledger.")
+@click.option("--ticket", help="Linked ticket or incident id.")
+@click.option("--wait", "wait_s", type=float, default=0, help="Wait up to this many seconds for the final state.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def stop(client: Client, job_id: str, reason: str, ticket: str | None, wait_s: float, as_json: bool) -> None:
+    """Stop a job: prepare signal, grace window, then SIGKILL. Decided by policy; recorded in the ledger."""
+    body = {"reason": reason, **({"ticket": ticket} if ticket else {})}
+    result = client.request("POST", f"/v1/jobs/{job_id}/stop", json=body)
+    job, decision = result["job"], result["decision"]
+    deadline = time.monotonic() + wait_s
+    while wait_s and job["state"] in ("stop_requested", "stopping") and time.monotonic() < deadline:
+        time.sleep(0.5)
+        job = client.request("GET", f"/v1/jobs/{job_id}")
+    if as_json:
+        emit_json({"job": job, "decision": decision})
+        return
+    if decision["effect"] == "needs_approval":
+        click.echo(f"{job_id}: needs approval ({'; '.join(decision['reasons'])})")
+    else:
+        click.echo(f"{job_id}: {job['state']}" + (f" ({job['outcome']})" if job.get("outcome") else "")
+                   + f"  [decision recorded at ledger seq {decision['ledger_seq']}]")

@@ -1,0 +1,29 @@
+"""The `jobgate` command: server commands (up) and client commands (job, ledger, ...)."""
+
+from __future__ import annotations
+
+import click
+
+from gateway.cli.jobs import job_group
+from gateway.cli.up import demo_token, up
+from ledger.cli import ledger_group
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option("0.1.0", prog_name="jobgate")
+def cli() -> None:
+    """jobgate: the one door for changing training jobs on a shared GPU pool.
+
+    Every stop, preemption, reprioritisation or delete is decided by policy, recorded in a signed
+    ledger, and only then carried out. Start with `jobgate up --demo`, then `jobgate job --help`.
+    """
+
+
+cli.add_command(up)
+cli.add_command(demo_token)
+cli.add_command(job_group)
+cli.add_command(ledger_group)
+
+
+def main() -> None:
+    cli(prog_name="jobgate")

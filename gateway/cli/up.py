@@ -1,0 +1,118 @@
+"""`jobgate up`: start the gateway (and, with --demo, a seeded organisation and two local node agents)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from gateway.demo import DEMO_GPUS_PER_NODE, DEMO_NODES
+
+
+def _start_agents(data_dir: Path, url: str) -> list[subprocess.Popen[bytes]]:
+    procs = []
+    for node in DEMO_NODES:
+        work = data_dir / "agents" / node
+        log = open(work / "agent.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "nodeagent", "--node", node, "--gpus", str(DEMO_GPUS_PER_NODE),
+             "--gateway", url, "--token-file", str(work / "token"),
+             "--command-key", str(data_dir / "keys" / "command.pub"), "--work-dir", str(work)],
+            stdout=log, stderr=subprocess.STDOUT,
+        ))
+    return procs
+
+
+def _banner(url: str, data_dir: Path, demo: bool) -> str:
+    lines = [
+        "",
+        f"jobgate gateway   {url}",
+        f"  API docs        {url}/docs",
+        f"  health          {url}/healthz",
+        f"  data dir        {data_dir}  (business DB jobgate.db, ledger ledger.db, keys/)",
+    ]
+    if demo:
+        lines += [
+            f"  node agents     {', '.join(DEMO_NODES)} ({DEMO_GPUS_PER_NODE} virtual GPUs each)",
+            f"  demo tokens     {data_dir / 'demo-tokens.json'}",
+            "",
+            "Try, in another terminal:",
+            f"  export JOBGATE_URL={url}",
+            f"  export JOBGATE_TOKEN=$(jobgate demo-token alice --data-dir {data_dir})",
+            "  jobgate job submit --name hello --project vision --gpus 2 -- python3 -c 'import time; time.sleep(600)'",
+            "  jobgate job list",
+            "  JOBGATE_TOKEN=$(jobgate demo-token mallory --data-dir "
+            f"{data_dir}) jobgate job stop <id> --reason 'mine now'   # refused by policy",
+            "  jobgate job stop <id> --reason 'done with it' --wait 60",
+            f"  jobgate ledger verify --data-dir {data_dir}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@click.command("up")
+@click.option("--demo", is_flag=True, help="Seed the demo organisation and start two local node agents.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+def up(demo: bool, host: str, port: int, data_dir: Path) -> None:
+    """Start the gateway on the embedded default (SQLite business DB, separate SQLite ledger, embedded Rego)."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.db import Database
+    from gateway.keys import load_or_create_command_key
+    from gateway.settings import Settings
+
+    data_dir = data_dir.resolve()
+    settings = Settings(data_dir=data_dir, host=host, port=port)
+    url = f"http://{host}:{port}"
+    agents: list[subprocess.Popen[bytes]] = []
+    if demo:
+        from gateway.demo import seed_demo
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        load_or_create_command_key(settings.keys_dir)
+        db = Database(settings.resolved_database_url())
+        db.create_schema()
+        with db.transaction() as session:
+            seeded = seed_demo(session, data_dir)
+        db.close()
+        click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
+        agents = _start_agents(data_dir, url)
+    click.echo(_banner(url, data_dir, demo))
+
+    def _terminate(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for p in agents:
+            p.terminate()
+        for p in agents:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@click.command("demo-token")
+@click.argument("name")
+@click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+def demo_token(name: str, data_dir: Path) -> None:
+    """Print the demo token of NAME (alice, bob, carol, dave, erin, sam, audrey, mallory, ci-bot)."""
+    import json
+
+    path = data_dir / "demo-tokens.json"
+    if not path.exists():
+        raise click.ClickException(f"{path} does not exist; run `jobgate up --demo` first")
+    tokens = json.loads(path.read_text())
+    if name not in tokens:
+        raise click.ClickException(f"no demo token for {name!r}; known: {', '.join(sorted(tokens))}")
+    click.echo(tokens[name])

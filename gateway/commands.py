@@ -1,0 +1,40 @@
+"""Queue signed commands for node agents; they are delivered by the agents' long poll."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from gateway.context import Gateway
+from gateway.models import NodeCommand
+from nodeagent.protocol import Command, new_nonce, sign_command
+
+
+def enqueue(gw: Gateway, session: Session, node: str, job_id: str, kind: str, params: dict[str, Any]) -> str:
+    """Sign a command for one node and queue it in this transaction; returns its nonce."""
+    now = gw.clock()
+    expires = now + timedelta(seconds=gw.settings.command_ttl_s)
+    command = Command(
+        kind=kind,
+        node=node,
+        job_id=job_id,
+        nonce=new_nonce(),
+        issued_at=now.timestamp(),
+        expires_at=expires.timestamp(),
+        params=params,
+    )
+    session.add(
+        NodeCommand(
+            nonce=command.nonce,
+            node=node,
+            job_id=job_id,
+            kind=kind,
+            envelope=sign_command(command, gw.command_key),
+            created_at=now,
+            expires_at=expires,
+        )
+    )
+    session.info.setdefault("notify_nodes", set()).add(node)
+    return command.nonce

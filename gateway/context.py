@@ -1,0 +1,56 @@
+"""The running gateway's collaborators, built once in create_app and shared by every request."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import nacl.signing
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.bus import CommandBus
+from gateway.db import Database
+from gateway.models import RoleBinding as RoleBindingRow
+from gateway.policy.engine import EmbeddedEngine, RoleBinding
+from gateway.policy.loader import PolicySet
+from gateway.settings import Settings
+from ledger.service import Ledger
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    db: Database
+    ledger: Ledger
+    policy_set: PolicySet
+    policy: EmbeddedEngine
+    command_key: nacl.signing.SigningKey
+    bus: CommandBus = field(default_factory=CommandBus)
+    clock: Callable[[], datetime] = utcnow
+    scheduler_kick: threading.Event = field(default_factory=threading.Event)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One business transaction; node agents are woken only after it commits."""
+        with self.db.transaction() as session:
+            session.info["notify_nodes"] = set()
+            yield session
+            notify = session.info["notify_nodes"]
+        self.bus.notify(notify)
+
+    def close(self) -> None:
+        self.ledger.close()
+        self.db.close()
+
+
+def load_bindings(session: Session) -> list[RoleBinding]:
+    rows = session.scalars(select(RoleBindingRow)).all()
+    return [RoleBinding(principal=r.principal_id, role=r.role, project=r.project) for r in rows]

@@ -1,0 +1,77 @@
+"""The demo organisation `jobgate up --demo` seeds: two projects, the cast, two node agents' identities."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from gateway.context import utcnow
+from gateway.models import Meta, Node, Principal, Project, RoleBinding
+from gateway.tokens import issue_token
+
+DEMO_NODES = ("demo-node-1", "demo-node-2")
+DEMO_GPUS_PER_NODE = 8
+
+# (id, kind, display name, responsible, [(role, project)])
+CAST: tuple[tuple[str, str, str, str | None, list[tuple[str, str]]], ...] = (
+    ("alice", "person", "Alice (researcher, vision)", None, [("researcher", "vision")]),
+    ("bob", "person", "Bob (researcher, vision)", None, [("researcher", "vision")]),
+    ("carol", "person", "Carol (queue admin, vision)", None, [("queue_admin", "vision"), ("researcher", "vision")]),
+    ("dave", "person", "Dave (on-call)", None, [("oncall", "*")]),
+    ("erin", "person", "Erin (platform admin)", None, [("platform_admin", "*")]),
+    ("sam", "person", "Sam (security reviewer)", None, [("security_reviewer", "*")]),
+    ("audrey", "person", "Audrey (auditor)", None, [("auditor", "*")]),
+    ("mallory", "person", "Mallory (researcher, speech)", None, [("researcher", "speech")]),
+    ("ci-bot", "service", "CI pipeline of project vision", "alice", [("service", "vision")]),
+)
+
+
+def write_secret_json(path: Path, data: dict[str, str]) -> None:
+    """Write a file only its owner can read (tokens)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+    os.chmod(path, 0o600)
+
+
+def write_secret_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
+def seed_demo(session: Session, data_dir: Path) -> bool:
+    """Seed once; on an existing data dir keep everything. Returns True if it seeded now."""
+    if session.get(Meta, "demo_seeded") is not None:
+        return False
+    now = utcnow()
+    session.add_all([
+        Project(id="vision", organisation="acme", description="Computer vision research"),
+        Project(id="speech", organisation="acme", description="Speech research (another tenant)"),
+    ])
+    tokens: dict[str, str] = {}
+    for pid, kind, name, responsible, roles in CAST:
+        session.add(Principal(id=pid, kind=kind, display_name=name, responsible=responsible, created_at=now))
+        session.flush()
+        for role, project in roles:
+            session.add(RoleBinding(principal_id=pid, role=role, project=project, created_at=now))
+        projects = ["vision"] if kind == "service" else None
+        tokens[pid] = issue_token(session, pid, purpose="demo", now=now, lifetime=timedelta(days=30),
+                                  projects=projects).secret
+    for node in DEMO_NODES:
+        session.add(Principal(id=node, kind="node", display_name=f"agent of {node}", created_at=now))
+        session.add(Node(id=node, gpus=DEMO_GPUS_PER_NODE, state="lost", last_heartbeat=None, running=[]))
+        session.flush()
+        secret = issue_token(session, node, purpose="node agent", now=now, lifetime=timedelta(days=365),
+                             actions=["agent"]).secret
+        write_secret_text(data_dir / "agents" / node / "token", secret)
+    session.add(Meta(key="demo_seeded", value=now.isoformat()))
+    write_secret_json(data_dir / "demo-tokens.json", tokens)
+    return True

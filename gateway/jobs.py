@@ -1,0 +1,244 @@
+"""Job services: submit, read, stop. Routes stay thin; every mutation passes the decision pipeline."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.auth import Caller
+from gateway.commands import enqueue
+from gateway.context import Gateway
+from gateway.errors import Conflict, Invalid, NotFound, PolicyDenied
+from gateway.models import Job, Node, Principal, Project
+from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
+from scheduler.admission import precheck
+
+ACTIVE_STATES = ("starting", "running", "stop_requested", "stopping")
+ENDED_STATES = ("stopped", "stop_failed", "succeeded", "failed")
+
+
+def new_job_id(now: datetime) -> str:
+    """Time-ordered and random; ids are never reused because job rows are never deleted (R1)."""
+    return f"j-{int(now.timestamp() * 1000):011x}{secrets.token_hex(4)}"
+
+
+def transition(job: Job, state: str, now: datetime, *, by: str, reason: str = "") -> None:
+    """Move a job to a new state and keep the timestamped step in its history (C3)."""
+    job.history = [*job.history, {"from": job.state, "to": state, "at": now.isoformat(), "by": by, "reason": reason}]
+    job.state = state
+    job.state_reason = reason
+
+
+def decision_out(rec: Recorded) -> DecisionOut:
+    d = rec.decision
+    return DecisionOut(
+        effect=d.effect,
+        reasons=list(d.reasons),
+        rules=list(d.rules),
+        approvals_required=dict(d.approvals_required),
+        obligations=[dict(o) for o in d.obligations],
+        policy_hash=d.policy_hash,
+        ledger_seq=rec.seq,
+    )
+
+
+def refuse_unless_allowed(rec: Recorded) -> None:
+    if rec.decision.effect == "deny":
+        raise PolicyDenied(
+            " ".join(rec.decision.reasons) or "denied by policy",
+            reasons=list(rec.decision.reasons),
+            rules=list(rec.decision.rules),
+            ledger_seq=rec.seq,
+            policy_hash=rec.decision.policy_hash,
+        )
+
+
+def job_out(job: Job) -> JobOut:
+    return JobOut(
+        id=job.id,
+        name=job.name,
+        project=job.project,
+        queue=job.queue,
+        state=job.state,
+        state_reason=job.state_reason,
+        gpus_per_node=job.gpus_per_node,
+        nodes=job.nodes,
+        command=list(job.command),
+        grace_seconds=job.grace_seconds,
+        stop_signal=job.stop_signal,
+        ownership={
+            "creator": job.creator,
+            "creator_kind": job.creator_kind,
+            "owner": job.owner,
+            "beneficiary_project": job.beneficiary_project,
+            "rights_holder": job.rights_holder,
+            "external_rights": job.external_rights,
+            "contact": job.contact,
+            "valid_until": job.valid_until.isoformat() if job.valid_until else None,
+            "auto_offline": job.auto_offline,
+            "submitted_via": job.submitted_via,
+        },
+        environment=job.environment,
+        labels=dict(job.labels),
+        workload=job.workload,
+        placement=list(job.placement),
+        submitted_at=job.submitted_at,
+        started_at=job.started_at,
+        ended_at=job.ended_at,
+        outcome=job.outcome,
+        exit_code=job.exit_code,
+        stop_request=dict(job.stop_request),
+        evidence=dict(job.evidence),
+        history=list(job.history),
+    )
+
+
+def cluster_shape(session: Session) -> list[int]:
+    """GPU counts of every registered node (lost ones too: they are expected back)."""
+    return [n for n in session.scalars(select(Node.gpus).where(Node.gpus > 0)).all()]
+
+
+def submit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tuple[Job, Recorded]:
+    """Admit a job into its queue. Raises Invalid, PolicyDenied, LedgerUnavailable."""
+    project = session.get(Project, spec.project)
+    if project is None:
+        raise Invalid(f"unknown project {spec.project!r}")
+    owner_id = spec.owner or caller.real_identity
+    owner = session.get(Principal, owner_id)
+    if owner is None or owner.kind != "person":
+        raise Invalid(f"owner {owner_id!r} is not a known person")
+    if spec.beneficiary_project and session.get(Project, spec.beneficiary_project) is None:
+        raise Invalid(f"unknown beneficiary project {spec.beneficiary_project!r}")
+    rec = decide(gw, session, caller, "job.submit", project=spec.project, params={"spec": spec.model_dump(mode="json")})
+    refuse_unless_allowed(rec)
+    shape = cluster_shape(session)
+    problems = precheck(spec.gpus_per_node, spec.nodes, shape) if shape else []
+    if problems:
+        record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
+                                       "action": "job.submit", "result": "rejected", "problems": problems})
+        raise Invalid("the job can never run here: " + "; ".join(problems), problems=problems)
+    now = gw.clock()
+    rights_holder = spec.rights_holder or project.organisation
+    job = Job(
+        id=new_job_id(now),
+        name=spec.name,
+        project=spec.project,
+        queue=spec.queue,
+        gpus_per_node=spec.gpus_per_node,
+        nodes=spec.nodes,
+        command=list(spec.command),
+        env=dict(spec.env),
+        grace_seconds=spec.grace_seconds,
+        stop_signal=spec.stop_signal,
+        runtime_limit_s=spec.runtime_limit_seconds,
+        creator=caller.id,
+        creator_kind=caller.kind,
+        owner=owner_id,
+        beneficiary_project=spec.beneficiary_project or spec.project,
+        rights_holder=rights_holder,
+        external_rights=rights_holder != project.organisation,
+        valid_until=spec.valid_until,
+        auto_offline=spec.auto_offline,
+        contact=spec.contact or owner_id,
+        environment=spec.environment,
+        dependencies=list(spec.dependencies),
+        downstream=list(spec.downstream),
+        labels=dict(spec.labels),
+        workload=spec.workload,
+        trackable=spec.trackable,
+        stoppable=spec.stoppable,
+        submitted_via={"trigger": caller.trigger, "responsible": caller.responsible} if caller.kind == "service" else {},
+        state="pending",
+        submitted_at=now,
+        history=[{"from": None, "to": "pending", "at": now.isoformat(), "by": caller.id, "reason": "submitted"}],
+    )
+    session.add(job)
+    session.flush()
+    record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": "job.submit",
+                                   "result": "queued", "job_id": job.id, "state_after": "pending"})
+    gw.scheduler_kick.set()
+    return job, rec
+
+
+def load_job(session: Session, job_id: str, *, for_update: bool = False) -> Job:
+    stmt = select(Job).where(Job.id == job_id)
+    if for_update:
+        stmt = stmt.with_for_update()
+    job = session.scalars(stmt).first()
+    if job is None:
+        raise NotFound(f"no job with id {job_id!r}")
+    return job
+
+
+def visible_projects(gw: Gateway, session: Session, caller: Caller, projects: list[str]) -> set[str]:
+    """Projects whose jobs the caller may view (A1), decided by the same policy as everything else."""
+    allowed = set()
+    for p in projects:
+        if decide(gw, session, caller, "job.view", project=p, record=False).decision.effect == "allow":
+            allowed.add(p)
+    return allowed
+
+
+def list_jobs(gw: Gateway, session: Session, caller: Caller, *, project: str | None, state: str | None,
+              limit: int) -> list[Job]:
+    projects = [project] if project else list(session.scalars(select(Project.id)).all())
+    allowed = visible_projects(gw, session, caller, projects)
+    if not allowed:
+        return []
+    stmt = select(Job).where(Job.project.in_(sorted(allowed)))
+    if state:
+        stmt = stmt.where(Job.state == state)
+    return list(session.scalars(stmt.order_by(Job.submitted_at.desc(), Job.id.desc()).limit(limit)).all())
+
+
+def get_job(gw: Gateway, session: Session, caller: Caller, job_id: str) -> Job:
+    job = load_job(session, job_id)
+    rec = decide(gw, session, caller, "job.view", targets=[job], project=job.project, record=False)
+    refuse_unless_allowed(rec)
+    return job
+
+
+def stop(gw: Gateway, session: Session, caller: Caller, job_id: str, req: StopRequest) -> tuple[Job, Recorded]:
+    """Decide and, if allowed, start stopping a job (C3). Raises NotFound, PolicyDenied, Conflict."""
+    job = load_job(session, job_id, for_update=True)
+    rec = decide(gw, session, caller, "job.stop", targets=[job], project=job.project,
+                 reason=req.reason, ticket=req.ticket)
+    refuse_unless_allowed(rec)
+    if rec.decision.effect == "needs_approval":
+        return job, rec
+    execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
+                 reason=req.reason, ticket=req.ticket)
+    return job, rec
+
+
+def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id: str, decision_seq: int,
+                 reason: str, ticket: str | None) -> None:
+    """Carry out an allowed stop: cancel a queued job, or send signed stop commands to its nodes."""
+    now = gw.clock()
+    if job.state in ENDED_STATES:
+        raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
+    before = job.state
+    job.stop_request = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(),
+                        "request_id": request_id, "decision_seq": decision_seq}
+    if job.state == "pending":
+        transition(job, "stopped", now, by=by, reason=reason)
+        job.ended_at = now
+        job.outcome = "cancelled"
+        job.evidence = {"note": "stopped while queued; no process had started"}
+    else:
+        transition(job, "stop_requested", now, by=by, reason=reason)
+        for part in job.placement:
+            enqueue(gw, session, part["node"], job.id, "stop",
+                    {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
+    record_outcome(gw, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
+                                   "job_id": job.id, "result": job.state, "state_before": before,
+                                   "state_after": job.state})
+
+
+def stop_evidence_summary(job: Job) -> dict[str, Any]:
+    return {"outcome": job.outcome, "exit_code": job.exit_code, "evidence": job.evidence}

@@ -1,0 +1,148 @@
+"""The decision pipeline every mutation goes through: build input → decide → record in the ledger.
+
+The decision is durable in the ledger before the caller changes any state (record first); if the ledger
+cannot be written the mutation is refused (fail closed).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import rfc8785
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.auth import Caller
+from gateway.context import Gateway
+from gateway.errors import Forbidden, LedgerUnavailable
+from gateway.models import Job
+from gateway.policy.engine import Decision
+from ledger.errors import LedgerError
+
+PENDING_STATES = ("pending",)
+
+
+def new_request_id() -> str:
+    return "req-" + secrets.token_hex(8)
+
+
+def target_facts(job: Job, now: datetime) -> dict[str, Any]:
+    """What the policy and the ledger need to know about a target: its four ownerships and flags (R2, R3)."""
+    return {
+        "id": job.id,
+        "name": job.name,
+        "project": job.project,
+        "creator": job.creator,
+        "creator_kind": job.creator_kind,
+        "owner": job.owner,
+        "beneficiary_project": job.beneficiary_project,
+        "rights_holder": job.rights_holder,
+        "external_rights": job.external_rights,
+        "state": job.state,
+        "environment": job.environment,
+        "workload": job.workload,
+        "valid_until": job.valid_until.isoformat() if job.valid_until else None,
+        "expired": bool(job.valid_until and job.valid_until <= now),
+        "gpus": job.gpus_per_node * job.nodes,
+    }
+
+
+def queue_snapshot(session: Session) -> dict[str, Any]:
+    """Which jobs were queued at the moment of a decision and how their priorities were spread (H3)."""
+    rows = session.execute(
+        select(Job.id, Job.project, Job.queue, Job.base_priority, Job.gpus_per_node, Job.nodes)
+        .where(Job.state.in_(PENDING_STATES))
+        .order_by(Job.queue, Job.base_priority.desc(), Job.submitted_at, Job.id)
+    ).all()
+    jobs = [
+        {"id": r.id, "project": r.project, "queue": r.queue, "priority": r.base_priority, "gpus": r.gpus_per_node * r.nodes}
+        for r in rows
+    ]
+    by_queue = Counter(r.queue for r in rows)
+    return {"pending": jobs, "pending_by_queue": dict(sorted(by_queue.items()))}
+
+
+@dataclass(frozen=True)
+class Recorded:
+    request_id: str
+    decision: Decision
+    seq: int
+    input: dict[str, Any]
+
+
+def decide(
+    gw: Gateway,
+    session: Session,
+    caller: Caller,
+    action: str,
+    *,
+    targets: Sequence[Job] = (),
+    project: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    reason: str | None = None,
+    ticket: str | None = None,
+    granularity: str = "job",
+    approvals: Sequence[Mapping[str, Any]] = (),
+    record: bool = True,
+) -> Recorded:
+    """Decide one request and (unless record=False, for reads) append the decision to the ledger.
+
+    Raises LedgerUnavailable when the decision cannot be made durable.
+    """
+    now = gw.clock()
+    request_id = new_request_id()
+    facts = [target_facts(j, now) for j in targets]
+    decision_input: dict[str, Any] = {
+        "action": action,
+        "actor": {"id": caller.id, "kind": caller.kind, "responsible": caller.responsible, "trigger": caller.trigger},
+        "project": project,
+        "targets": facts,
+        "params": dict(params or {}),
+        "reason": reason,
+        "ticket": ticket,
+        "granularity": granularity,
+        "approvals": list(approvals),
+        "now": now.isoformat(),
+    }
+    projects = sorted({f["project"] for f in facts} | ({project} if project else set()))
+    try:
+        caller.check_scope(action, projects)
+        decision = gw.policy.decide(decision_input)
+    except Forbidden as e:
+        decision = Decision(
+            effect="deny",
+            reasons=(e.detail,),
+            rules=("token_scope",),
+            approvals_required={},
+            obligations=(),
+            policy_hash=gw.policy.policy_hash,
+        )
+    if not record:
+        return Recorded(request_id, decision, -1, decision_input)
+    body = {
+        "request_id": request_id,
+        "actor": caller.to_json(),
+        "source": caller.source,
+        "input": decision_input,
+        "decision": decision.to_json(),
+        "policy_hash": decision.policy_hash,
+    }
+    try:
+        snapshot = rfc8785.dumps(queue_snapshot(session))
+        appended = gw.ledger.append("decision", body, blobs={"queue_snapshot": snapshot})
+    except LedgerError as e:
+        raise LedgerUnavailable(f"the decision could not be recorded ({e}); nothing was changed") from e
+    return Recorded(request_id, decision, appended.seq, decision_input)
+
+
+def record_outcome(gw: Gateway, kind: str, body: Mapping[str, Any], blobs: Mapping[str, bytes] | None = None) -> int:
+    """Append an outcome or system entry. Raises LedgerUnavailable."""
+    try:
+        return gw.ledger.append(kind, dict(body), blobs=dict(blobs or {})).seq
+    except LedgerError as e:
+        raise LedgerUnavailable(f"could not record {kind} ({e})") from e

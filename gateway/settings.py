@@ -1,0 +1,41 @@
+"""Gateway configuration: every setting has a safe default and can be set as JOBGATE_<NAME>."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_POLICIES = Path(__file__).resolve().parent.parent / "policies"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JOBGATE_", extra="ignore")
+
+    data_dir: Path = Field(Path("var"), description="Keys, SQLite files, blobs and demo tokens live here.")
+    database_url: str | None = Field(None, description="Business DB; default: SQLite file in data_dir.")
+    ledger_url: str | None = Field(None, description="Ledger store, never the business DB; default: SQLite.")
+    ledger_origin: str = Field("jobgate.local/ledger", description="Origin line and signer name of checkpoints.")
+    ledger_retention: str = Field(
+        "forever",
+        description="Stated retention of ledger entries; there is no API that deletes them (H3).",
+    )
+    policies_dir: Path = Field(REPO_POLICIES, description="The policy set security reviewers own.")
+    host: str = "127.0.0.1"
+    port: int = 8080
+    node_heartbeat_timeout_s: float = Field(10.0, gt=0)
+    command_ttl_s: float = Field(300.0, gt=0, description="How long a signed node command stays valid.")
+    scheduler_interval_s: float = Field(1.0, gt=0)
+    max_long_poll_s: float = Field(30.0, gt=0)
+    service_token_max_days: int = Field(90, gt=0)
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'jobgate.db').resolve()}"
+
+    def resolved_ledger_url(self) -> str:
+        return self.ledger_url or f"sqlite:///{(self.data_dir / 'ledger.db').resolve()}"
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.data_dir / "keys"

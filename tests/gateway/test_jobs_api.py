@@ -1,0 +1,191 @@
+"""Submitting, reading and stopping jobs through the HTTP API; bad input gets problem+json and changes nothing."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import func, select
+
+from gateway.models import Job, Token
+from gateway.tokens import hash_token
+from tests.gateway.conftest import Api, job_spec
+
+
+def job_count(api: Api) -> int:
+    with api.gateway.db.transaction() as s:
+        return int(s.scalar(select(func.count()).select_from(Job)) or 0)
+
+
+def ledger_entries(api: Api) -> list[dict]:
+    r = api.get("/v1/ledger/entries", "audrey", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return [e["entry"] for e in r.json()["entries"]]
+
+
+def assert_problem(r, status: int, kind: str, contains: str = "") -> dict:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    body = r.json()
+    assert body["type"].endswith("/" + kind), body
+    assert body["status"] == status
+    assert contains in body["detail"], body["detail"]
+    return body
+
+
+def test_submit_defaults_ownership_to_caller_and_ids_are_unique(api: Api) -> None:
+    ids = set()
+    for _ in range(5):
+        r = api.post("/v1/jobs", "alice", json=job_spec())
+        assert r.status_code == 201, r.text
+        job = r.json()
+        ids.add(job["id"])
+        assert job["state"] == "pending"
+        own = job["ownership"]
+        assert (own["creator"], own["owner"], own["beneficiary_project"], own["rights_holder"]) == (
+            "alice", "alice", "vision", "acme")
+        assert own["external_rights"] is False
+    assert len(ids) == 5
+
+
+def test_service_account_owner_is_its_responsible_person_and_trigger_is_recorded(api: Api) -> None:
+    r = api.post("/v1/jobs", "ci-bot", json=job_spec(), headers={"X-Jobgate-Trigger": "ci/nightly#42"})
+    assert r.status_code == 201, r.text
+    own = r.json()["ownership"]
+    assert own["creator"] == "ci-bot" and own["creator_kind"] == "service" and own["owner"] == "alice"
+    assert own["submitted_via"] == {"trigger": "ci/nightly#42", "responsible": "alice"}
+    decisions = [e for e in ledger_entries(api) if e["kind"] == "decision"]
+    actor = decisions[-1]["body"]["actor"]
+    assert actor == {**actor, "id": "ci-bot", "real_identity": "alice", "trigger": "ci/nightly#42"}
+
+
+def test_service_account_without_trigger_is_refused(api: Api) -> None:
+    before = job_count(api)
+    assert_problem(api.post("/v1/jobs", "ci-bot", json=job_spec()), 422, "invalid-request", "X-Jobgate-Trigger")
+    assert job_count(api) == before
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({k: v for k, v in job_spec().items() if k != "command"}, "command"),
+        (job_spec(gpus_per_node=-1), "gpus_per_node"),
+        (job_spec(nodes=0), "nodes"),
+        (job_spec(command=[]), "command"),
+        (job_spec(name="bad name with spaces"), "name"),
+        (job_spec(queue="vip"), "queue"),
+        (job_spec(surprise=1), "surprise"),
+    ],
+    ids=["missing-command", "negative-gpus", "zero-nodes", "empty-command", "bad-name", "unknown-queue",
+         "unknown-field"],
+)
+def test_malformed_submissions_are_refused_with_the_field(api: Api, body: dict, field: str) -> None:
+    before = job_count(api)
+    problem = assert_problem(api.post("/v1/jobs", "alice", json=body), 422, "invalid-request")
+    assert any(e["field"] == field for e in problem["errors"]), problem
+    assert job_count(api) == before
+
+
+def test_non_json_body_is_refused(api: Api) -> None:
+    r = api.post("/v1/jobs", "alice", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert_problem(r, 422, "invalid-request")
+
+
+def test_unknown_project_is_refused(api: Api) -> None:
+    before = job_count(api)
+    assert_problem(api.post("/v1/jobs", "alice", json=job_spec(project="nope")), 422, "invalid-request",
+                   "unknown project 'nope'")
+    assert job_count(api) == before
+
+
+def test_submit_into_a_project_without_a_role_is_denied_and_ledgered(api: Api) -> None:
+    before = job_count(api)
+    body = assert_problem(api.post("/v1/jobs", "mallory", json=job_spec()), 403, "policy-denied")
+    assert job_count(api) == before
+    entry = [e for e in ledger_entries(api) if e["seq"] == body["ledger_seq"]][0]
+    assert entry["body"]["decision"]["effect"] == "deny"
+    assert entry["body"]["actor"]["id"] == "mallory"
+
+
+@pytest.mark.parametrize(
+    ("header", "contains"),
+    [
+        (None, "missing Authorization"),
+        ("Bearer nonsense", "malformed token"),
+        ("Basic dXNlcjpwYXNz", "malformed token"),
+        ("Bearer jg_" + "A" * 43, "unknown token"),
+    ],
+    ids=["missing", "malformed", "wrong-scheme", "unknown"],
+)
+def test_bad_tokens_get_401(api: Api, header: str | None, contains: str) -> None:
+    headers = {"Authorization": header} if header else {}
+    assert_problem(api.client.post("/v1/jobs", json=job_spec(), headers=headers), 401, "unauthenticated", contains)
+
+
+def test_expired_and_revoked_tokens_get_401(api: Api) -> None:
+    now = datetime.now(UTC)
+    with api.gateway.db.transaction() as s:
+        s.scalars(select(Token).where(Token.token_hash == hash_token(api.tokens["alice"]))).one().expires_at = (
+            now - timedelta(seconds=1))
+        s.scalars(select(Token).where(Token.token_hash == hash_token(api.tokens["bob"]))).one().revoked_at = now
+    assert_problem(api.post("/v1/jobs", "alice", json=job_spec()), 401, "unauthenticated", "expired")
+    assert_problem(api.post("/v1/jobs", "bob", json=job_spec()), 401, "unauthenticated", "revoked")
+
+
+def test_unknown_job_is_404(api: Api) -> None:
+    assert_problem(api.get("/v1/jobs/j-doesnotexist", "alice"), 404, "not-found", "j-doesnotexist")
+    assert_problem(api.post("/v1/jobs/j-doesnotexist/stop", "alice", json={"reason": "cleanup"}), 404, "not-found")
+
+
+def test_other_tenant_cannot_see_or_stop_and_the_denial_is_ledgered(api: Api) -> None:
+    job = api.post("/v1/jobs", "alice", json=job_spec()).json()
+    assert api.get("/v1/jobs", "mallory").json()["jobs"] == []
+    assert_problem(api.get(f"/v1/jobs/{job['id']}", "mallory"), 403, "policy-denied")
+    body = assert_problem(api.post(f"/v1/jobs/{job['id']}/stop", "mallory", json={"reason": "I need GPUs"}),
+                          403, "policy-denied")
+    assert body["reasons"], body
+    assert api.get(f"/v1/jobs/{job['id']}", "alice").json()["state"] == "pending"
+    denial = [e for e in ledger_entries(api) if e["seq"] == body["ledger_seq"]][0]
+    assert denial["kind"] == "decision"
+    assert denial["body"]["input"]["action"] == "job.stop"
+    assert denial["body"]["input"]["targets"][0]["id"] == job["id"]
+    assert denial["body"]["decision"]["effect"] == "deny"
+    assert denial["blobs"]["queue_snapshot"]
+
+
+def test_owner_stops_a_queued_job_at_once(api: Api) -> None:
+    job = api.post("/v1/jobs", "alice", json=job_spec()).json()
+    r = api.post(f"/v1/jobs/{job['id']}/stop", "alice", json={"reason": "wrong config", "ticket": "T-1"})
+    assert r.status_code == 202, r.text
+    out = r.json()
+    assert out["decision"]["effect"] == "allow"
+    assert out["job"]["state"] == "stopped" and out["job"]["outcome"] == "cancelled"
+    assert out["job"]["stop_request"]["ticket"] == "T-1"
+    again = api.post(f"/v1/jobs/{job['id']}/stop", "alice", json={"reason": "wrong config"})
+    assert_problem(again, 409, "conflict", "already ended")
+
+
+def test_stop_without_reason_is_refused(api: Api) -> None:
+    job = api.post("/v1/jobs", "alice", json=job_spec()).json()
+    assert_problem(api.post(f"/v1/jobs/{job['id']}/stop", "alice", json={}), 422, "invalid-request")
+    assert api.get(f"/v1/jobs/{job['id']}", "alice").json()["state"] == "pending"
+
+
+def test_ledger_write_failure_refuses_the_mutation(api: Api) -> None:
+    """Fail closed: with the ledger unwritable nothing changes and the caller gets 503."""
+    before = job_count(api)
+    api.gateway.ledger.close()
+    r = api.post("/v1/jobs", "alice", json=job_spec())
+    assert_problem(r, 503, "ledger-unavailable")
+    assert job_count(api) == before
+
+
+def test_ledger_is_readable_by_the_auditor_only(api: Api) -> None:
+    assert api.get("/v1/ledger/entries", "audrey").status_code == 200
+    assert_problem(api.get("/v1/ledger/entries", "alice"), 403, "policy-denied")
+    note = api.get("/v1/ledger/checkpoint", "audrey")
+    assert note.status_code == 200
+    origin, size = note.text.splitlines()[:2]
+    assert origin == api.settings.ledger_origin and int(size) >= 0
+    assert json.loads(api.get("/healthz").text)["status"] == "ok"
