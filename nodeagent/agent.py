@@ -1,0 +1,310 @@
+"""The node agent loop: pull signed commands, verify, run or stop process groups, report (H1, P4, C3).
+
+Threads:
+  1. poller    — long-polls the gateway for command envelopes and handles them one at a time;
+  2. heartbeat — tells the gateway every few seconds which jobs run here;
+  3. reporter  — drains the persistent outbox to the gateway, retrying with backoff;
+  plus the runner's waiter and stop threads. The agent serves no HTTP at all (H1).
+
+Commands are obeyed only after `protocol.verify_command`; the nonce is persisted before the command
+runs, so neither a replay nor an agent restart can make a command run twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nacl.signing
+
+from nodeagent import protocol
+from nodeagent.commands import ReconcileParams, StartParams, StopParams
+from nodeagent.errors import GatewayError, InvalidCommand
+from nodeagent.runner import Runner, RunnerEvent, check_job_id
+from nodeagent.state import NonceStore, Outbox, ProcessStore
+from nodeagent.transport import GatewayPort
+
+log = logging.getLogger("nodeagent.agent")
+
+VERSION = "0.1.0"
+_REPORT_BATCH = 100
+_BACKOFF_START = 0.2
+_BACKOFF_MAX = 10.0
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node: str
+    gpus: int
+    work_dir: Path
+    poll_wait: float = 20.0
+    heartbeat_interval: float = 2.0
+    # On shutdown, how long in-flight stops may finish before the agent exits anyway (they are
+    # then finished by the gateway's reconcile after restart).
+    stop_join_seconds: float = 10.0
+    flush_seconds: float = 3.0
+
+
+class _Backoff:
+    def __init__(self) -> None:
+        self.delay = _BACKOFF_START
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(self.delay * 2, _BACKOFF_MAX)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = _BACKOFF_START
+
+
+def _fields(**kw: Any) -> dict[str, Any]:
+    return {"fields": kw}
+
+
+class Agent:
+    """One node's agent. `run()` blocks until `shutdown` is set; `handle_envelope` is the core."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        gateway: GatewayPort,
+        verify_key: nacl.signing.VerifyKey,
+        *,
+        clock: Callable[[], float] = time.time,
+        subreaper: bool = True,
+    ) -> None:
+        self.config = config
+        self._gateway = gateway
+        self._verify_key = verify_key
+        self._clock = clock
+        config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.nonces = NonceStore(config.work_dir / "nonces.json", clock)
+        self.processes = ProcessStore(config.work_dir / "processes.json")
+        self.outbox = Outbox(config.work_dir / "outbox.jsonl")
+        self._report_ready = threading.Event()
+        self._handling = threading.Lock()
+        self._accepting = True
+        self.shutdown = threading.Event()
+        self.runner = Runner(config.work_dir, self._on_event, subreaper=subreaper)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Re-adopt the process groups a previous agent left running; report the ones that vanished."""
+        for record in self.processes.records():
+            if self.runner.adopt(record):
+                log.info("adopted running job", extra=_fields(job_id=record.job_id, pid=record.pid))
+            else:
+                self.runner.report_vanished(record, "ended while the agent was not running")
+        if len(self.outbox):
+            log.info("pending reports from before restart", extra=_fields(count=len(self.outbox)))
+            self._report_ready.set()
+
+    def run(self) -> None:
+        """Recover, then serve until `self.shutdown` is set; running jobs are left running."""
+        self.recover()
+        threads = [
+            threading.Thread(target=self._report_loop, name="reporter", daemon=True),
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._poll_loop, name="poller", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        log.info("agent running", extra=_fields(node=self.config.node, gpus=self.config.gpus))
+        while not self.shutdown.wait(0.5):
+            pass
+        log.info("agent shutting down", extra=_fields(running=len(self.runner.running())))
+        with self._handling:
+            self._accepting = False
+        if not self.runner.join_stops(self.config.stop_join_seconds):
+            log.warning("exiting with stops still in flight")
+        self.runner.close()
+        self._report_ready.set()
+        threads[0].join(self.config.flush_seconds)
+        if len(self.outbox):
+            log.warning("unsent reports kept for next start", extra=_fields(count=len(self.outbox)))
+
+    # -- commands ------------------------------------------------------------------------------------
+
+    def handle_envelope(self, envelope: Any) -> None:
+        """Verify one envelope and execute it, or report it `rejected`. Never raises for bad input."""
+        with self._handling:
+            if not self._accepting:
+                # The nonce is not consumed, so the gateway may deliver this command again.
+                log.warning("command dropped at shutdown", extra=_fields(**_peek(envelope)))
+                return
+            try:
+                command = protocol.verify_command(
+                    envelope,
+                    self._verify_key,
+                    node=self.config.node,
+                    now=self._clock(),
+                    seen_nonce=self.nonces.seen,
+                )
+            except protocol.CommandRejected as e:
+                self._reject(envelope, e.reason, e.detail)
+                return
+            self.nonces.remember(command.nonce, command.expires_at)
+            log.info(
+                "command accepted",
+                extra=_fields(kind=command.kind, job_id=command.job_id, nonce=command.nonce),
+            )
+            try:
+                self._execute(command)
+            except InvalidCommand as e:
+                self._reject(envelope, e.reason, e.detail, trusted=True)
+
+    def _execute(self, command: protocol.Command) -> None:
+        if command.kind == "start":
+            check_job_id(command.job_id)
+            start = StartParams.parse(command.params, node_gpus=self.config.gpus)
+            taken = self.runner.busy_gpus() & set(start.gpus)
+            if taken and self.runner.get(command.job_id) is None:
+                raise InvalidCommand("conflict", f"GPUs {sorted(taken)} are held by another job")
+            self.runner.start(
+                command.job_id,
+                start.argv,
+                start.gpus,
+                start.env,
+                start.grace_seconds,
+                start.stop_signal,
+                nonce=command.nonce,
+            )
+        elif command.kind == "stop":
+            stop = StopParams.parse(command.params)
+            self.runner.stop(
+                command.job_id, stop.grace_seconds, stop.stop_signal, nonce=command.nonce, reason=stop.reason
+            )
+        else:
+            self._reconcile(command, ReconcileParams.parse(command.params))
+
+    def _reconcile(self, command: protocol.Command, params: ReconcileParams) -> None:
+        # 1. Stop what the gateway wants stopped (a job no longer here is reported stopped at once).
+        for job_id in params.stop:
+            self.runner.stop(job_id, nonce=command.nonce, reason="reconcile")
+        wanted_stopped = set(params.stop)
+        running = {r.job_id: r for r in self.runner.running()}
+        # 2. Report what runs here that the gateway does not know about; never stop it unasked (H1).
+        for job_id, record in sorted(running.items()):
+            if job_id not in params.expected and job_id not in wanted_stopped:
+                self._report(
+                    job_id,
+                    "unknown",
+                    command.nonce,
+                    pid=record.pid,
+                    detail="running on this node but not expected by the gateway",
+                    evidence={"gpus": list(record.gpus), "started_at": record.started_at},
+                )
+        # 3. Tell the gateway which of its expected jobs are not here at all.
+        for job_id in sorted(params.expected - running.keys() - wanted_stopped):
+            self._report(job_id, "exited", command.nonce, pid=None, detail="not running on this node")
+
+    def _reject(self, envelope: Any, reason: str, detail: str, *, trusted: bool = False) -> None:
+        peek = _peek(envelope)
+        # A forged or malformed payload's nonce is attacker-chosen; echoing it could make the gateway
+        # mark one of its real commands as refused.
+        nonce = peek["nonce"] if trusted or reason not in ("forged", "malformed") else None
+        log.warning("command rejected", extra=_fields(reason=reason, detail=detail, **peek))
+        self._report(peek["job_id"] or "", "rejected", nonce, pid=None, detail=f"{reason}: {detail}")
+
+    # -- reports -------------------------------------------------------------------------------------
+
+    def _on_event(self, event: RunnerEvent) -> None:
+        if event.event == "started":
+            record = self.runner.get(event.job_id)
+            if record is not None:
+                self.processes.put(record)
+        elif event.event in ("stopped", "exited") and event.evidence is not None:
+            self.processes.remove(event.job_id, event.pid)
+        log.info(
+            "job event",
+            extra=_fields(job_id=event.job_id, job_event=event.event, pid=event.pid, detail=event.detail),
+        )
+        self._enqueue(event.to_report())
+
+    def _report(
+        self,
+        job_id: str,
+        event: str,
+        nonce: str | None,
+        *,
+        pid: int | None,
+        detail: str,
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        self._enqueue(RunnerEvent(job_id, event, nonce, self._clock(), pid, detail, evidence).to_report())
+
+    def _enqueue(self, report: dict[str, Any]) -> None:
+        self.outbox.append(report)
+        self._report_ready.set()
+
+    def _report_loop(self) -> None:
+        backoff = _Backoff()
+        while True:
+            self._report_ready.wait(1.0)
+            self._report_ready.clear()
+            while len(self.outbox):
+                batch = self.outbox.peek(_REPORT_BATCH)
+                try:
+                    self._gateway.post_reports(batch)
+                except GatewayError as e:
+                    log.warning(
+                        "report delivery failed", extra=_fields(error=str(e), pending=len(self.outbox))
+                    )
+                    if self.shutdown.is_set():
+                        return
+                    time.sleep(backoff.next())
+                    continue
+                backoff.reset()
+                self.outbox.drop_first(len(batch))
+            if self.shutdown.is_set() and not self._accepting:
+                return
+
+    # -- gateway loops -------------------------------------------------------------------------------
+
+    def heartbeat_body(self) -> dict[str, Any]:
+        running = [
+            {"job_id": r.job_id, "pid": r.pid, "gpus": list(r.gpus)}
+            for r in sorted(self.runner.running(), key=lambda r: r.job_id)
+        ]
+        return {"gpus": self.config.gpus, "running": running, "version": VERSION}
+
+    def _heartbeat_loop(self) -> None:
+        while not self.shutdown.is_set():
+            try:
+                self._gateway.heartbeat(self.heartbeat_body())
+            except GatewayError as e:
+                log.warning("heartbeat failed", extra=_fields(error=str(e)))
+            self.shutdown.wait(self.config.heartbeat_interval)
+
+    def _poll_loop(self) -> None:
+        backoff = _Backoff()
+        while not self.shutdown.is_set():
+            try:
+                envelopes = self._gateway.fetch_commands(self.config.poll_wait)
+            except GatewayError as e:
+                log.warning("command poll failed", extra=_fields(error=str(e)))
+                self.shutdown.wait(backoff.next())
+                continue
+            backoff.reset()
+            for envelope in envelopes:
+                self.handle_envelope(envelope)
+
+
+def _peek(envelope: Any) -> dict[str, str | None]:
+    """Job id and nonce from an envelope's payload, for logs and reports only — never trusted."""
+    try:
+        body = json.loads(str(envelope["payload"]))
+        job_id, nonce = body.get("job_id"), body.get("nonce")
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return {"job_id": None, "nonce": None}
+    return {
+        "job_id": job_id if isinstance(job_id, str) else None,
+        "nonce": nonce if isinstance(nonce, str) else None,
+    }

@@ -1,0 +1,499 @@
+"""Job processes as process groups: spawn, graceful stop (P4), evidence (C3, C5). No HTTP here.
+
+Every job runs in its own session, hence its own process group, so one `killpg` reaches the whole tree
+the training code forked. A stop is: prepare signal to the group → wait up to the grace window (cut
+short when the job announces `checkpoint.done`) → SIGKILL to whatever is left → evidence.
+
+Threads, not SIGCHLD handlers: each spawned leader has a waiter thread blocked in `Popen.wait()`, each
+stop runs in its own thread, so a long grace window never blocks the agent's command loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nodeagent import evidence, procgroup
+from nodeagent.errors import InvalidCommand
+
+log = logging.getLogger("nodeagent.runner")
+
+# Job ids become directory names; anything else could walk out of the work directory.
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_POLL_SECONDS = 0.05
+# After `checkpoint.done` the job should be exiting anyway; give it a moment before the kill.
+CHECKPOINT_DONE_SETTLE_SECONDS = 1.0
+# How long SIGKILL may take to empty a group before we report it as not gone.
+_KILL_WAIT_SECONDS = 5.0
+_ADOPTED_POLL_SECONDS = 0.1
+
+
+def check_job_id(job_id: str) -> str:
+    """Return `job_id` if it is safe as a directory name; raises InvalidCommand otherwise."""
+    if not _JOB_ID.fullmatch(job_id) or job_id in (".", ".."):
+        raise InvalidCommand("invalid", f"job id {job_id!r} is not [A-Za-z0-9._-]{{1,128}}")
+    return job_id
+
+
+@dataclass(frozen=True)
+class RunnerEvent:
+    """Something that happened to a job's process group; the agent turns it into a report."""
+
+    job_id: str
+    event: str
+    nonce: str | None
+    at: float
+    pid: int | None
+    detail: str = ""
+    evidence: dict[str, Any] | None = None
+
+    def to_report(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "nonce": self.nonce,
+            "event": self.event,
+            "at": self.at,
+            "pid": self.pid,
+            "detail": self.detail,
+            "evidence": self.evidence,
+        }
+
+
+EventSink = Callable[[RunnerEvent], None]
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What a restarted agent needs to find, trust and stop a job it did not spawn itself."""
+
+    job_id: str
+    pid: int
+    pgid: int
+    gpus: tuple[int, ...]
+    started_at: float
+    nonce: str | None
+    grace_seconds: float
+    stop_signal: str
+    # pid numbers are reused; boot id + kernel start time tell our process from a stranger.
+    boot_id: str | None = None
+    start_ticks: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "gpus": list(self.gpus),
+            "started_at": self.started_at,
+            "nonce": self.nonce,
+            "grace_seconds": self.grace_seconds,
+            "stop_signal": self.stop_signal,
+            "boot_id": self.boot_id,
+            "start_ticks": self.start_ticks,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ProcessRecord:
+        """Raises KeyError, TypeError or ValueError on a malformed record."""
+        ticks = data.get("start_ticks")
+        return cls(
+            job_id=str(data["job_id"]),
+            pid=int(data["pid"]),
+            pgid=int(data["pgid"]),
+            gpus=tuple(int(g) for g in data["gpus"]),
+            started_at=float(data["started_at"]),
+            nonce=None if data.get("nonce") is None else str(data["nonce"]),
+            grace_seconds=float(data.get("grace_seconds", 30.0)),
+            stop_signal=str(data.get("stop_signal", "SIGTERM")),
+            boot_id=None if data.get("boot_id") is None else str(data["boot_id"]),
+            start_ticks=None if ticks is None else int(ticks),
+        )
+
+    def still_ours(self) -> bool:
+        """True if the recorded group still runs and is the very process we started (not a reused pid)."""
+        if self.boot_id is not None and self.boot_id != procgroup.boot_id():
+            return False
+        if self.start_ticks is not None:
+            stat = procgroup.read_stat(self.pid)
+            if stat is not None and stat.state != "Z":
+                return stat.start_ticks == self.start_ticks and stat.pgrp == self.pgid
+        return procgroup.group_alive(self.pgid)
+
+
+@dataclass
+class _Job:
+    record: ProcessRecord
+    job_dir: Path
+    popen: subprocess.Popen[bytes] | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    exited: threading.Event = field(default_factory=threading.Event)
+    exit_code: int | None = None
+    exit_signal: str | None = None
+    exited_at: float | None = None
+    stopping: bool = False
+    finishing: bool = False
+
+
+class Runner:
+    """Owns the job process groups of one node. Thread-safe; every outcome goes to `sink`."""
+
+    def __init__(
+        self,
+        work_dir: Path,
+        sink: EventSink,
+        *,
+        subreaper: bool = True,
+        reap_interval: float = 1.0,
+    ) -> None:
+        self.work_dir = Path(work_dir)
+        self._sink = sink
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.Lock()
+        self._stop_threads: list[threading.Thread] = []
+        self._closed = threading.Event()
+        self._boot_id = procgroup.boot_id()
+        self._janitor: threading.Thread | None = None
+        if subreaper and procgroup.become_subreaper():
+            # Orphaned grandchildren now become our zombies; reap them so groups really empty.
+            self._janitor = threading.Thread(
+                target=self._reap_loop, args=(reap_interval,), name="runner-reaper", daemon=True
+            )
+            self._janitor.start()
+
+    # -- queries -------------------------------------------------------------------------------------
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.work_dir / "jobs" / check_job_id(job_id)
+
+    def running(self) -> list[ProcessRecord]:
+        """Records of the jobs that have not finished yet (stopping ones included)."""
+        with self._lock:
+            return [job.record for job in self._jobs.values()]
+
+    def get(self, job_id: str) -> ProcessRecord | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return None if job is None else job.record
+
+    def busy_gpus(self) -> set[int]:
+        with self._lock:
+            return {g for job in self._jobs.values() for g in job.record.gpus}
+
+    # -- start ---------------------------------------------------------------------------------------
+
+    def start(
+        self,
+        job_id: str,
+        argv: Sequence[str],
+        gpus: Sequence[int],
+        env: Mapping[str, str],
+        grace_seconds: float,
+        stop_signal: str,
+        *,
+        nonce: str | None = None,
+    ) -> ProcessRecord | None:
+        """Spawn `argv` as a new process group; emits `started`, or `exited` if spawning failed.
+
+        Raises InvalidCommand for a bad job id or signal, or if the job already runs here.
+        Failures of the spawn itself (missing executable, unwritable job dir) are reported, not raised.
+        """
+        job_dir = self.job_dir(job_id)
+        procgroup.parse_signal(stop_signal)
+        with self._lock:
+            if job_id in self._jobs:
+                raise InvalidCommand("conflict", f"job {job_id} already runs on this node")
+        checkpoints = job_dir / "checkpoints"
+        child_env = dict(os.environ)
+        child_env.update({str(k): str(v) for k, v in env.items()})
+        # Set last so a job's own env cannot point it at GPUs or checkpoint paths it was not given.
+        child_env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
+                "JOBGATE_JOB_ID": job_id,
+                "JOBGATE_CHECKPOINT_DIR": str(checkpoints),
+                "JOBGATE_CHECKPOINT_DONE": str(job_dir / "checkpoint.done"),
+            }
+        )
+        try:
+            checkpoints.mkdir(parents=True, exist_ok=True)
+            with (job_dir / "output.log").open("ab") as out:
+                popen = subprocess.Popen(
+                    list(argv),
+                    cwd=job_dir,
+                    env=child_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            log.warning("spawn failed job_id=%s error=%s", job_id, e)
+            self._emit(job_id, "exited", nonce, pid=None, detail=f"spawn failed: {e}")
+            return None
+        stat = procgroup.read_stat(popen.pid)
+        record = ProcessRecord(
+            job_id=job_id,
+            pid=popen.pid,
+            pgid=popen.pid,  # start_new_session: the leader's pid is the group id
+            gpus=tuple(int(g) for g in gpus),
+            started_at=time.time(),
+            nonce=nonce,
+            grace_seconds=float(grace_seconds),
+            stop_signal=stop_signal,
+            boot_id=self._boot_id,
+            start_ticks=None if stat is None else stat.start_ticks,
+        )
+        job = _Job(record=record, job_dir=job_dir, popen=popen)
+        with self._lock:
+            self._jobs[job_id] = job
+        # `started` goes out before the waiter exists, so it always precedes that job's `exited`.
+        self._emit(job_id, "started", nonce, pid=popen.pid, detail=" ".join(argv)[:200])
+        threading.Thread(target=self._wait_child, args=(job,), name=f"wait-{job_id}", daemon=True).start()
+        return record
+
+    def adopt(self, record: ProcessRecord) -> bool:
+        """Take over a group a previous agent started; False (nothing adopted) if it is gone or not ours."""
+        if not record.still_ours():
+            return False
+        job = _Job(record=record, job_dir=self.job_dir(record.job_id), popen=None)
+        with self._lock:
+            if record.job_id in self._jobs:
+                return False
+            self._jobs[record.job_id] = job
+        threading.Thread(
+            target=self._watch_adopted, args=(job,), name=f"watch-{record.job_id}", daemon=True
+        ).start()
+        return True
+
+    def report_vanished(self, record: ProcessRecord, detail: str) -> None:
+        """Emit `exited` (exit status unknowable) for a recorded job that is no longer ours to watch."""
+        job = _Job(record=record, job_dir=self.job_dir(record.job_id), popen=None)
+        job.exited.set()
+        # Not ours any more means gone: either it died or its pid now belongs to a stranger.
+        self._finish(job, "exited", None, detail=detail, gone=True)
+
+    # -- stop ----------------------------------------------------------------------------------------
+
+    def stop(
+        self,
+        job_id: str,
+        grace_seconds: float | None = None,
+        stop_signal: str | None = None,
+        *,
+        nonce: str | None = None,
+        reason: str = "",
+    ) -> threading.Thread | None:
+        """Begin a graceful stop in a background thread and return it (None if nothing to stop).
+
+        Emits `stopping` once the prepare signal is sent and `stopped` with evidence at the end; for a
+        job that is not (or no longer) running, emits `stopped` with no evidence right away.
+        Raises InvalidCommand for an unknown signal name or a negative grace window.
+        """
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None:
+            self._emit(job_id, "stopped", nonce, pid=None, detail="not running on this node")
+            return None
+        grace = job.record.grace_seconds if grace_seconds is None else float(grace_seconds)
+        if not grace >= 0 or grace == float("inf"):
+            raise InvalidCommand("invalid", f"grace_seconds must be a finite number ≥ 0, got {grace_seconds}")
+        sig_name = job.record.stop_signal if stop_signal is None else stop_signal
+        sig = procgroup.parse_signal(sig_name)
+        with job.lock:
+            if job.finishing:
+                already = "already exited"
+            elif job.stopping:
+                already = "stop already in progress"
+            else:
+                already = ""
+                job.stopping = True
+        if already:
+            event = "stopped" if already == "already exited" else "stopping"
+            self._emit(job_id, event, nonce, pid=job.record.pid, detail=already)
+            return None
+        thread = threading.Thread(
+            target=self._stop_job,
+            args=(job, sig, grace, nonce, reason),
+            name=f"stop-{job_id}",
+            daemon=True,
+        )
+        with self._lock:
+            self._stop_threads = [t for t in self._stop_threads if t.is_alive()]
+            self._stop_threads.append(thread)
+        thread.start()
+        return thread
+
+    def join_stops(self, timeout: float | None = None) -> bool:
+        """Wait for in-flight stops; True if none is left running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._stop_threads)
+        for t in threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads)
+
+    def close(self) -> None:
+        """Stop background housekeeping. Jobs keep running: they outlive the agent by design."""
+        self._closed.set()
+
+    # -- internals -----------------------------------------------------------------------------------
+
+    def _stop_job(self, job: _Job, sig: signal.Signals, grace: float, nonce: str | None, reason: str) -> None:
+        record = job.record
+        sent_at = time.time()
+        procgroup.signal_group(record.pgid, sig)
+        self._emit(
+            record.job_id,
+            "stopping",
+            nonce,
+            pid=record.pid,
+            detail=reason,
+            evidence={"signal": sig.name, "signal_sent_at": sent_at, "grace_seconds": grace},
+        )
+        done_marker = job.job_dir / "checkpoint.done"
+        deadline = sent_at + grace
+        settling = False
+        while not job.exited.is_set():
+            now = time.time()
+            if now >= deadline:
+                break
+            if not settling and _touched_since(done_marker, sent_at):
+                settling = True
+                deadline = min(deadline, now + CHECKPOINT_DONE_SETTLE_SECONDS)
+            job.exited.wait(min(_POLL_SECONDS, max(0.0, deadline - now)))
+        graceful = job.exited.is_set() and sig != signal.SIGKILL
+        # Also reaches stragglers a gracefully exited leader left behind in its group.
+        procgroup.signal_group(record.pgid, signal.SIGKILL)
+        job.exited.wait(_KILL_WAIT_SECONDS)
+        gone = _await_group_gone(record.pgid, _KILL_WAIT_SECONDS)
+        detail = "exited within the grace window" if graceful else "killed after the grace window"
+        if settling:
+            detail += " (checkpoint.done seen)"
+        self._finish(
+            job,
+            "stopped",
+            nonce,
+            detail=detail,
+            signal_name=sig.name,
+            sent_at=sent_at,
+            grace=grace,
+            outcome="graceful" if graceful else "forced",
+            gone=gone,
+        )
+
+    def _wait_child(self, job: _Job) -> None:
+        assert job.popen is not None
+        code = job.popen.wait()
+        self._record_exit(job, code)
+
+    def _watch_adopted(self, job: _Job) -> None:
+        # Not our child: no waitpid, no exit status, only liveness of the group.
+        while procgroup.group_alive(job.record.pgid):
+            time.sleep(_ADOPTED_POLL_SECONDS)
+        self._record_exit(job, None)
+
+    def _record_exit(self, job: _Job, code: int | None) -> None:
+        with job.lock:
+            job.exited_at = time.time()
+            if code is not None and code < 0:
+                job.exit_signal = procgroup.signal_name(-code)
+            else:
+                job.exit_code = code
+            finish_here = not job.stopping
+            job.finishing = job.finishing or finish_here
+            job.exited.set()
+        if finish_here:
+            # The leader defines the job's life, as PID 1 does a container's: leftovers go with it,
+            # else they would hold GPUs we report as released.
+            procgroup.signal_group(job.record.pgid, signal.SIGKILL)
+            gone = _await_group_gone(job.record.pgid, _KILL_WAIT_SECONDS)
+            self._finish(job, "exited", None, detail="exited on its own", gone=gone)
+
+    def _finish(
+        self,
+        job: _Job,
+        event: str,
+        nonce: str | None,
+        *,
+        detail: str,
+        gone: bool,
+        signal_name: str | None = None,
+        sent_at: float | None = None,
+        grace: float | None = None,
+        outcome: str | None = None,
+    ) -> None:
+        with job.lock:
+            job.finishing = True
+        record = job.record
+        artifacts = evidence.scan_files(job.job_dir / "checkpoints", job.job_dir)
+        ev = {
+            "signal": signal_name,
+            "signal_sent_at": sent_at,
+            "grace_seconds": grace,
+            "exited_at": job.exited_at,
+            "exit_code": job.exit_code,
+            "exit_signal": job.exit_signal,
+            "outcome": outcome,
+            "process_group_gone": gone,
+            "gpus_released": list(record.gpus) if gone else [],
+            "checkpoints": evidence.since(artifacts, sent_at),
+            "artifacts": artifacts,
+            "log_tail": evidence.log_tail(job.job_dir / "output.log"),
+        }
+        with self._lock:
+            if self._jobs.get(record.job_id) is job:
+                del self._jobs[record.job_id]
+        self._emit(record.job_id, event, nonce, pid=record.pid, detail=detail, evidence=ev)
+
+    def _emit(
+        self,
+        job_id: str,
+        event: str,
+        nonce: str | None,
+        *,
+        pid: int | None,
+        detail: str = "",
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        try:
+            self._sink(RunnerEvent(job_id, event, nonce, time.time(), pid, detail, evidence))
+        except Exception:
+            # A broken sink must not kill a waiter or stop thread and leave a job unsupervised.
+            log.exception("event sink failed job_id=%s event=%s", job_id, event)
+
+    def _reap_loop(self, interval: float) -> None:
+        while not self._closed.wait(interval):
+            with self._lock:
+                pgids = {job.record.pgid for job in self._jobs.values()}
+            procgroup.reap_group_zombies(pgids)
+
+
+def _touched_since(path: Path, t: float) -> bool:
+    try:
+        return path.stat().st_mtime >= t - evidence.MTIME_SLACK_SECONDS
+    except FileNotFoundError:
+        return False
+
+
+def _await_group_gone(pgid: int, timeout: float) -> bool:
+    """Poll until no live member of the group is left, reaping the zombies that are ours."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not procgroup.group_alive(pgid):
+            # Zombies may linger under a parent that does not reap; ours we reap, then re-check.
+            procgroup.reap_group_zombies({pgid})
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        procgroup.reap_group_zombies({pgid})
+        time.sleep(0.02)
