@@ -10,7 +10,6 @@ only then wakes the callers. A failed write rolls the in-memory tree back to the
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import threading
@@ -31,6 +30,7 @@ from ledger.errors import (
 from ledger.keys import NoteSigner
 from ledger.merkle import MerkleTree, leaf_hash
 from ledger.note import Checkpoint, parse_checkpoint, sign_checkpoint
+from ledger.proofs import ConsistencyProof, InclusionProof
 from ledger.store import LedgerStore, Row, open_store
 
 MAX_BATCH = 1024
@@ -50,36 +50,6 @@ class StoredEntry:
     hash: str
     raw: bytes
     value: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class InclusionProof:
-    leaf_index: int
-    tree_size: int
-    leaf_hash: bytes
-    hashes: list[bytes]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "leaf_index": self.leaf_index,
-            "tree_size": self.tree_size,
-            "leaf_hash": base64.b64encode(self.leaf_hash).decode(),
-            "hashes": [base64.b64encode(h).decode() for h in self.hashes],
-        }
-
-
-@dataclass(frozen=True)
-class ConsistencyProof:
-    old_size: int
-    new_size: int
-    hashes: list[bytes]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "old_size": self.old_size,
-            "new_size": self.new_size,
-            "hashes": [base64.b64encode(h).decode() for h in self.hashes],
-        }
 
 
 @dataclass
