@@ -1,0 +1,214 @@
+"""One scheduling cycle: a pure function from a snapshot and a clock to admits, one reservation, and a
+reason for every job left waiting (Q2, Q3, Q6, Q7; after kueue's `scheduler.go` and Slurm's backfill)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from itertools import accumulate
+
+from scheduler import reasons
+from scheduler.errors import InconsistentSnapshot
+from scheduler.model import (
+    DEFAULT_CONFIG,
+    JobId,
+    NodeId,
+    NodeState,
+    PendingJob,
+    Placement,
+    SchedulerConfig,
+    Snapshot,
+)
+from scheduler.placement import FreeIndex
+from scheduler.priority import PriorityParts, effective_priority
+from scheduler.reservation import Release, earliest_start
+
+__all__ = ["Admit", "Blocked", "CycleResult", "PriorityParts", "Reserve", "effective_priority", "run_cycle"]
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Start this job now on exactly these GPUs."""
+
+    job_id: JobId
+    placement: tuple[Placement, ...]
+    priority: PriorityParts
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """GPUs on these nodes are held for this job, which is expected to start at expected_start."""
+
+    job_id: JobId
+    expected_start: datetime
+    nodes: tuple[NodeId, ...]
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A job that stays waiting: why, in a sentence for its owner, and its 1-based place in its queue."""
+
+    job_id: JobId
+    reason: str
+    position: int
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    admits: tuple[Admit, ...]
+    reservations: tuple[Reserve, ...]
+    blocked: tuple[Blocked, ...]
+
+
+def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DEFAULT_CONFIG) -> CycleResult:
+    """Decide which waiting jobs start now, which one GPUs are held for, and why the others wait.
+
+    1. Order waiting jobs by effective priority (queue baseline + contribution + capped aging),
+       highest first, then by submitted_at, then by job id, so the result is deterministic.
+    2. Gang placement, in that order: a job needs `nodes` distinct alive nodes each with at least
+       `gpus_per_node` free GPUs, all or nothing. Best fit against fragmentation: the nodes with the
+       fewest free GPUs that are still enough (ties by node id), the lowest GPU indices on each.
+       Each admit is applied to a working copy of the free GPUs before the next job is tried.
+       A job that needs more than the alive nodes could ever offer is skipped (it blocks nobody).
+    3. Head of line: the first job that does not fit gets the pool's one reservation: the earliest
+       time running jobs free enough GPUs (started_at + runtime_limit_s, this cycle's admits
+       included), and the GPUs it will take then are held. It is made only when that time is within
+       reservation_window_s; a job whose GPUs are held by jobs without a runtime limit gets none.
+       Later jobs backfill onto unheld GPUs, or onto held ones only if their runtime limit ends
+       by the reservation's start (Slurm's rule); a job without a runtime limit never uses held GPUs.
+       At most backfill_depth jobs behind the head are tried; once no node could fit the smallest
+       remaining request, placement stops.
+    4. Every job not admitted gets a Blocked with a reason and its position among its queue's
+       waiting jobs (1-based, in the order of rule 1).
+
+    Raises InconsistentSnapshot for duplicate ids, naive datetimes, or a running job on GPUs that the
+    snapshot also lists as free.
+    """
+    return _cycle(snapshot, now, config, FreeIndex)
+
+
+def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
+           make_index: Callable[[Sequence[NodeState]], FreeIndex]) -> CycleResult:
+    """run_cycle with a pluggable index, so the naive ScanIndex can be checked and timed against it."""
+    _check(snapshot, now)
+    alive = sorted((n for n in snapshot.nodes if n.alive), key=lambda n: n.id)
+    index = make_index(alive)
+    rank_of = {n.id: r for r, n in enumerate(alive)}
+    capacity = Counter(n.gpus for n in alive)
+    largest_alive = max(capacity, default=0)
+
+    def ever_fitting(gpus: int) -> int:
+        return sum(c for g, c in capacity.items() if g >= gpus)
+
+    # 1. Order.
+    parts = {job.id: effective_priority(job, now, config) for job in snapshot.pending}
+    ordered = sorted(snapshot.pending, key=lambda j: (-parts[j.id].total, j.submitted_at, j.id))
+    # smallest_after[i]: the smallest per-node request among ordered[i:], for the early stop in rule 3.
+    smallest_after = list(accumulate(reversed([j.gpus_per_node for j in ordered]), min))[::-1]
+
+    releases = [Release(at=max(now, job.started_at + timedelta(seconds=job.runtime_limit_s)), job_id=job.id,
+                        rank=rank_of[p.node], gpus=p.gpus)
+                for job in snapshot.running if job.runtime_limit_s is not None
+                for p in job.placement if p.node in rank_of]
+
+    admits: list[Admit] = []
+    reservation: Reserve | None = None
+    head: PendingJob | None = None
+    tried_behind_head = 0
+    exhausted = False
+    why: dict[JobId, str] = {}
+
+    for i, job in enumerate(ordered):
+        g, n = job.gpus_per_node, job.nodes
+        if ever_fitting(g) < n:
+            why[job.id] = reasons.impossible(n, g, ever_fitting(g), largest_alive)
+            continue
+        # 3. Held GPUs are open to a job only if it is done by the time the reservation starts.
+        ends = None if job.runtime_limit_s is None else now + timedelta(seconds=job.runtime_limit_s)
+        use_held = reservation is not None and ends is not None and ends <= reservation.expected_start
+        exhausted = exhausted or index.max_available(use_held=True) < smallest_after[i]
+        if head is not None and tried_behind_head >= config.backfill_depth and not exhausted:
+            fitting = index.count_fitting(g, use_held)
+            why[job.id] = reasons.not_tried(n, g, fitting, config.backfill_depth, head.id)
+            continue
+        if head is not None:
+            tried_behind_head += 1
+        # 2. Gang placement, all or nothing.
+        ranks = None if exhausted or index.count_fitting(g, use_held) < n else index.best_fit(g, n, use_held)
+        if ranks is not None:
+            placement = index.allocate(ranks, g, use_held)
+            admits.append(Admit(job_id=job.id, placement=placement, priority=parts[job.id]))
+            if ends is not None:
+                releases += [Release(at=ends, job_id=job.id, rank=rank_of[p.node], gpus=p.gpus)
+                             for p in placement]
+            continue
+        fitting = index.count_fitting(g, use_held)
+        if head is None:
+            # 3. Head of line.
+            head = job
+            plan = earliest_start(index, releases, g, n)
+            if plan is None:
+                why[job.id] = reasons.start_unknown(n, g, fitting)
+            elif plan.start > now + timedelta(seconds=config.reservation_window_s):
+                why[job.id] = reasons.beyond_window(n, g, fitting, plan.start, config.reservation_window_s)
+            else:
+                index.hold(plan.gpus_by_rank)
+                reservation = Reserve(job_id=job.id, expected_start=plan.start,
+                                      nodes=tuple(alive[r].id for r in sorted(plan.gpus_by_rank)))
+                why[job.id] = reasons.reserved(n, g, fitting, plan.start)
+        elif reservation is not None and not use_held and index.count_fitting(g, use_held=True) >= n:
+            why[job.id] = reasons.behind_reservation(reservation.job_id, reservation.expected_start,
+                                                     job.runtime_limit_s)
+        else:
+            why[job.id] = f"{reasons.gang(n, g)}; {reasons.have(fitting)}"
+            if reservation is not None and not use_held:
+                held = index.count_fitting(g, use_held=True) - fitting
+                if held:
+                    why[job.id] += f"; {held} more {'is' if held == 1 else 'are'} held for job {reservation.job_id}"
+
+    # 4. Positions among each queue's waiting jobs.
+    position: Counter[str] = Counter()
+    blocked: list[Blocked] = []
+    for job in ordered:
+        if job.id in why:
+            position[job.queue] += 1
+            blocked.append(Blocked(job_id=job.id, reason=why[job.id], position=position[job.queue]))
+    return CycleResult(admits=tuple(admits), reservations=() if reservation is None else (reservation,),
+                       blocked=tuple(blocked))
+
+
+def _check(snapshot: Snapshot, now: datetime) -> None:
+    """Raises InconsistentSnapshot; checks only what crosses records (each record checked itself)."""
+    if now.utcoffset() is None:
+        raise InconsistentSnapshot("now must be timezone-aware")
+    nodes = {n.id: n for n in snapshot.nodes}
+    if len(nodes) != len(snapshot.nodes):
+        raise InconsistentSnapshot(f"duplicate node ids: {_dupes(n.id for n in snapshot.nodes)}")
+    ids = [j.id for j in snapshot.pending] + [j.id for j in snapshot.running]
+    if len(set(ids)) != len(ids):
+        raise InconsistentSnapshot(f"duplicate job ids: {_dupes(ids)}")
+    for p in snapshot.pending:
+        if p.submitted_at.utcoffset() is None:
+            raise InconsistentSnapshot(f"job {p.id}: submitted_at must be timezone-aware")
+    for r in snapshot.running:
+        if r.started_at.utcoffset() is None:
+            raise InconsistentSnapshot(f"job {r.id}: started_at must be timezone-aware")
+        for pl in r.placement:
+            node = nodes.get(pl.node)
+            # A running job on an unknown node frees nothing usable; it does not stop the pool.
+            if node is None:
+                continue
+            clash = node.free.intersection(pl.gpus)
+            if clash:
+                raise InconsistentSnapshot(f"job {r.id} runs on GPUs {sorted(clash)} of node {node.id}, "
+                                           "which are also listed as free")
+            stray = [x for x in pl.gpus if not 0 <= x < node.gpus]
+            if stray:
+                raise InconsistentSnapshot(f"job {r.id} runs on GPUs {stray} that node {node.id} lacks")
+
+
+def _dupes(ids: Iterable[str]) -> list[str]:
+    seen = Counter(ids)
+    return sorted(str(k) for k, c in seen.items() if c > 1)

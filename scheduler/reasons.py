@@ -1,0 +1,72 @@
+"""Sentences for the researcher whose job waits (Q10): what it needs, what there is, what it waits for."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from scheduler.model import JobId
+
+
+def gang(nodes: int, gpus: int, *, free: bool = True) -> str:
+    """'needs 2 nodes with 8 free GPUs each' / 'needs 1 node with 4 GPUs'."""
+    kind = "free GPUs" if free else "GPUs"
+    if gpus == 1:
+        kind = kind[:-1]
+    if nodes == 1:
+        return f"needs 1 node with {gpus} {kind}"
+    return f"needs {nodes} nodes with {gpus} {kind} each"
+
+
+def have(count: int, *, now: bool = False) -> str:
+    """'no node has them' / '1 node has them' / '3 nodes have them'."""
+    when = " now" if now else ""
+    if count == 0:
+        return f"no node has them{when}"
+    if count == 1:
+        return f"1 node has them{when}"
+    return f"{count} nodes have them{when}"
+
+
+def impossible(nodes: int, gpus: int, alive_fitting: int, largest_alive: int) -> str:
+    if gpus > largest_alive:
+        return f"needs {gpus} GPUs per node; the largest alive node has {largest_alive}"
+    noun = "node has" if alive_fitting == 1 else "nodes have"
+    return f"{gang(nodes, gpus, free=False)}; only {alive_fitting} alive {noun} that many"
+
+
+def when(t: datetime) -> str:
+    return t.isoformat(timespec="seconds")
+
+
+def duration(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds % 60 == 0:
+        return f"{int(seconds // 60)} min"
+    return f"{seconds:g} s"
+
+
+def reserved(nodes: int, gpus: int, fitting: int, start: datetime) -> str:
+    return f"{gang(nodes, gpus)}; {have(fitting, now=True)}; GPUs are held for it from {when(start)}"
+
+
+def start_unknown(nodes: int, gpus: int, fitting: int) -> str:
+    return (f"{gang(nodes, gpus)}; {have(fitting, now=True)}; start time unknown: "
+            "the GPUs it needs are held by jobs without a runtime limit")
+
+
+def beyond_window(nodes: int, gpus: int, fitting: int, start: datetime, window_s: float) -> str:
+    return (f"{gang(nodes, gpus)}; {have(fitting, now=True)}; expected to start at {when(start)}, beyond "
+            f"the {duration(window_s)} reservation window, so no GPUs are held for it yet")
+
+
+def behind_reservation(head: JobId, start: datetime, runtime_limit_s: float | None) -> str:
+    why = ("it has no runtime limit" if runtime_limit_s is None
+           else f"its {duration(runtime_limit_s)} runtime limit runs past that")
+    return (f"would fit now only on GPUs held for job {head}, which starts at {when(start)}; "
+            f"{why}")
+
+
+def not_tried(nodes: int, gpus: int, fitting: int, depth: int, head: JobId) -> str:
+    return (f"{gang(nodes, gpus)}; {have(fitting, now=True)}; not tried this cycle: only {depth} waiting "
+            f"jobs behind job {head} are tried per cycle")

@@ -1,0 +1,105 @@
+"""Builders for scheduler snapshots: `job("a").gpus(8).nodes(2).queue("urgent")`, `node("n1", busy=(0, 1))`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+
+from scheduler.cycle import CycleResult
+from scheduler.model import JobId, NodeId, NodeState, PendingJob, Placement, ProjectId, RunningJob, Snapshot
+
+NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+HOUR = 3600.0
+
+
+def at(hours: float = 0.0, minutes: float = 0.0) -> datetime:
+    """A time relative to NOW: at(-2) is two hours ago."""
+    return NOW + timedelta(hours=hours, minutes=minutes)
+
+
+class JobBuilder:
+    def __init__(self, job_id: str, project: str = "vision", user: str = "ada") -> None:
+        self._id = JobId(job_id)
+        self._project = ProjectId(project)
+        self._user = user
+        self._queue = "normal"
+        self._gpus = 1
+        self._nodes = 1
+        self._submitted = NOW
+        self._priority = 0.0
+        self._limit: float | None = None
+
+    def gpus(self, n: int) -> JobBuilder:
+        self._gpus = n
+        return self
+
+    def nodes(self, n: int) -> JobBuilder:
+        self._nodes = n
+        return self
+
+    def queue(self, q: str) -> JobBuilder:
+        self._queue = q
+        return self
+
+    def waited(self, hours: float) -> JobBuilder:
+        self._submitted = NOW - timedelta(hours=hours)
+        return self
+
+    def submitted(self, t: datetime) -> JobBuilder:
+        self._submitted = t
+        return self
+
+    def priority(self, p: float) -> JobBuilder:
+        self._priority = p
+        return self
+
+    def limit(self, hours: float) -> JobBuilder:
+        self._limit = hours * HOUR
+        return self
+
+    def build(self) -> PendingJob:
+        return PendingJob(id=self._id, project=self._project, user=self._user, queue=self._queue,
+                          gpus_per_node=self._gpus, nodes=self._nodes, submitted_at=self._submitted,
+                          base_priority=self._priority, runtime_limit_s=self._limit)
+
+
+def job(job_id: str, project: str = "vision", user: str = "ada") -> JobBuilder:
+    return JobBuilder(job_id, project, user)
+
+
+def node(node_id: str, gpus: int = 8, *, busy: Iterable[int] = (), alive: bool = True) -> NodeState:
+    """A node with every GPU free except `busy` (snap() also removes GPUs of running jobs)."""
+    return NodeState(id=NodeId(node_id), gpus=gpus, free=frozenset(range(gpus)) - frozenset(busy), alive=alive)
+
+
+def running(job_id: str, on: dict[str, Iterable[int]], *, started: datetime = NOW,
+            limit_h: float | None = None, queue: str = "normal") -> RunningJob:
+    return RunningJob(id=JobId(job_id), project=ProjectId("vision"), user="ada", queue=queue, priority=0.0,
+                      started_at=started,
+                      placement=tuple(Placement(NodeId(n), tuple(g)) for n, g in on.items()),
+                      runtime_limit_s=None if limit_h is None else limit_h * HOUR)
+
+
+def snap(nodes: Iterable[NodeState], pending: Iterable[JobBuilder | PendingJob] = (),
+         run: Iterable[RunningJob] = ()) -> Snapshot:
+    """A consistent snapshot: GPUs of running jobs are taken out of their nodes' free sets."""
+    run = tuple(run)
+    used: dict[str, set[int]] = defaultdict(set)
+    for r in run:
+        for p in r.placement:
+            used[p.node].update(p.gpus)
+    return Snapshot(
+        nodes=tuple(NodeState(n.id, n.gpus, n.free - used[n.id], n.alive) for n in nodes),
+        pending=tuple(j.build() if isinstance(j, JobBuilder) else j for j in pending),
+        running=run,
+    )
+
+
+def admitted(result: CycleResult) -> dict[str, dict[str, tuple[int, ...]]]:
+    """{job: {node: gpus}} of a cycle's admits, for compact assertions."""
+    return {a.job_id: {p.node: p.gpus for p in a.placement} for a in result.admits}
+
+
+def reasons(result: CycleResult) -> dict[str, str]:
+    return {b.job_id: b.reason for b in result.blocked}

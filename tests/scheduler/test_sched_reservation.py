@@ -1,0 +1,152 @@
+"""Rule 3 of run_cycle and Q6: the blocked head job gets GPUs held for it; backfill only if it cannot delay it."""
+
+from __future__ import annotations
+
+import pytest
+from scheduler_builders import NOW, JobBuilder, admitted, at, job, node, reasons, running, snap
+
+from scheduler.cycle import Reserve, run_cycle
+from scheduler.model import JobId, NodeId, NodeState, RunningJob, SchedulerConfig, Snapshot
+
+# Nodes a and b, 8 GPUs each. `r1` holds all of a until NOW+1h. The urgent head wants both whole nodes,
+# so it is blocked now and expected to start at NOW+1h on a and b; b's free GPUs are held for it.
+NODES = [node("a"), node("b")]
+R1 = running("r1", {"a": range(8)}, started=at(-1), limit_h=2)
+HEAD = job("head").gpus(8).nodes(2).queue("urgent")
+
+
+def cluster(*pending: JobBuilder, nodes: list[NodeState] | None = None, run: list[RunningJob] | None = None
+            ) -> Snapshot:
+    return snap(NODES if nodes is None else nodes, [HEAD, *pending], [R1] if run is None else run)
+
+
+def test_head_job_gets_the_reservation() -> None:
+    result = run_cycle(cluster(), now=NOW)
+    assert result.admits == ()
+    assert result.reservations == (Reserve(JobId("head"), at(1), (NodeId("a"), NodeId("b"))),)
+    assert reasons(result)["head"] == ("needs 2 nodes with 8 free GPUs each; 1 node has them now; "
+                                      "GPUs are held for it from 2026-03-02T13:00:00+00:00")
+
+
+BACKFILL = [
+    ("finishes before the reserved start: backfills onto held GPUs",
+     job("short").gpus(4).limit(0.5), {"short": {"b": (0, 1, 2, 3)}}),
+    ("finishes exactly at the reserved start: allowed",
+     job("edge").gpus(4).limit(1), {"edge": {"b": (0, 1, 2, 3)}}),
+    ("would run past the reserved start: refused", job("long").gpus(4).limit(2), {}),
+    ("no runtime limit: never backfills into held GPUs", job("open").gpus(4), {}),
+]
+
+
+@pytest.mark.parametrize(("pending", "expected"), [c[1:] for c in BACKFILL], ids=[c[0] for c in BACKFILL])
+def test_backfill_into_held_gpus(pending: JobBuilder, expected: dict[str, object]) -> None:
+    result = run_cycle(cluster(pending), now=NOW)
+    assert admitted(result) == expected
+    assert [r.job_id for r in result.reservations] == ["head"]
+
+
+REFUSALS = [
+    ("long", job("long").gpus(4).limit(2),
+     "would fit now only on GPUs held for job head, which starts at 2026-03-02T13:00:00+00:00; "
+     "its 2h runtime limit runs past that"),
+    ("open", job("open").gpus(4),
+     "would fit now only on GPUs held for job head, which starts at 2026-03-02T13:00:00+00:00; "
+     "it has no runtime limit"),
+]
+
+
+@pytest.mark.parametrize(("pending", "reason"), [c[1:] for c in REFUSALS], ids=[c[0] for c in REFUSALS])
+def test_refused_backfill_says_why(pending: JobBuilder, reason: str) -> None:
+    assert reasons(run_cycle(cluster(pending), now=NOW))[pending.build().id] == reason
+
+
+def test_long_job_backfills_on_gpus_the_reservation_does_not_need() -> None:
+    result = run_cycle(cluster(job("long").gpus(4).limit(5), nodes=[*NODES, node("c", 4)]), now=NOW)
+    assert admitted(result) == {"long": {"c": (0, 1, 2, 3)}}
+
+
+def test_held_gpus_are_exactly_the_ones_it_will_start_on() -> None:
+    # b has 2 GPUs busy for good; the head needs 6 per node, so b's GPUs 2..7 are held and 0,1 are not.
+    run = [R1, running("forever", {"b": (0, 1)})]
+    head6 = job("head").gpus(6).nodes(2).queue("urgent")
+    result = run_cycle(snap(NODES, [head6, job("open").gpus(2)], run), now=NOW)
+    assert result.reservations[0].nodes == ("a", "b")
+    assert reasons(result)["open"].startswith("would fit now only on GPUs held for job head")
+
+
+def test_short_backfill_prefers_unheld_gpus_on_a_reserved_node() -> None:
+    # b: 8 GPUs, head needs 6 per node -> b's GPUs 0..5 held, 6 and 7 free and unheld.
+    head6 = job("head").gpus(6).nodes(2).queue("urgent")
+    result = run_cycle(snap(NODES, [head6, job("short").gpus(3).limit(0.5)], [R1]), now=NOW)
+    assert admitted(result) == {"short": {"b": (0, 6, 7)}}
+
+
+def test_expected_start_waits_for_enough_releases() -> None:
+    run = [running("r1", {"a": range(4)}, started=at(-1), limit_h=2),
+           running("r2", {"a": range(4, 8)}, started=at(-1), limit_h=4)]
+    result = run_cycle(snap(NODES, [HEAD], run), now=NOW, config=SchedulerConfig(reservation_window_s=4 * 3600))
+    assert result.reservations[0].expected_start == at(3)
+
+
+def test_overdue_job_counts_as_freeing_now() -> None:
+    result = run_cycle(cluster(run=[running("r1", {"a": range(8)}, started=at(-5), limit_h=2)]), now=NOW)
+    assert result.reservations[0].expected_start == NOW
+
+
+def test_this_cycles_admits_count_as_releases() -> None:
+    # The urgent 'first' takes b for 30 min; head (normal, behind it) is then expected at NOW+1h (r1 on a).
+    head = job("head").gpus(8).nodes(2)
+    first = job("first").gpus(8).queue("urgent").limit(0.5)
+    result = run_cycle(snap(NODES, [first, head], [R1]), now=NOW)
+    assert list(admitted(result)) == ["first"]
+    assert result.reservations == (Reserve(JobId("head"), at(1), (NodeId("a"), NodeId("b"))),)
+
+
+def test_beyond_window_holds_nothing_and_others_run() -> None:
+    far = [running("r1", {"a": range(8)}, started=at(-1), limit_h=3)]
+    result = run_cycle(cluster(job("open").gpus(4), run=far), now=NOW)
+    assert result.reservations == ()
+    assert admitted(result) == {"open": {"b": (0, 1, 2, 3)}}
+    assert reasons(result)["head"] == (
+        "needs 2 nodes with 8 free GPUs each; 1 node has them now; expected to start at "
+        "2026-03-02T14:00:00+00:00, beyond the 1h reservation window, so no GPUs are held for it yet")
+
+
+def test_wider_window_reserves_the_same_case() -> None:
+    far = [running("r1", {"a": range(8)}, started=at(-1), limit_h=3)]
+    result = run_cycle(cluster(job("open").gpus(4), run=far), now=NOW,
+                       config=SchedulerConfig(reservation_window_s=3 * 3600))
+    assert [r.expected_start for r in result.reservations] == [at(2)]
+    assert admitted(result) == {}
+
+
+def test_gpus_held_by_unlimited_jobs_give_no_start_time() -> None:
+    result = run_cycle(cluster(job("open").gpus(4), run=[running("r1", {"a": range(8)})]), now=NOW)
+    assert result.reservations == ()
+    assert admitted(result) == {"open": {"b": (0, 1, 2, 3)}}
+    assert reasons(result)["head"].endswith(
+        "start time unknown: the GPUs it needs are held by jobs without a runtime limit")
+
+
+def test_running_jobs_on_dead_nodes_free_nothing() -> None:
+    nodes = [node("a", alive=False), node("b"), node("c")]
+    run = [running("r1", {"a": range(8)}, started=at(-1), limit_h=1.5),
+           running("r3", {"c": range(8)}, started=at(-1), limit_h=3)]
+    result = run_cycle(snap(nodes, [HEAD], run), now=NOW, config=SchedulerConfig(reservation_window_s=4 * 3600))
+    assert result.reservations == (Reserve(JobId("head"), at(2), (NodeId("b"), NodeId("c"))),)
+
+
+def test_only_one_reservation_per_pool() -> None:
+    second = job("second").gpus(8).nodes(2)
+    result = run_cycle(cluster(second), now=NOW)
+    assert [r.job_id for r in result.reservations] == ["head"]
+    assert reasons(result)["second"] == ("needs 2 nodes with 8 free GPUs each; no node has them; "
+                                         "1 more is held for job head")
+
+
+def test_backfill_depth_bounds_the_jobs_tried_behind_the_head() -> None:
+    pending = [job(f"s{i}").gpus(1).limit(0.5).submitted(at(minutes=i)) for i in range(3)]
+    result = run_cycle(cluster(*pending), now=NOW, config=SchedulerConfig(backfill_depth=2))
+    assert list(admitted(result)) == ["s0", "s1"]
+    assert reasons(result)["s2"] == ("needs 1 node with 1 free GPU; 1 node has them now; not tried this cycle: "
+                                     "only 2 waiting jobs behind job head are tried per cycle")
