@@ -114,11 +114,18 @@ class Ledger:
         """
         store = open_store(url)
         try:
-            led = cls(store, signer, clock or _utcnow)
-            led._load()
+            return cls.from_store(store, signer=signer, clock=clock)
         except BaseException:
             store.close()
             raise
+
+    @classmethod
+    def from_store(
+        cls, store: LedgerStore, *, signer: NoteSigner, clock: Callable[[], datetime] | None = None
+    ) -> Ledger:
+        """Like open() over an already open store (which the Ledger then owns and closes)."""
+        led = cls(store, signer, clock or _utcnow)
+        led._load()
         led._writer = threading.Thread(target=led._run_writer, name="ledger-writer", daemon=True)
         led._writer.start()
         return led
