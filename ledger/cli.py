@@ -53,9 +53,7 @@ def ledger_group() -> None:
 @click.option("--public-key", type=click.Path(path_type=Path), help="Verifier key file (vkey).")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 @click.option("--deep", is_flag=True, help="Parse and re-canonicalise every entry (slower).")
-def verify_cmd(
-    data_dir: Path | None, db: str | None, public_key: Path | None, as_json: bool, deep: bool
-) -> None:
+def verify_cmd(data_dir: Path | None, db: str | None, public_key: Path | None, as_json: bool, deep: bool) -> None:
     """Re-hash every entry, check the chain, the tree, every checkpoint and every blob."""
     url = _url(data_dir, db)
     if public_key is None:

@@ -111,9 +111,7 @@ def prepare(kind: str, body: Mapping[str, Any], blobs: Mapping[str, bytes] | Non
         digest = hashlib.sha256(b).hexdigest()
         refs[name] = digest
         data[digest] = b
-    head = (
-        b'{"blobs":' + canonical(refs) + b',"body":' + canonical(_plain(body)) + b',"kind":' + canonical(kind)
-    )
+    head = b'{"blobs":' + canonical(refs) + b',"body":' + canonical(_plain(body)) + b',"kind":' + canonical(kind)
     return PreparedEntry(head, refs, data)
 
 

@@ -62,7 +62,8 @@ class NoteVerifier:
     @classmethod
     def from_vkey(cls, vkey: str) -> NoteVerifier:
         """Parse <name>+<hex id>+<base64(0x01||pub)>; raises KeyFormatError."""
-        parts = vkey.strip().split("+")
+        # The base64 part may itself contain "+", so split at most twice.
+        parts = vkey.strip().split("+", 2)
         if len(parts) != 3:
             raise KeyFormatError("verifier key must be <name>+<hex key id>+<base64 key>")
         name, hex_id, b64 = parts

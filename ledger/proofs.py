@@ -64,9 +64,7 @@ def tree_from_store(store: LedgerStore) -> MerkleTree:
 def inclusion(tree: MerkleTree, seq: int, size: int | None = None) -> InclusionProof:
     """Raises ProofError for an index or size the tree does not have."""
     n = tree.size if size is None else size
-    return InclusionProof(
-        seq, n, tree.leaf(seq) if 0 <= seq < tree.size else b"", tree.inclusion_proof(seq, n)
-    )
+    return InclusionProof(seq, n, tree.leaf(seq) if 0 <= seq < tree.size else b"", tree.inclusion_proof(seq, n))
 
 
 def consistency(tree: MerkleTree, old: int, new: int | None = None) -> ConsistencyProof:

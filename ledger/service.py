@@ -165,9 +165,7 @@ class Ledger:
 
     # -- appending -----------------------------------------------------------------------------
 
-    def append(
-        self, kind: str, body: Mapping[str, Any], *, blobs: Mapping[str, bytes] | None = None
-    ) -> AppendResult:
+    def append(self, kind: str, body: Mapping[str, Any], *, blobs: Mapping[str, bytes] | None = None) -> AppendResult:
         """Append one entry; returns once it is durable and covered by a signed checkpoint.
 
         Raises InvalidEntry for a body that is not I-JSON, LedgerUnavailable if the write failed.
@@ -288,9 +286,7 @@ class Ledger:
         limit = min(max(limit, 0), self.size() - max(start, 0))
         if limit <= 0:
             return []
-        return [
-            StoredEntry(s, h, raw, _parse(raw)) for s, h, raw in self._store.get_entries(max(start, 0), limit)
-        ]
+        return [StoredEntry(s, h, raw, _parse(raw)) for s, h, raw in self._store.get_entries(max(start, 0), limit)]
 
     def blob(self, digest: str) -> bytes | None:
         return self._store.get_blob(digest)

@@ -58,6 +58,15 @@ END $$;
 _FETCH = 2048
 
 
+def _row(seq: Any, h: Any, data: Any) -> Row:
+    """Normalise a fetched row; a tampered SQLite file may hold TEXT or NULL where BLOBs belong."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    elif data is None:
+        data = b""
+    return int(seq), str(h), bytes(data)
+
+
 class LedgerStore(Protocol):
     """What the ledger needs from a database. Implementations are safe to share between threads."""
 
@@ -68,9 +77,7 @@ class LedgerStore(Protocol):
     def get_blob(self, digest: str) -> bytes | None: ...
     def checkpoints(self) -> list[tuple[int, str]]: ...
     def latest_checkpoint(self) -> tuple[int, str] | None: ...
-    def write_batch(
-        self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]
-    ) -> None:
+    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]) -> None:
         """Insert rows, blobs and the checkpoint in one durable transaction (all or nothing)."""
         ...
 
@@ -107,9 +114,7 @@ class SqliteStore:
                 have = {r[0] for r in self._r.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 missing = {"ledger_entries", "ledger_checkpoints", "ledger_blobs"} - have
                 if missing:
-                    raise StoreError(
-                        f"{path} is not a ledger database (missing {', '.join(sorted(missing))})"
-                    )
+                    raise StoreError(f"{path} is not a ledger database (missing {', '.join(sorted(missing))})")
         except sqlite3.Error as e:
             raise StoreError(f"cannot open ledger database {path}: {e}") from e
         self._wlock = threading.Lock()
@@ -145,38 +150,33 @@ class SqliteStore:
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             try:
-                cur = conn.execute(
-                    "SELECT seq, hash, data FROM ledger_entries WHERE seq >= ? ORDER BY seq", (start,)
-                )
+                cur = conn.execute("SELECT seq, hash, data FROM ledger_entries WHERE seq >= ? ORDER BY seq", (start,))
                 while rows := cur.fetchmany(_FETCH):
-                    yield from rows
+                    for r in rows:
+                        yield _row(*r)
             finally:
                 conn.close()
         except sqlite3.Error as e:
             raise StoreError(f"ledger read failed: {e}") from e
 
     def get_entries(self, start: int, limit: int) -> list[Row]:
-        return self._query(
+        rows = self._query(
             "SELECT seq, hash, data FROM ledger_entries WHERE seq >= ? ORDER BY seq LIMIT ?", (start, limit)
         )
+        return [_row(*r) for r in rows]
 
     def get_blob(self, digest: str) -> bytes | None:
         rows = self._query("SELECT data FROM ledger_blobs WHERE digest = ?", (digest,))
-        return bytes(rows[0][0]) if rows else None
+        return _row(0, "", rows[0][0])[2] if rows else None
 
     def checkpoints(self) -> list[tuple[int, str]]:
-        return [
-            (int(s), str(n))
-            for s, n in self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size")
-        ]
+        return [(int(s), str(n)) for s, n in self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size")]
 
     def latest_checkpoint(self) -> tuple[int, str] | None:
         rows = self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size DESC LIMIT 1")
         return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
-    def write_batch(
-        self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]
-    ) -> None:
+    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]) -> None:
         with self._wlock:
             c = self._w
             try:
@@ -184,9 +184,7 @@ class SqliteStore:
                 try:
                     c.executemany("INSERT INTO ledger_entries (seq, hash, data) VALUES (?, ?, ?)", rows)
                     if blobs:
-                        c.executemany(
-                            "INSERT OR IGNORE INTO ledger_blobs (digest, data) VALUES (?, ?)", blobs.items()
-                        )
+                        c.executemany("INSERT OR IGNORE INTO ledger_blobs (digest, data) VALUES (?, ?)", blobs.items())
                     c.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (?, ?)", checkpoint)
                     c.execute("COMMIT")
                 except BaseException:
@@ -253,11 +251,9 @@ class PostgresStore:
         try:
             with psycopg.connect(self.url) as conn, conn.cursor(name="ledger_scan") as cur:
                 cur.itersize = _FETCH
-                cur.execute(
-                    "SELECT seq, hash, data FROM ledger_entries WHERE seq >= %s ORDER BY seq", (start,)
-                )
+                cur.execute("SELECT seq, hash, data FROM ledger_entries WHERE seq >= %s ORDER BY seq", (start,))
                 for seq, h, data in cur:
-                    yield int(seq), str(h), bytes(data)
+                    yield _row(seq, h, data)
         except psycopg.Error as e:
             raise StoreError(f"ledger read failed: {e}") from e
 
@@ -265,33 +261,27 @@ class PostgresStore:
         rows = self._query(
             "SELECT seq, hash, data FROM ledger_entries WHERE seq >= %s ORDER BY seq LIMIT %s", (start, limit)
         )
-        return [(int(s), str(h), bytes(d)) for s, h, d in rows]
+        return [_row(*r) for r in rows]
 
     def get_blob(self, digest: str) -> bytes | None:
         rows = self._query("SELECT data FROM ledger_blobs WHERE digest = %s", (digest,))
         return bytes(rows[0][0]) if rows else None
 
     def checkpoints(self) -> list[tuple[int, str]]:
-        return [
-            (int(s), str(n))
-            for s, n in self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size")
-        ]
+        return [(int(s), str(n)) for s, n in self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size")]
 
     def latest_checkpoint(self) -> tuple[int, str] | None:
         rows = self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size DESC LIMIT 1")
         return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
-    def write_batch(
-        self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]
-    ) -> None:
+    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]) -> None:
         with self._wlock:
             try:
                 with self._w.transaction(), self._w.cursor() as cur:
                     cur.executemany("INSERT INTO ledger_entries (seq, hash, data) VALUES (%s, %s, %s)", rows)
                     if blobs:
                         cur.executemany(
-                            "INSERT INTO ledger_blobs (digest, data) VALUES (%s, %s)"
-                            " ON CONFLICT (digest) DO NOTHING",
+                            "INSERT INTO ledger_blobs (digest, data) VALUES (%s, %s) ON CONFLICT (digest) DO NOTHING",
                             list(blobs.items()),
                         )
                     cur.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (%s, %s)", checkpoint)

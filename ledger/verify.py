@@ -100,11 +100,19 @@ def verify(
         _check_blobs(store, blob_refs)
         tree = MerkleTree.from_leaf_hashes(leaves)
         n_cp = _check_checkpoints(store, verifier, tree)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        # Safety net: a verifier must report, never crash, on whatever bytes it is handed.
+        return Verdict(
+            False,
+            size,
+            None,
+            "malformed",
+            f"malformed: unexpected data ({type(e).__name__}: {e})",
+            origin=verifier.name,
+        )
     except _Fail as f:
         where = f"seq {f.seq} " if f.seq is not None else ""
-        return Verdict(
-            False, size, f.seq, f.problem, f"{where}{f.problem}: {f.message}", origin=verifier.name
-        )
+        return Verdict(False, size, f.seq, f.problem, f"{where}{f.problem}: {f.message}", origin=verifier.name)
     msg = f"{size} entries, chain and tree intact, {n_cp} checkpoints verified (origin {verifier.name})"
     return Verdict(True, size, None, None, msg, checkpoints=n_cp, origin=verifier.name)
 

@@ -1,0 +1,108 @@
+"""`jobgate ledger verify|prove|consistency` through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ledger.cli import ledger_group
+from ledger.keys import load_or_create_signer
+from ledger.merkle import verify_consistency, verify_inclusion
+from ledger.service import Ledger
+
+ORIGIN = "jobgate.local/ledger"
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    signer = load_or_create_signer(tmp_path / "keys", ORIGIN)
+    with Ledger.open(f"sqlite:///{tmp_path}/ledger.db", signer=signer) as led:
+        for i in range(20):
+            led.append("decision", {"i": i})
+    return tmp_path
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(ledger_group, list(args))
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r.exit_code, r.stdout, r.stderr
+
+
+def test_verify_ok_prints_one_line(data_dir: Path) -> None:
+    code, out, err = run("verify", "--data-dir", str(data_dir))
+    assert code == 0, err
+    assert out == f"OK: 20 entries, chain and tree intact, 20 checkpoints verified (origin {ORIGIN})\n"
+    assert err == ""
+
+
+def test_verify_json_and_db_url(data_dir: Path) -> None:
+    code, out, _ = run(
+        "verify",
+        "--db",
+        f"sqlite:///{data_dir}/ledger.db",
+        "--public-key",
+        str(data_dir / "keys/ledger.vkey"),
+        "--json",
+    )
+    assert code == 0
+    v = json.loads(out)
+    assert v["ok"] is True and v["size"] == 20 and v["problem"] is None
+
+
+def test_verify_tampered_exits_1_naming_the_seq(data_dir: Path) -> None:
+    conn = sqlite3.connect(data_dir / "ledger.db")
+    conn.execute("DROP TRIGGER ledger_entries_no_update")
+    conn.execute("UPDATE ledger_entries SET data = replace(data, X'31', X'32') WHERE seq = 17")
+    conn.commit()
+    conn.close()
+    code, out, _ = run("verify", "--data-dir", str(data_dir))
+    assert code == 1
+    assert out == "FAIL: seq 17 modified: stored hash does not match its bytes\n"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["verify", "--data-dir", "/nonexistent/jobgate"],
+        ["verify"],
+        ["verify", "--db", "sqlite:///nonexistent/ledger.db", "--public-key", "/nonexistent.vkey"],
+        ["prove", "--seq", "1", "--data-dir", "/nonexistent/jobgate"],
+    ],
+    ids=["missing-dir", "no-source", "missing-key", "prove-missing-dir"],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str]) -> None:
+    code, out, err = run(*args)
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert "Traceback" not in err and out == ""
+
+
+def test_wrong_key_format_exits_2(data_dir: Path) -> None:
+    (data_dir / "keys/ledger.vkey").write_text("not-a-key\n")
+    code, _, err = run("verify", "--data-dir", str(data_dir))
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_prove_and_consistency_print_verifiable_json(data_dir: Path) -> None:
+    import base64
+
+    signer = load_or_create_signer(data_dir / "keys", ORIGIN)
+    with Ledger.open(f"sqlite:///{data_dir}/ledger.db", signer=signer) as led:
+        root, root7 = led.root(), led.root(7)
+    code, out, _ = run("prove", "--seq", "5", "--data-dir", str(data_dir))
+    assert code == 0
+    p = json.loads(out)
+    assert set(p) == {"leaf_index", "tree_size", "leaf_hash", "hashes"}
+    hashes = [base64.b64decode(h) for h in p["hashes"]]
+    assert verify_inclusion(5, 20, base64.b64decode(p["leaf_hash"]), hashes, root)
+    code, out, _ = run("consistency", "--old", "7", "--data-dir", str(data_dir))
+    assert code == 0
+    c = json.loads(out)
+    assert (c["old_size"], c["new_size"]) == (7, 20)
+    assert verify_consistency(7, 20, [base64.b64decode(h) for h in c["hashes"]], root7, root)
+    code, _, err = run("prove", "--seq", "50", "--data-dir", str(data_dir))
+    assert code == 2 and err.startswith("error: ")
