@@ -147,7 +147,12 @@ class FakeGateway:
                 with gateway._cond:
                     gateway._cond.wait_for(lambda: gateway.pending.get(node), timeout=wait)
                     commands = gateway.pending.pop(node, [])
-                self._reply(200, {"commands": commands})
+                try:
+                    self._reply(200, {"commands": commands})
+                except OSError:
+                    # The agent went away mid-poll (e.g. restarted): keep its commands for the next poll.
+                    with gateway._cond:
+                        gateway.pending[node] = commands + gateway.pending.get(node, [])
 
             def do_POST(self) -> None:
                 route = self._route()

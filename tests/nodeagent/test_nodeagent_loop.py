@@ -1,0 +1,130 @@
+"""`python -m nodeagent` as a real subprocess against a real (fake) HTTP gateway on 127.0.0.1."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+
+import nacl.signing
+import pytest
+from nodeagent_testkit import AgentProcess, FakeGateway, command, nonce_of, py, wait_until
+
+pytestmark = pytest.mark.integration
+
+CHECKPOINTING_JOB = py(
+    """
+import os, signal, sys, time, pathlib
+def on_term(signum, frame):
+    pathlib.Path(os.environ["JOBGATE_CHECKPOINT_DIR"], "ckpt.bin").write_bytes(b"state")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
+time.sleep(60)
+"""
+)
+
+
+def test_start_then_stop_reports_started_stopping_stopped(
+    gateway: FakeGateway, agent_process: AgentProcess, signing_key: nacl.signing.SigningKey
+) -> None:
+    agent_process.start()
+    wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
+    assert gateway.heartbeats[0] == {"gpus": 8, "running": [], "version": "0.1.0"}
+
+    start = command(signing_key, "start", "train-1", argv=CHECKPOINTING_JOB, gpus=[2, 5], grace_seconds=10)
+    gateway.push(start)
+    started = gateway.wait_report("train-1", "started")
+    assert started["nonce"] == nonce_of(start) and isinstance(started["pid"], int)
+    wait_until(
+        lambda: any(h["running"] for h in gateway.heartbeats[-3:]), 10, "heartbeat listing the job"
+    )
+    assert gateway.heartbeats[-1]["running"] == [{"job_id": "train-1", "pid": started["pid"], "gpus": [2, 5]}]
+    log = agent_process.work_dir / "jobs" / "train-1" / "output.log"
+    wait_until(lambda: log.exists() and "ready 2,5" in log.read_text(), 10, "job ready")
+
+    stop = command(signing_key, "stop", "train-1", grace_seconds=10, stop_signal="SIGTERM", reason="preempt")
+    gateway.push(stop)
+    stopping = gateway.wait_report("train-1", "stopping")
+    stopped = gateway.wait_report("train-1", "stopped")
+    assert stopping["nonce"] == stopped["nonce"] == nonce_of(stop)
+    assert stopping["detail"] == "preempt"
+    ev = stopped["evidence"]
+    assert ev["outcome"] == "graceful" and ev["exit_code"] == 0
+    assert ev["process_group_gone"] is True and ev["gpus_released"] == [2, 5]
+    assert ev["checkpoints"][0]["path"] == "checkpoints/ckpt.bin"
+    assert ev["checkpoints"][0]["sha256"] == hashlib.sha256(b"state").hexdigest()
+    assert [r["event"] for r in gateway.reports if r["job_id"] == "train-1"] == ["started", "stopping", "stopped"]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(started["pid"], 0)
+
+    assert agent_process.stop() == 0
+    assert gateway.unauthorized == 0
+    lines = [json.loads(line) for line in agent_process.stderr().splitlines()]
+    assert any(line["msg"] == "command accepted" and line.get("job_id") == "train-1" for line in lines)
+
+
+def test_forged_command_is_rejected_over_http(
+    gateway: FakeGateway, agent_process: AgentProcess, signing_key: nacl.signing.SigningKey
+) -> None:
+    agent_process.start()
+    forged = command(nacl.signing.SigningKey.generate(), "start", "evil", argv=py("print('pwned')"), gpus=[0])
+    gateway.push(forged)
+    rejected = gateway.wait_report("evil", "rejected")
+    assert rejected["detail"].startswith("forged: ")
+    assert not (agent_process.work_dir / "jobs" / "evil").exists()
+    assert gateway.find("evil", "started") == []
+
+
+def test_jobs_outlive_agent_restart_and_replays_stay_refused(
+    gateway: FakeGateway, agent_process: AgentProcess, signing_key: nacl.signing.SigningKey
+) -> None:
+    agent_process.start()
+    start = command(signing_key, "start", "survivor", argv=py("import time; time.sleep(60)"), gpus=[0])
+    gateway.push(start)
+    pid = gateway.wait_report("survivor", "started")["pid"]
+
+    assert agent_process.stop() == 0  # SIGTERM: the agent exits cleanly ...
+    os.killpg(pid, 0)  # ... and the job keeps running
+
+    agent_process.start()
+    gateway.push(start)  # the very same envelope, delivered again
+    rejected = gateway.wait_report("survivor", "rejected")
+    assert rejected["detail"].startswith("replayed: ")
+    wait_until(
+        lambda: any(h["running"] for h in gateway.heartbeats[-3:]), 10, "adopted job in heartbeat"
+    )
+    assert gateway.heartbeats[-1]["running"][0]["pid"] == pid
+
+    gateway.push(command(signing_key, "stop", "survivor", grace_seconds=0.5))
+    stopped = gateway.wait_report("survivor", "stopped")
+    assert stopped["evidence"]["process_group_gone"] is True
+    assert stopped["pid"] == pid
+    assert len(gateway.find("survivor", "started")) == 1
+
+
+def test_reports_survive_an_unreachable_gateway_and_a_restart(
+    gateway: FakeGateway, agent_process: AgentProcess, signing_key: nacl.signing.SigningKey
+) -> None:
+    gateway.refuse_reports = True
+    agent_process.start()
+    gateway.push(command(signing_key, "stop", "never-ran", grace_seconds=0))
+    outbox = agent_process.work_dir / "outbox.jsonl"
+    wait_until(lambda: outbox.exists() and "never-ran" in outbox.read_text(), 10, "report in the outbox")
+    assert gateway.reports == []
+
+    assert agent_process.stop() == 0
+    gateway.refuse_reports = False
+    agent_process.start()
+    report = gateway.wait_report("never-ran", "stopped")
+    assert report["detail"] == "not running on this node"
+    wait_until(lambda: outbox.read_text() == "", 10, "outbox drained")
+
+
+def test_agent_exits_cleanly_on_sigint(gateway: FakeGateway, agent_process: AgentProcess) -> None:
+    agent_process.start()
+    wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
+    agent_process.proc.send_signal(signal.SIGINT)
+    assert agent_process.stop() == 0
+    assert "agent exited" in agent_process.stderr()
