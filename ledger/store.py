@@ -8,6 +8,7 @@ mapped to StoreError here, at the boundary.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -56,6 +57,13 @@ END $$;
 """
 
 _FETCH = 2048
+# SQLite before 3.32 allows at most 999 bound parameters per statement.
+_ROWS_PER_INSERT = 333
+
+
+@functools.lru_cache(maxsize=64)
+def _multi_insert(n: int) -> str:
+    return "INSERT INTO ledger_entries (seq, hash, data) VALUES " + ",".join(["(?, ?, ?)"] * n)
 
 
 def _row(seq: Any, h: Any, data: Any) -> Row:
@@ -182,7 +190,11 @@ class SqliteStore:
             try:
                 c.execute("BEGIN IMMEDIATE")
                 try:
-                    c.executemany("INSERT INTO ledger_entries (seq, hash, data) VALUES (?, ?, ?)", rows)
+                    # Multi-row INSERTs: each statement step releases the GIL, and under many appender
+                    # threads every re-acquisition is a wait, so fewer steps means faster batches.
+                    for i in range(0, len(rows), _ROWS_PER_INSERT):
+                        chunk = rows[i : i + _ROWS_PER_INSERT]
+                        c.execute(_multi_insert(len(chunk)), [v for r in chunk for v in r])
                     if blobs:
                         c.executemany("INSERT OR IGNORE INTO ledger_blobs (digest, data) VALUES (?, ?)", blobs.items())
                     c.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (?, ?)", checkpoint)

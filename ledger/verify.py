@@ -161,7 +161,9 @@ def _scan_entries(
             if canonical != data:
                 raise _Fail(seq, "malformed", "entry bytes are not RFC 8785 canonical JSON")
             blob_refs.extend((seq, name, d) for name, d in sorted(value["blobs"].items()))
-        leaves += sha(b"\x00" + data).digest()
+        lh = sha(b"\x00")
+        lh.update(data)
+        leaves += lh.digest()
         prev, prev_b = digest, digest.encode()
         n += 1
         if progress is not None and n % _PROGRESS_EVERY == 0:
