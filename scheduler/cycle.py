@@ -96,13 +96,14 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     alive = sorted((n for n in snapshot.nodes if n.alive), key=lambda n: n.id)
     index = make_index(alive)
     rank_of = {n.id: r for r, n in enumerate(alive)}
-    capacity = Counter(n.gpus for n in alive)
-    largest_alive = max(capacity, default=0)
+    largest_alive = max((n.gpus for n in alive), default=0)
+    # ever_fitting[g]: alive nodes with at least g GPUs in all, busy or not.
+    ever_fitting = [0] * (largest_alive + 2)
+    for alive_node in alive:
+        ever_fitting[alive_node.gpus] += 1
+    ever_fitting = list(accumulate(reversed(ever_fitting)))[::-1]
 
-    def ever_fitting(gpus: int) -> int:
-        return sum(c for g, c in capacity.items() if g >= gpus)
-
-    # 1. Order.
+    # Rule 1: order.
     parts = {job.id: effective_priority(job, now, config) for job in snapshot.pending}
     ordered = sorted(snapshot.pending, key=lambda j: (-parts[j.id].total, j.submitted_at, j.id))
     # smallest_after[i]: the smallest per-node request among ordered[i:], for the early stop in rule 3.
@@ -122,10 +123,11 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
 
     for i, job in enumerate(ordered):
         g, n = job.gpus_per_node, job.nodes
-        if ever_fitting(g) < n:
-            why[job.id] = reasons.impossible(n, g, ever_fitting(g), largest_alive)
+        possible = ever_fitting[min(g, largest_alive + 1)]
+        if possible < n:
+            why[job.id] = reasons.impossible(n, g, possible, largest_alive)
             continue
-        # 3. Held GPUs are open to a job only if it is done by the time the reservation starts.
+        # Rule 3: held GPUs are open to a job only if it is done by the time the reservation starts.
         ends = None if job.runtime_limit_s is None else now + timedelta(seconds=job.runtime_limit_s)
         use_held = reservation is not None and ends is not None and ends <= reservation.expected_start
         exhausted = exhausted or index.max_available(use_held=True) < smallest_after[i]
@@ -135,7 +137,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             continue
         if head is not None:
             tried_behind_head += 1
-        # 2. Gang placement, all or nothing.
+        # Rule 2: gang placement, all or nothing; skipped once nothing left can fit (rule 3's early stop).
         ranks = None if exhausted or index.count_fitting(g, use_held) < n else index.best_fit(g, n, use_held)
         if ranks is not None:
             placement = index.allocate(ranks, g, use_held)
@@ -146,7 +148,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             continue
         fitting = index.count_fitting(g, use_held)
         if head is None:
-            # 3. Head of line.
+            # Rule 3: head of line.
             head = job
             plan = earliest_start(index, releases, g, n)
             if plan is None:
@@ -161,14 +163,13 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         elif reservation is not None and not use_held and index.count_fitting(g, use_held=True) >= n:
             why[job.id] = reasons.behind_reservation(reservation.job_id, reservation.expected_start,
                                                      job.runtime_limit_s)
+        elif reservation is not None and not use_held:
+            held = index.count_fitting(g, use_held=True) - fitting
+            why[job.id] = reasons.waiting(n, g, fitting, held=held, held_for=reservation.job_id)
         else:
-            why[job.id] = f"{reasons.gang(n, g)}; {reasons.have(fitting)}"
-            if reservation is not None and not use_held:
-                held = index.count_fitting(g, use_held=True) - fitting
-                if held:
-                    why[job.id] += f"; {held} more {'is' if held == 1 else 'are'} held for job {reservation.job_id}"
+            why[job.id] = reasons.waiting(n, g, fitting)
 
-    # 4. Positions among each queue's waiting jobs.
+    # Rule 4: positions among each queue's waiting jobs.
     position: Counter[str] = Counter()
     blocked: list[Blocked] = []
     for job in ordered:

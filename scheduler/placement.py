@@ -31,6 +31,8 @@ class FreeIndex:
         # buckets[k]: ranks (positions in node_ids) with k unheld free GPUs, ascending.
         self.buckets: list[list[int]] = [[] for _ in range(self.top + 1)]
         self._key: list[int] = []
+        # Answers of count_fitting since the last change; most jobs of a cycle ask the same few questions.
+        self._counts: dict[tuple[int, bool], int] = {}
         for rank, gpus in enumerate(self.free):
             self._key.append(len(gpus))
             self.buckets[len(gpus)].append(rank)
@@ -50,12 +52,14 @@ class FreeIndex:
 
     def count_fitting(self, gpus: int, use_held: bool) -> int:
         """Number of nodes offering at least `gpus` GPUs."""
-        if gpus > self.top:
-            return 0
-        total = sum(len(b) for b in self.buckets[gpus:])
+        cached = self._counts.get((gpus, use_held))
+        if cached is not None:
+            return cached
+        total = sum(map(len, self.buckets[gpus:]))
         if use_held:
             for r in self.held:
                 total += (len(self.free[r]) >= gpus) - (self._key[r] >= gpus)
+        self._counts[gpus, use_held] = total
         return total
 
     def best_fit(self, gpus: int, nodes: int, use_held: bool) -> list[int] | None:
@@ -93,6 +97,7 @@ class FreeIndex:
                 taken = set(take)
                 self.free[r] = [x for x in self.free[r] if x not in taken]
                 self._held_free[r] -= len(taken & held)
+            self._counts.clear()
             if len(take) != gpus:  # best_fit guarantees this; a short take would over-allocate silently
                 raise AssertionError(f"node {self.node_ids[r]} cannot give {gpus} GPUs")
             self._rekey(r)
@@ -105,6 +110,7 @@ class FreeIndex:
             held = frozenset(gpus)
             self.held[r] = held
             self._held_free[r] = sum(1 for x in self.free[r] if x in held)
+            self._counts.clear()
             self._rekey(r)
 
     def _rekey(self, rank: int) -> None:

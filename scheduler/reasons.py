@@ -27,6 +27,14 @@ def have(count: int, *, now: bool = False) -> str:
     return f"{count} nodes have them{when}"
 
 
+def waiting(nodes: int, gpus: int, fitting: int, *, held: int = 0, held_for: JobId | None = None) -> str:
+    """'needs 2 nodes with 8 free GPUs each; 1 node has them[; 1 more is held for job X]'."""
+    text = f"{gang(nodes, gpus)}; {have(fitting)}"
+    if held and held_for is not None:
+        text += f"; {held} more {'is' if held == 1 else 'are'} held for job {held_for}"
+    return text
+
+
 def impossible(nodes: int, gpus: int, alive_fitting: int, largest_alive: int) -> str:
     if gpus > largest_alive:
         return f"needs {gpus} GPUs per node; the largest alive node has {largest_alive}"

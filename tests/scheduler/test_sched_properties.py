@@ -36,7 +36,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         gpus = draw(st.sampled_from([1, 2, 4, 8]))
         busy = draw(st.sets(st.integers(0, gpus - 1)))
         nid = NodeId(f"n{i}")
-        nodes.append(NodeState(nid, gpus, frozenset(range(gpus)) - busy, alive=draw(st.booleans()) or i == 0))
+        alive: bool = draw(st.booleans()) or i == 0  # at least one alive node, most of the time more
+        nodes.append(NodeState(nid, gpus, frozenset(range(gpus)) - busy, alive=alive))
         if busy and draw(st.booleans()):  # busy GPUs held by a known running job (else by something unknown)
             running.append(RunningJob(
                 JobId(f"r{i}"), ProjectId("p"), "u", "normal", 0.0,
