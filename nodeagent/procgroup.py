@@ -99,11 +99,14 @@ def group_alive(pgid: int) -> bool:
 
 
 def signal_group(pgid: int, sig: int) -> bool:
-    """Send `sig` to the group; False if nothing was there to receive it."""
+    """Send `sig` (0: just probe) to the group; False if nothing was there to receive it."""
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        # A member changed its credentials (setuid helper); the group is there but not ours to signal.
+        return True
     return True
 
 

@@ -398,7 +398,7 @@ class Runner:
 
     def _watch_adopted(self, job: _Job) -> None:
         # Not our child: no waitpid, no exit status, only liveness of the group.
-        while procgroup.group_alive(job.record.pgid):
+        while _adopted_alive(job.record):
             time.sleep(_ADOPTED_POLL_SECONDS)
         self._record_exit(job, None)
 
@@ -478,6 +478,14 @@ class Runner:
             procgroup.reap_group_zombies(pgids)
 
 
+def _adopted_alive(record: ProcessRecord) -> bool:
+    # The live leader answers without a /proc scan; only once it is gone do stragglers need one.
+    stat = procgroup.read_stat(record.pid)
+    if stat is not None and stat.state != "Z" and stat.pgrp == record.pgid:
+        return True
+    return procgroup.group_alive(record.pgid)
+
+
 def _touched_since(path: Path, t: float) -> bool:
     try:
         return path.stat().st_mtime >= t - evidence.MTIME_SLACK_SECONDS
@@ -489,11 +497,12 @@ def _await_group_gone(pgid: int, timeout: float) -> bool:
     """Poll until no live member of the group is left, reaping the zombies that are ours."""
     deadline = time.monotonic() + timeout
     while True:
+        if not procgroup.signal_group(pgid, 0):
+            return True  # the common case, and cheap: no /proc scan
+        # Members remain, maybe only zombies: reap ours, then ask whether anything lives.
+        procgroup.reap_group_zombies({pgid})
         if not procgroup.group_alive(pgid):
-            # Zombies may linger under a parent that does not reap; ours we reap, then re-check.
-            procgroup.reap_group_zombies({pgid})
             return True
         if time.monotonic() >= deadline:
             return False
-        procgroup.reap_group_zombies({pgid})
         time.sleep(0.02)
