@@ -1,0 +1,321 @@
+"""Load and check a policy directory: Casbin model + matrix, Rego modules, tunable data.
+
+A policy set is refused as a whole, with every problem as `file:line: message`, so a security
+reviewer's typo never half-applies (DESIGN "Policies": the last good set stays active).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from casbin.model import Model
+from regopy import Bundle, Input, Interpreter, LogLevel, Output, RegoError
+
+from gateway.policy.errors import PolicyLoadError, PolicyProblem
+
+MODEL_FILE = "model.conf"
+MATRIX_FILE = "matrix.csv"
+DATA_FILE = "data.json"
+# Rego test modules live under tests/ and are never part of the decision bundle.
+TESTS_DIR = "tests"
+
+PACKAGE_PATH = "jobgate/authz"
+DECISION_ENTRYPOINT = "jobgate/authz/decision"
+
+# The capabilities the Rego rules know; a matrix row naming anything else is a typo that would
+# silently grant nothing, so it is refused at load.
+CAPABILITIES = frozenset(
+    {
+        "job.view",
+        "job.submit",
+        "job.stop.own",
+        "job.stop.any",
+        "job.stop.service",
+        "job.priority.own",
+        "job.priority.any",
+        "job.pause.own",
+        "job.pause.any",
+        "job.delete.own",
+        "quota.change",
+        "role.manage",
+        "policy.reload",
+        "ledger.read",
+        "approval.grant",
+    }
+)
+
+# data.json numbers the Rego rules read; each must be a positive integer.
+REQUIRED_NUMBERS: tuple[tuple[str, ...], ...] = (
+    ("limits", "jobs_per_batch"),
+    ("limits", "projects_per_batch"),
+    ("limits", "gpus_per_call"),
+    ("approval", "expiry_seconds"),
+    ("confirmations", "job"),
+    ("confirmations", "workload"),
+    ("confirmations", "scope"),
+    ("external_rights_extra_approvals",),
+    ("cross_project_extra_approvals",),
+    ("stop", "grace_window_seconds"),
+)
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclass(frozen=True)
+class MatrixRow:
+    """One `p, role, project, capability` row with the line it came from."""
+
+    role: str
+    project: str
+    capability: str
+    line: int
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """A checked, immutable policy directory; `hash` is recorded in every decision."""
+
+    directory: Path
+    hash: str
+    model_text: str
+    matrix_csv: str
+    rego_modules: dict[str, str]
+    data: dict[str, Any]
+    matrix: tuple[MatrixRow, ...] = field(default=())
+
+
+def load_policy_set(directory: Path) -> PolicySet:
+    """Read, check and compile every policy file in `directory`.
+
+    Raises PolicyLoadError listing every problem found (not only the first).
+    """
+    directory = Path(directory)
+    problems: list[PolicyProblem] = []
+    model_text = _read(directory, MODEL_FILE, problems)
+    matrix_csv = _read(directory, MATRIX_FILE, problems)
+    data_text = _read(directory, DATA_FILE, problems)
+    rego_modules = {p.name: p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.rego"))}
+    if not rego_modules:
+        problems.append(PolicyProblem("*.rego", 0, "no Rego module found"))
+
+    if model_text is not None:
+        problems.extend(check_model(model_text))
+    matrix: tuple[MatrixRow, ...] = ()
+    if matrix_csv is not None:
+        matrix, matrix_problems = parse_matrix(matrix_csv)
+        problems.extend(matrix_problems)
+    data: dict[str, Any] = {}
+    if data_text is not None:
+        data, data_problems = parse_data(data_text)
+        problems.extend(data_problems)
+    if rego_modules and not any(p.file == DATA_FILE for p in problems):
+        problems.extend(check_rego(rego_modules, data))
+    if problems:
+        raise PolicyLoadError(problems)
+    return PolicySet(
+        directory=directory,
+        hash=policy_hash(directory),
+        model_text=model_text or "",
+        matrix_csv=matrix_csv or "",
+        rego_modules=rego_modules,
+        data=data,
+        matrix=matrix,
+    )
+
+
+def policy_hash(directory: Path) -> str:
+    """SHA-256 over every file's relative path and bytes, in sorted path order.
+
+    Each file contributes `path NUL length NUL bytes`, so no two different trees hash alike by
+    moving bytes between a name and a body.
+    """
+    digest = hashlib.sha256()
+    files = sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in p.parts)
+    )
+    for path in files:
+        body = path.read_bytes()
+        digest.update(path.relative_to(directory).as_posix().encode())
+        digest.update(b"\0" + str(len(body)).encode() + b"\0")
+        digest.update(body)
+    return digest.hexdigest()
+
+
+def _read(directory: Path, name: str, problems: list[PolicyProblem]) -> str | None:
+    try:
+        return (directory / name).read_text(encoding="utf-8")
+    except OSError as e:
+        problems.append(PolicyProblem(name, 0, f"cannot read: {e.strerror or e}"))
+        return None
+
+
+def check_model(text: str) -> list[PolicyProblem]:
+    """The Casbin model must parse and define r, p, g, e and m."""
+    model = Model()
+    try:
+        model.load_model_from_text(text)
+    except Exception as e:  # casbin raises bare Exceptions and RuntimeErrors for bad models
+        return [PolicyProblem(MODEL_FILE, 0, f"Casbin cannot parse the model: {e}")]
+    problems = []
+    sections: dict[str, Any] = model.model
+    for key in ("r", "p", "g", "e", "m"):
+        if key not in sections or key not in sections[key]:
+            problems.append(PolicyProblem(MODEL_FILE, 0, f"missing definition {key!r}"))
+    return problems
+
+
+def parse_matrix(text: str) -> tuple[tuple[MatrixRow, ...], list[PolicyProblem]]:
+    """Parse `p, role, project, capability` rows; role bindings (g rows) belong in the DB, not here."""
+    rows: list[MatrixRow] = []
+    problems: list[PolicyProblem] = []
+    seen: dict[tuple[str, str, str], int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if fields[0] != "p" or len(fields) != 4:
+            problems.append(PolicyProblem(MATRIX_FILE, number, "expected `p, <role>, <project or *>, <capability>`"))
+            continue
+        _, role, project, capability = fields
+        if not _NAME.match(role) or not (project == "*" or _NAME.match(project)):
+            problems.append(PolicyProblem(MATRIX_FILE, number, f"bad role or project name in {line!r}"))
+            continue
+        if capability not in CAPABILITIES:
+            problems.append(PolicyProblem(MATRIX_FILE, number, f"unknown capability {capability!r}"))
+            continue
+        key = (role, project, capability)
+        if key in seen:
+            problems.append(PolicyProblem(MATRIX_FILE, number, f"duplicate of line {seen[key]}"))
+            continue
+        seen[key] = number
+        rows.append(MatrixRow(role, project, capability, number))
+    if not rows and not problems:
+        problems.append(PolicyProblem(MATRIX_FILE, 0, "the matrix grants nothing"))
+    return tuple(rows), problems
+
+
+def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
+    """data.json must be an object holding every number the Rego rules read."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        return {}, [PolicyProblem(DATA_FILE, e.lineno, e.msg)]
+    if not isinstance(data, dict):
+        return {}, [PolicyProblem(DATA_FILE, 1, "top level must be an object")]
+    problems = []
+    for path in REQUIRED_NUMBERS:
+        value: Any = data
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        # bool is an int subclass; `true` is never a valid limit.
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            line = _line_of_key(text, path[-1])
+            problems.append(PolicyProblem(DATA_FILE, line, f"{'.'.join(path)} must be a non-negative integer"))
+    return data, problems
+
+
+def _line_of_key(text: str, key: str) -> int:
+    index = text.find(f'"{key}"')
+    return text.count("\n", 0, index) + 1 if index >= 0 else 0
+
+
+def compile_rego(modules: dict[str, str], data: dict[str, Any]) -> tuple[Interpreter, Bundle]:
+    """Compile the decision bundle once. Raises RegoError."""
+    rego = Interpreter()
+    # rego-cpp prints compile errors to stdout by default; they are reported through PolicyProblem.
+    rego.log_level = LogLevel.NONE
+    for name, source in modules.items():
+        rego.add_module(name, source)
+    rego.add_data(data)
+    bundle = rego.build(None, [DECISION_ENTRYPOINT])
+    return rego, bundle
+
+
+def check_rego(modules: dict[str, str], data: dict[str, Any]) -> list[PolicyProblem]:
+    """Compile; then the decision for an empty input must exist and be a deny (never fail open)."""
+    try:
+        rego, bundle = compile_rego(modules, data)
+    except RegoError as e:
+        return rego_problems(str(e), modules)
+    if not bundle.ok():
+        return [PolicyProblem(_first(modules), 0, "the Rego bundle did not build")]
+    rego.set_input(Input({}))
+    try:
+        value = first_value(rego.query_bundle_entrypoint(bundle, DECISION_ENTRYPOINT))
+    except (RegoError, ValueError) as e:
+        return [PolicyProblem(_first(modules), 0, f"evaluating `decision` failed: {e}")]
+    file, line = _locate_rule(modules, "decision")
+    if not isinstance(value, dict):
+        return [PolicyProblem(file, line, "package jobgate.authz must define rule `decision` with a default")]
+    if value.get("effect") != "deny":
+        return [PolicyProblem(file, line, "the default `decision` must be a deny (fail closed)")]
+    return []
+
+
+def first_value(output: Output) -> Any:
+    """First expression of a regopy Output; None when undefined. Raises ValueError on an error."""
+    if not output.ok():
+        raise ValueError(str(output))
+    if not output.results or not output.results[0].expressions:
+        return None
+    return output.results[0].expressions[0]
+
+
+_ERROR = re.compile(r"\(error (\d+):")
+_ERRORMSG = re.compile(r"\(errormsg (\d+):")
+_ARROW = re.compile(r"-- ([^\s:]+\.rego):(\d+):(\d+)")
+
+
+def rego_problems(text: str, modules: dict[str, str]) -> list[PolicyProblem]:
+    """Turn a rego-cpp error sequence into file:line problems.
+
+    rego-cpp reports `(error <len>:<file>|<byte offset>|<length> (errormsg <len>:<message>) ...)`;
+    strings are length-prefixed, so they are sliced by length rather than matched by pattern.
+    """
+    problems: list[PolicyProblem] = []
+    for match in _ERROR.finditer(text):
+        start = match.end()
+        name = text[start : start + int(match.group(1))]
+        rest = text[start + len(name) :]
+        location = re.match(r"\|(\d+)\|(\d+)", rest)
+        msg_match = _ERRORMSG.search(rest)
+        message = rest[msg_match.end() : msg_match.end() + int(msg_match.group(1))] if msg_match else "error"
+        line = col = 0
+        if location and name in modules:
+            line, col = _line_col(modules[name], int(location.group(1)))
+        problem = PolicyProblem(name or _first(modules), line, f"{message} (column {col})" if col else message)
+        if problem not in problems:
+            problems.append(problem)
+    if not problems:
+        for m in _ARROW.finditer(text):
+            problems.append(PolicyProblem(m.group(1), int(m.group(2)), text.strip().splitlines()[0]))
+    return problems or [PolicyProblem(_first(modules), 0, text.strip() or "Rego compile error")]
+
+
+def _line_col(source: str, offset: int) -> tuple[int, int]:
+    # rego-cpp offsets count bytes of the UTF-8 source.
+    prefix = source.encode("utf-8")[:offset]
+    line = prefix.count(b"\n") + 1
+    col = len(prefix) - (prefix.rfind(b"\n") + 1) + 1
+    return line, col
+
+
+def _locate_rule(modules: dict[str, str], rule: str) -> tuple[str, int]:
+    pattern = re.compile(rf"^(default\s+)?{rule}\b", re.MULTILINE)
+    for name, source in modules.items():
+        m = pattern.search(source)
+        if m:
+            return name, source.count("\n", 0, m.start()) + 1
+    return _first(modules), 0
+
+
+def _first(modules: dict[str, str]) -> str:
+    return "authz.rego" if "authz.rego" in modules else next(iter(modules), "*.rego")

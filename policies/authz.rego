@@ -1,0 +1,100 @@
+# The one decision the gateway asks for: data.jobgate.authz.decision.
+#
+# Every other file in this package contributes findings; this file only combines them:
+#   1. any denial            -> deny            (deny wins)
+#   2. any approval missing  -> needs_approval  (M2: the server waits for the second person)
+#   3. every subject granted -> allow
+#   4. anything else         -> deny by default (never fail open)
+# Capabilities come precomputed in input.granted[project] (Casbin, matrix.csv); this package never
+# reads role bindings, only capabilities — and the roles recorded on approvals.
+package jobgate.authz
+
+import rego.v1
+
+no_approvals := {"count": 0, "roles": [], "principals": [], "projects": []}
+
+# Fail closed: a request no rule below recognises is refused, with a reason (DESIGN "Policies").
+default decision := {
+	"effect": "deny",
+	"reasons": ["no policy rule grants this request; denied by default"],
+	"rules": ["default_deny"],
+	"approvals_required": {"count": 0, "roles": [], "principals": [], "projects": []},
+	"obligations": [],
+}
+
+decision := {
+	"effect": "deny",
+	"reasons": [d.reason | some d in denials],
+	"rules": sort({d.rule | some d in denials}),
+	"approvals_required": no_approvals,
+	"obligations": [],
+} if {
+	count(denials) > 0
+} else := {
+	"effect": "needs_approval",
+	"reasons": waiting_reasons,
+	"rules": fired_rules,
+	"approvals_required": approvals_required,
+	"obligations": sort(obligations | {approval_expiry_obligation}),
+} if {
+	count(waiting) > 0
+} else := {
+	"effect": "allow",
+	"reasons": [f.reason | some f in findings],
+	"rules": fired_rules,
+	"approvals_required": no_approvals,
+	"obligations": sort(obligations),
+} if {
+	count(findings) > 0
+	every f in findings {
+		f.kind == "grant"
+	}
+}
+
+# Denials: every `deny` finding plus the guards in guards.rego.
+denials contains {"rule": f.rule, "reason": f.reason} if {
+	some f in findings
+	f.kind == "deny"
+}
+
+# Subjects still waiting for approvals (M2), with how many are missing.
+waiting contains w if {
+	some w in needs
+	w.missing > 0
+}
+
+waiting_reasons := [r | some r in ({w.reason | some w in waiting} | notch_reasons)]
+
+fired_rules := sort({f.rule | some f in findings} | {n.rule | some n in notches_fired})
+
+notch_reasons := {n.reason | some n in notches_fired}
+
+approvals_required := {
+	"count": max([w.missing | some w in waiting]),
+	"roles": sort({v |
+		some w in waiting
+		some v in w.eligible.roles
+	}),
+	"principals": sort({v |
+		some w in waiting
+		some v in w.eligible.principals
+	}),
+	"projects": sort({v |
+		some w in waiting
+		some v in w.eligible.projects
+	}),
+}
+
+approval_expiry_obligation := {"kind": "approval_expiry", "seconds": data.approval.expiry_seconds}
+
+# Obligations the gateway must carry out when it executes (notify owner, grace window, ...).
+obligations contains o if {
+	some f in findings
+	f.kind == "grant"
+	some o in f.obligations
+}
+
+# P4: every stop goes through prepare signal, grace window, then forced kill.
+obligations contains {"kind": "grace_window", "seconds": data.stop.grace_window_seconds} if {
+	input.action == "job.stop"
+}

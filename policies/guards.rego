@@ -1,0 +1,73 @@
+# Guards that refuse a request whatever the matrix grants: call sources (H1, F1), batch limits (H2),
+# written reasons for external-rights jobs (R3). Thresholds come from data.json.
+package jobgate.authz
+
+import rego.v1
+
+mutating if input.action != "job.view"
+
+# H1: node agents report; they never change jobs through the gateway.
+denials contains {"rule": "H1.node_cannot_act", "reason": sprintf("%s is a node identity; nodes cannot request job actions", [actor])} if {
+	input.actor.kind == "node"
+}
+
+# F1: every automation identity must map back to a responsible person and a trigger source.
+denials contains {
+	"rule": "F1.unattributed_service",
+	"reason": sprintf("service account %s must name its responsible person and trigger", [actor]),
+} if {
+	input.actor.kind == "service"
+	not service_attributed
+}
+
+service_attributed if {
+	is_string(input.actor.responsible)
+	input.actor.responsible != ""
+	is_string(input.actor.trigger)
+	input.actor.trigger != ""
+}
+
+# H2: ceilings per call, so a wrong selector cannot empty a queue.
+denials contains {
+	"rule": "H2.jobs_per_batch",
+	"reason": sprintf("the request names %d jobs; at most %d per batch", [count(targets), data.limits.jobs_per_batch]),
+} if {
+	mutating
+	count(targets) > data.limits.jobs_per_batch
+}
+
+denials contains {
+	"rule": "H2.projects_per_batch",
+	"reason": sprintf("the request spans %d projects; at most %d per batch", [count(target_projects), data.limits.projects_per_batch]),
+} if {
+	mutating
+	count(target_projects) > data.limits.projects_per_batch
+}
+
+denials contains {
+	"rule": "H2.gpus_per_call",
+	"reason": sprintf("the request affects %d GPUs; at most %d per call", [gpus_at_stake, data.limits.gpus_per_call]),
+} if {
+	mutating
+	gpus_at_stake > data.limits.gpus_per_call
+}
+
+target_projects := {t.project | some t in targets}
+
+gpus_at_stake := sum([object.get(t, "gpus", 0) | some t in targets])
+
+# R1: one job named twice is a malformed selection; refuse rather than guess.
+denials contains {"rule": "R1.duplicate_target", "reason": "the request names the same job more than once"} if {
+	count({t.id | some t in targets}) != count(targets)
+}
+
+# R3: stopping, pausing or deleting a job on external-rights data needs a written reason.
+denials contains {
+	"rule": "R3.reason_required",
+	"reason": sprintf("job %s uses data of external rights holder %s: a written reason is required to %s it", [t.id, t.rights_holder, verb]),
+} if {
+	input.action in {"job.stop", "job.pause", "job.delete"}
+	some t in targets
+	t.external_rights == true
+	not reason_given
+}
