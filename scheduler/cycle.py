@@ -90,8 +90,12 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
 
 
 def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
-           make_index: Callable[[Sequence[NodeState]], FreeIndex]) -> CycleResult:
-    """run_cycle with a pluggable index, so the naive ScanIndex can be checked and timed against it."""
+           make_index: Callable[[Sequence[NodeState]], FreeIndex], *, shortcuts: bool = True) -> CycleResult:
+    """run_cycle with a pluggable index, so the naive ScanIndex can be checked and timed against it.
+
+    shortcuts=False tries every placement in full (no count pre-check, no early stop); the decisions
+    and reasons are the same, only slower.
+    """
     _check(snapshot, now)
     alive = sorted((n for n in snapshot.nodes if n.alive), key=lambda n: n.id)
     index = make_index(alive)
@@ -138,7 +142,10 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         if head is not None:
             tried_behind_head += 1
         # Rule 2: gang placement, all or nothing; skipped once nothing left can fit (rule 3's early stop).
-        ranks = None if exhausted or index.count_fitting(g, use_held) < n else index.best_fit(g, n, use_held)
+        if not shortcuts or (not exhausted and index.count_fitting(g, use_held) >= n):
+            ranks = index.best_fit(g, n, use_held)
+        else:
+            ranks = None
         if ranks is not None:
             placement = index.allocate(ranks, g, use_held)
             admits.append(Admit(job_id=job.id, placement=placement, priority=parts[job.id]))

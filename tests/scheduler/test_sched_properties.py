@@ -106,8 +106,8 @@ def test_deterministic_whatever_the_input_order(snapshot: Snapshot, config: Sche
 
 @settings(max_examples=300, deadline=None)
 @given(snapshots(), CONFIGS)
-def test_bucket_index_agrees_with_full_scan(snapshot: Snapshot, config: SchedulerConfig) -> None:
-    assert run_cycle(snapshot, now=NOW, config=config) == _cycle(snapshot, NOW, config, ScanIndex)
+def test_bucket_index_and_shortcuts_agree_with_full_scan(snapshot: Snapshot, config: SchedulerConfig) -> None:
+    assert run_cycle(snapshot, now=NOW, config=config) == _cycle(snapshot, NOW, config, ScanIndex, shortcuts=False)
 
 
 def _apply(snapshot: Snapshot, result: CycleResult) -> Snapshot:
