@@ -84,13 +84,12 @@ def authenticate(
         raise Unauthenticated(f"token {token.id} expired at {token.expires_at.isoformat()}")
     if principal.disabled:
         raise Unauthenticated(f"principal {principal.id} is disabled")
-    if principal.kind == "service":
-        # F1: an automation identity must say which pipeline run triggered it.
-        if not trigger or not trigger.strip():
-            raise Invalid(
-                f"service account {principal.id} must send the {TRIGGER_HEADER} header"
-                " (pipeline and run id, e.g. 'ci/train-nightly#4182')"
-            )
+    # F1: an automation identity must say which pipeline run triggered it.
+    if principal.kind == "service" and not (trigger and trigger.strip()):
+        raise Invalid(
+            f"service account {principal.id} must send the {TRIGGER_HEADER} header"
+            " (pipeline and run id, e.g. 'ci/train-nightly#4182')"
+        )
     return Caller(
         id=principal.id,
         kind=principal.kind,

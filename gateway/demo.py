@@ -67,7 +67,7 @@ def seed_demo(session: Session, data_dir: Path) -> bool:
                                   projects=projects).secret
     for node in DEMO_NODES:
         session.add(Principal(id=node, kind="node", display_name=f"agent of {node}", created_at=now))
-        session.add(Node(id=node, gpus=DEMO_GPUS_PER_NODE, state="lost", last_heartbeat=None, running=[]))
+        session.add(Node(id=node, gpus=DEMO_GPUS_PER_NODE, state="registered", last_heartbeat=None, running=[]))
         session.flush()
         secret = issue_token(session, node, purpose="node agent", now=now, lifetime=timedelta(days=365),
                              actions=["agent"]).secret

@@ -152,7 +152,9 @@ def submit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         workload=spec.workload,
         trackable=spec.trackable,
         stoppable=spec.stoppable,
-        submitted_via={"trigger": caller.trigger, "responsible": caller.responsible} if caller.kind == "service" else {},
+        submitted_via=(
+            {"trigger": caller.trigger, "responsible": caller.responsible} if caller.kind == "service" else {}
+        ),
         state="pending",
         submitted_at=now,
         history=[{"from": None, "to": "pending", "at": now.isoformat(), "by": caller.id, "reason": "submitted"}],

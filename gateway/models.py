@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -25,7 +25,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: UTCDateTime(), dict[str, Any]: JSON, list[Any]: JSON}
 
 
 class Meta(Base):
@@ -86,7 +86,7 @@ class Node(Base):
     __tablename__ = "nodes"
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     gpus: Mapped[int] = mapped_column(Integer, default=0)
-    state: Mapped[str] = mapped_column(String(16), default="alive")  # alive | lost
+    state: Mapped[str] = mapped_column(String(16), default="registered")  # registered | alive | lost
     last_heartbeat: Mapped[datetime | None] = mapped_column(nullable=True)
     running: Mapped[list[Any]] = mapped_column(default=list)
 

@@ -60,7 +60,8 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
         .order_by(Job.queue, Job.base_priority.desc(), Job.submitted_at, Job.id)
     ).all()
     jobs = [
-        {"id": r.id, "project": r.project, "queue": r.queue, "priority": r.base_priority, "gpus": r.gpus_per_node * r.nodes}
+        {"id": r.id, "project": r.project, "queue": r.queue, "priority": r.base_priority,
+         "gpus": r.gpus_per_node * r.nodes}
         for r in rows
     ]
     by_queue = Counter(r.queue for r in rows)

@@ -29,8 +29,8 @@ def _mark_lost_nodes(gw: Gateway, session: Session, now: datetime) -> None:
     for node in session.scalars(select(Node).where(Node.state == "alive")).all():
         if node.last_heartbeat is None or node.last_heartbeat < cutoff:
             node.state = "lost"
-            record_outcome(gw, "node", {"node": node.id, "state_after": "lost",
-                                        "last_heartbeat": node.last_heartbeat.isoformat() if node.last_heartbeat else None})
+            seen = node.last_heartbeat.isoformat() if node.last_heartbeat else None
+            record_outcome(gw, "node", {"node": node.id, "state_after": "lost", "last_heartbeat": seen})
 
 
 def _escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> None:
@@ -86,7 +86,8 @@ def run_once(gw: Gateway) -> int:
             record_outcome(gw, "schedule", {"job_id": job.id, "result": "admitted", "placement": placement,
                                             "priority": admit.priority.total})
             job.placement = placement
-            transition(job, "starting", now, by="scheduler", reason="placed on " + ", ".join(p.node for p in admit.placement))
+            where = ", ".join(p.node for p in admit.placement)
+            transition(job, "starting", now, by="scheduler", reason=f"placed on {where}")
             for p in admit.placement:
                 session.add(Allocation(job_id=job.id, node=p.node, gpus=list(p.gpus), state="starting"))
                 enqueue(gw, session, p.node, job.id, "start", {

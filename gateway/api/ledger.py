@@ -9,8 +9,10 @@ from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse
 
 from gateway.api.deps import Ctx, RequestContext
+from gateway.errors import Invalid
 from gateway.jobs import refuse_unless_allowed
 from gateway.pipeline import decide
+from ledger.errors import ProofError
 
 router = APIRouter(prefix="/v1/ledger", tags=["ledger"])
 
@@ -41,3 +43,31 @@ def entries(
 def checkpoint(ctx: Ctx) -> str:
     _require_ledger_read(ctx)
     return ctx.gw.ledger.latest_checkpoint()
+
+
+@router.get("/proof/inclusion", summary="RFC 9162 inclusion proof of one entry")
+def inclusion(
+    ctx: Ctx,
+    seq: Annotated[int, Query(ge=0, description="Leaf index (the entry's seq)")],
+    size: Annotated[int | None, Query(ge=1, description="Tree size; default: current")] = None,
+) -> dict[str, Any]:
+    """`{"leaf_index", "tree_size", "leaf_hash", "hashes"}`, hashes base64 in RFC 9162 order."""
+    _require_ledger_read(ctx)
+    try:
+        return ctx.gw.ledger.inclusion_proof(seq, size).to_json()
+    except ProofError as e:
+        raise Invalid(str(e)) from e
+
+
+@router.get("/proof/consistency", summary="RFC 9162 consistency proof between two tree sizes")
+def consistency(
+    ctx: Ctx,
+    old: Annotated[int, Query(ge=1, description="Earlier tree size")],
+    new: Annotated[int | None, Query(ge=1, description="Later tree size; default: current")] = None,
+) -> dict[str, Any]:
+    """`{"old_size", "new_size", "hashes"}`, hashes base64 in RFC 9162 order."""
+    _require_ledger_read(ctx)
+    try:
+        return ctx.gw.ledger.consistency_proof(old, new).to_json()
+    except ProofError as e:
+        raise Invalid(str(e)) from e

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.e2e.conftest import JOBGATE, System, wait_for
+from e2e_testkit import JOBGATE, System, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -80,8 +79,10 @@ def test_submit_refuse_stop_audit_and_tamper(demo_system: System, tmp_path: Path
     assert len(verify.stdout.strip().splitlines()) == 1
     sysd.stop()
 
-    # Change one byte of one stored entry: verify fails and names that seq.
+    # Someone with the database file drops the append-only trigger and changes one byte of one entry:
+    # verify fails and names that seq.
     db = sqlite3.connect(sysd.data_dir / "ledger.db")
+    db.execute("DROP TRIGGER ledger_entries_no_update")
     seq, data = db.execute("SELECT seq, data FROM ledger_entries WHERE seq = ?", (denial_seq,)).fetchone()
     tampered = bytearray(data)
     i = bytes(tampered).index(b"deny")

@@ -6,11 +6,11 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from gateway_testkit import Api, job_spec
 from sqlalchemy import func, select
 
 from gateway.models import Job, Token
 from gateway.tokens import hash_token
-from tests.gateway.conftest import Api, job_spec
 
 
 def job_count(api: Api) -> int:
@@ -103,7 +103,7 @@ def test_submit_into_a_project_without_a_role_is_denied_and_ledgered(api: Api) -
     before = job_count(api)
     body = assert_problem(api.post("/v1/jobs", "mallory", json=job_spec()), 403, "policy-denied")
     assert job_count(api) == before
-    entry = [e for e in ledger_entries(api) if e["seq"] == body["ledger_seq"]][0]
+    entry = next(e for e in ledger_entries(api) if e["seq"] == body["ledger_seq"])
     assert entry["body"]["decision"]["effect"] == "deny"
     assert entry["body"]["actor"]["id"] == "mallory"
 
@@ -146,7 +146,7 @@ def test_other_tenant_cannot_see_or_stop_and_the_denial_is_ledgered(api: Api) ->
                           403, "policy-denied")
     assert body["reasons"], body
     assert api.get(f"/v1/jobs/{job['id']}", "alice").json()["state"] == "pending"
-    denial = [e for e in ledger_entries(api) if e["seq"] == body["ledger_seq"]][0]
+    denial = next(e for e in ledger_entries(api) if e["seq"] == body["ledger_seq"])
     assert denial["kind"] == "decision"
     assert denial["body"]["input"]["action"] == "job.stop"
     assert denial["body"]["input"]["targets"][0]["id"] == job["id"]

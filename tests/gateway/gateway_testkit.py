@@ -1,0 +1,45 @@
+"""Helpers for gateway tests: call the in-process API as one of the demo cast."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi.testclient import TestClient
+
+from gateway.settings import Settings
+
+
+@dataclass
+class Api:
+    """Calls the API as one of the demo cast."""
+
+    client: TestClient
+    tokens: dict[str, str]
+    settings: Settings
+
+    def headers(self, who: str | None, **extra: str) -> dict[str, str]:
+        h = dict(extra)
+        if who:
+            h["Authorization"] = f"Bearer {self.tokens[who]}"
+        return h
+
+    def get(self, path: str, who: str | None = None, **kw: Any) -> httpx.Response:
+        return self.client.get(path, headers=self.headers(who, **kw.pop("headers", {})), **kw)
+
+    def post(self, path: str, who: str | None = None, **kw: Any) -> httpx.Response:
+        return self.client.post(path, headers=self.headers(who, **kw.pop("headers", {})), **kw)
+
+    @property
+    def gateway(self) -> Any:
+        return self.client.app.state.gateway  # type: ignore[attr-defined]
+
+
+def job_spec(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {"name": "train-a", "project": "vision", "gpus_per_node": 2, "nodes": 1,
+                            "command": ["python3", "-c", "print(1)"]}
+    spec.update(overrides)
+    return spec
+
+
