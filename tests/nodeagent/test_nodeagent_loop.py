@@ -126,5 +126,13 @@ def test_agent_exits_cleanly_on_sigint(gateway: FakeGateway, agent_process: Agen
     agent_process.start()
     wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
     agent_process.proc.send_signal(signal.SIGINT)
-    assert agent_process.stop() == 0
+    assert agent_process.proc.wait(20) == 0
     assert "agent exited" in agent_process.stderr()
+
+
+def test_unusable_command_key_is_a_startup_error(gateway: FakeGateway, agent_process: AgentProcess) -> None:
+    agent_process.key_file.write_text("not-a-key\n")
+    agent_process.start()
+    assert agent_process.proc.wait(20) == 2
+    line = json.loads(agent_process.stderr().splitlines()[-1])
+    assert line["msg"] == "cannot start" and "command key" in line["error"]
