@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import anyio.to_thread
 from fastapi import FastAPI
 
-from gateway.api import agents, health, jobs, ledger, nodes
+from gateway.api.routes import ROUTERS
 from gateway.bootstrap import open_gateway
 from gateway.errors import install_error_handlers
 from gateway.scheduling import SchedulerLoop
@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
 
     app = FastAPI(title="jobgate", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     install_error_handlers(app)
-    for module in (health, jobs, nodes, ledger, agents):
-        app.include_router(module.router)
+    for router in ROUTERS:
+        app.include_router(router)
     logging.getLogger("jobgate").setLevel(logging.INFO)
     return app

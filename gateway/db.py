@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.models import Base
+from gateway.tables import Base
 
 
 def make_engine(url: str) -> Engine:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
@@ -16,12 +16,10 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_result_value(self, value: Any, dialect: Any) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is not None and value.tzinfo is None:
-            from datetime import UTC
-
             return value.replace(tzinfo=UTC)
-        return value  # type: ignore[no-any-return]
+        return value
 
 
 class Base(DeclarativeBase):

@@ -16,7 +16,7 @@ from gateway.jobs import transition
 from gateway.models import Allocation, Job, Node
 from gateway.pipeline import record_outcome
 from scheduler.cycle import run_cycle
-from scheduler.model import NodeState, PendingJob, Placement, RunningJob, Snapshot
+from scheduler.model import JobId, NodeId, NodeState, PendingJob, Placement, ProjectId, RunningJob, Snapshot
 
 log = logging.getLogger("jobgate.scheduler")
 
@@ -52,19 +52,20 @@ def build_snapshot(session: Session) -> Snapshot:
     ).all():
         used[node_id].update(gpus)
     nodes = tuple(
-        NodeState(id=n.id, gpus=n.gpus, free=frozenset(set(range(n.gpus)) - used[n.id]), alive=n.state == "alive")
+        NodeState(id=NodeId(n.id), gpus=n.gpus, free=frozenset(set(range(n.gpus)) - used[n.id]),
+                  alive=n.state == "alive")
         for n in session.scalars(select(Node).order_by(Node.id)).all()
     )
     pending = tuple(
-        PendingJob(id=j.id, project=j.project, user=j.owner, queue=j.queue, gpus_per_node=j.gpus_per_node,
-                   nodes=j.nodes, submitted_at=j.submitted_at, base_priority=j.base_priority,
-                   runtime_limit_s=j.runtime_limit_s)
+        PendingJob(id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
+                   gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=j.submitted_at,
+                   base_priority=j.base_priority, runtime_limit_s=j.runtime_limit_s)
         for j in session.scalars(select(Job).where(Job.state == "pending")).all()
     )
     running = tuple(
-        RunningJob(id=j.id, project=j.project, user=j.owner, queue=j.queue, priority=j.base_priority,
+        RunningJob(id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue, priority=j.base_priority,
                    started_at=j.started_at or j.submitted_at,
-                   placement=tuple(Placement(node=p["node"], gpus=tuple(p["gpus"])) for p in j.placement),
+                   placement=tuple(Placement(node=NodeId(p["node"]), gpus=tuple(p["gpus"])) for p in j.placement),
                    runtime_limit_s=j.runtime_limit_s)
         for j in session.scalars(select(Job).where(Job.state.in_(("starting", "running")))).all()
     )
@@ -95,7 +96,7 @@ def run_once(gw: Gateway) -> int:
                     "stop_signal": job.stop_signal, "env": dict(job.env)})
         blocked = {b.job_id: b for b in result.blocked}
         for job in session.scalars(select(Job).where(Job.state == "pending")).all():
-            b = blocked.get(job.id)
+            b = blocked.get(JobId(job.id))
             if b is not None and job.state_reason != b.reason:
                 job.state_reason = b.reason
         return len(result.admits)

@@ -1,0 +1,15 @@
+"""Every router the gateway serves. One import and one list entry per area."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.api import agents, health, jobs, ledger, nodes
+
+ROUTERS: list[APIRouter] = [
+    health.router,
+    jobs.router,
+    nodes.router,
+    ledger.router,
+    agents.router,
+]

@@ -1,0 +1,11 @@
+"""Imports every module that declares business-DB tables, so `create_all` sees them all.
+
+Add one import line here when you add a module with tables (they all share `gateway.models.Base`).
+"""
+
+from __future__ import annotations
+
+import gateway.models
+from gateway.models import Base
+
+__all__ = ["Base", "gateway"]
