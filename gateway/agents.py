@@ -12,10 +12,11 @@ from sqlalchemy.orm import Session
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Forbidden, NotFound
-from gateway.jobs import ENDED_STATES, transition
+from gateway.jobs import transition
 from gateway.models import Allocation, Job, Node, NodeCommand
 from gateway.pipeline import record_outcome
 from gateway.schemas import AgentReport, Heartbeat
+from gateway.states import ENDED_STATES
 
 
 def require_node(caller: Caller, node_id: str) -> None:

@@ -13,8 +13,6 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.tables import Base
-
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
@@ -41,6 +39,9 @@ def make_engine(url: str) -> Engine:
 
 
 def create_schema(engine: Engine) -> None:
+    # Imported here: the table modules import services that import this module.
+    from gateway.tables import Base
+
     Base.metadata.create_all(engine)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
@@ -16,10 +17,8 @@ from gateway.errors import Conflict, Invalid, NotFound, PolicyDenied
 from gateway.models import Job, Node, Principal, Project
 from gateway.pipeline import Recorded, decide, record_outcome
 from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
+from gateway.states import ENDED_STATES
 from scheduler.admission import precheck
-
-ACTIVE_STATES = ("starting", "running", "stop_requested", "stopping")
-ENDED_STATES = ("stopped", "stop_failed", "succeeded", "failed")
 
 
 def new_job_id(now: datetime) -> str:
@@ -205,28 +204,46 @@ def get_job(gw: Gateway, session: Session, caller: Caller, job_id: str) -> Job:
     return job
 
 
-def stop(gw: Gateway, session: Session, caller: Caller, job_id: str, req: StopRequest) -> tuple[Job, Recorded]:
-    """Decide and, if allowed, start stopping a job (C3). Raises NotFound, PolicyDenied, Conflict."""
+def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
+         req: StopRequest) -> tuple[Job, Recorded, Approval | None]:
+    """Decide and, if allowed, start stopping a job (C3); if a second person is needed, open an approval.
+
+    Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable.
+    """
     job = load_job(session, job_id, for_update=True)
+    if job.state in ENDED_STATES:
+        raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
     rec = decide(gw, session, caller, "job.stop", targets=[job], project=job.project,
                  reason=req.reason, ticket=req.ticket)
     refuse_unless_allowed(rec)
     if rec.decision.effect == "needs_approval":
-        return job, rec
+        approval = open_request(gw, session, caller, rec, action="job.stop", target_ids=[job.id],
+                                project=job.project, reason=req.reason, ticket=req.ticket)
+        return job, rec, approval
     execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
                  reason=req.reason, ticket=req.ticket)
-    return job, rec
+    return job, rec, None
+
+
+@executor("job.stop")
+def _stop_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+                         approver: Caller) -> dict[str, Any]:
+    for job in targets:
+        execute_stop(gw, session, job, by=approval.requester, request_id=approval.id,
+                     decision_seq=approval.decision_seq, reason=approval.reason or "", ticket=approval.ticket,
+                     approved_by=[a["by"] for a in approval.approvals])
+    return {"stopping": [j.id for j in targets]}
 
 
 def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id: str, decision_seq: int,
-                 reason: str, ticket: str | None) -> None:
+                 reason: str, ticket: str | None, approved_by: list[str] | None = None) -> None:
     """Carry out an allowed stop: cancel a queued job, or send signed stop commands to its nodes."""
     now = gw.clock()
     if job.state in ENDED_STATES:
         raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
     before = job.state
     job.stop_request = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(),
-                        "request_id": request_id, "decision_seq": decision_seq}
+                        "request_id": request_id, "decision_seq": decision_seq, "approved_by": approved_by or []}
     if job.state == "pending":
         transition(job, "stopped", now, by=by, reason=reason)
         job.ended_at = now

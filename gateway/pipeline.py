@@ -22,9 +22,8 @@ from gateway.context import Gateway
 from gateway.errors import Forbidden, LedgerUnavailable
 from gateway.models import Job
 from gateway.policy.engine import Decision
+from gateway.states import PENDING_STATES
 from ledger.errors import LedgerError
-
-PENDING_STATES = ("pending",)
 
 
 def new_request_id() -> str:
@@ -89,9 +88,12 @@ def decide(
     ticket: str | None = None,
     granularity: str = "job",
     approvals: Sequence[Mapping[str, Any]] = (),
+    context: Mapping[str, Any] | None = None,
     record: bool = True,
 ) -> Recorded:
     """Decide one request and (unless record=False, for reads) append the decision to the ledger.
+
+    `context` adds facts to the ledger entry that are not policy input (e.g. the approval being approved).
 
     Raises LedgerUnavailable when the decision cannot be made durable.
     """
@@ -132,6 +134,7 @@ def decide(
         "input": decision_input,
         "decision": decision.to_json(),
         "policy_hash": decision.policy_hash,
+        **({"context": dict(context)} if context else {}),
     }
     try:
         snapshot = rfc8785.dumps(queue_snapshot(session))

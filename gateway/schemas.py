@@ -92,6 +92,7 @@ class JobOut(BaseModel):
 class StopResponse(BaseModel):
     job: JobOut
     decision: DecisionOut
+    approval_id: str | None = Field(None, description="Set when a second person must approve (M2).")
 
 
 class JobList(BaseModel):

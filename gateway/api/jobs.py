@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Query, status
 
 from gateway import jobs
 from gateway.api.deps import Ctx
@@ -46,10 +46,12 @@ def show_job(job_id: str, ctx: Ctx) -> JobOut:
     response_model=StopResponse,
     summary="Stop a job (graceful window, then forced)",
 )
-def stop_job(job_id: str, body: StopRequest, ctx: Ctx, response: Response) -> StopResponse:
+def stop_job(job_id: str, body: StopRequest, ctx: Ctx) -> StopResponse:
     """Decided by policy and recorded in the ledger before anything changes. A queued job is cancelled at
     once; a running one gets its prepare signal, its grace window, then SIGKILL. Poll the job for
-    `stopped` and its evidence."""
+    `stopped` and its evidence. When policy requires a second person, the response carries
+    `approval_id` and nothing changes until someone eligible approves it."""
     with ctx.gw.transaction() as session:
-        job, rec = jobs.stop(ctx.gw, session, ctx.caller(session), job_id, body)
-        return StopResponse(job=jobs.job_out(job), decision=jobs.decision_out(rec))
+        job, rec, approval = jobs.stop(ctx.gw, session, ctx.caller(session), job_id, body)
+        return StopResponse(job=jobs.job_out(job), decision=jobs.decision_out(rec),
+                            approval_id=approval.id if approval else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from gateway.api import agents, health, jobs, ledger, nodes
+from gateway.api import approvals as approvals_api
 
 ROUTERS: list[APIRouter] = [
     health.router,
@@ -12,4 +13,5 @@ ROUTERS: list[APIRouter] = [
     nodes.router,
     ledger.router,
     agents.router,
+    approvals_api.router,
 ]

@@ -43,3 +43,10 @@ def job_spec(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
+
+
+def ledger_entries(api: Api) -> list[dict[str, Any]]:
+    """Every ledger entry, read as the auditor does."""
+    r = api.get("/v1/ledger/entries", "audrey", params={"limit": 1000})
+    assert r.status_code == 200, r.text
+    return [e["entry"] for e in r.json()["entries"]]

@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from gateway_testkit import Api, job_spec
+from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import func, select
 
 from gateway.models import Job, Token
@@ -16,12 +16,6 @@ from gateway.tokens import hash_token
 def job_count(api: Api) -> int:
     with api.gateway.db.transaction() as s:
         return int(s.scalar(select(func.count()).select_from(Job)) or 0)
-
-
-def ledger_entries(api: Api) -> list[dict]:
-    r = api.get("/v1/ledger/entries", "audrey", params={"limit": 1000})
-    assert r.status_code == 200, r.text
-    return [e["entry"] for e in r.json()["entries"]]
 
 
 def assert_problem(r, status: int, kind: str, contains: str = "") -> dict:

@@ -1,0 +1,62 @@
+"""/v1/approvals: the second person's inbox (M2)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway import approvals
+from gateway.api.deps import Ctx
+from gateway.errors import NotFound
+
+router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
+
+
+class ApproveBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    comment: str | None = Field(None, max_length=2000)
+
+
+class RejectBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field(min_length=3, max_length=2000, description="Why the request is refused; ledgered.")
+
+
+@router.get("", summary="Approval requests you made or could approve")
+def list_approvals(
+    ctx: Ctx,
+    state: Annotated[Literal["pending", "executed", "rejected", "expired"] | None, Query()] = "pending",
+) -> dict[str, list[dict[str, Any]]]:
+    with ctx.gw.transaction() as session:
+        found = approvals.visible_to(ctx.gw, session, ctx.caller(session), state)
+        return {"approvals": [approvals.to_json(a) for a in found]}
+
+
+@router.get("/{approval_id}", summary="One approval request: exact targets, blast radius, reason, expiry")
+def show_approval(approval_id: str, ctx: Ctx) -> dict[str, Any]:
+    with ctx.gw.transaction() as session:
+        caller = ctx.caller(session)
+        found = [a for a in approvals.visible_to(ctx.gw, session, caller, None) if a.id == approval_id]
+        if not found:
+            raise NotFound(f"no approval request {approval_id!r} visible to {caller.id}")
+        return approvals.to_json(found[0])
+
+
+@router.post("/{approval_id}/approve", summary="Approve as the second person; executes once enough approvals exist")
+def approve(approval_id: str, ctx: Ctx, body: ApproveBody | None = None) -> dict[str, Any]:
+    """Checked in the transaction that executes: not the requester (nor the person behind a service
+    account), an eligible role for every affected project, not expired, digest unchanged. Targets that
+    ended meanwhile are skipped and reported; the target set never widens."""
+    with ctx.gw.transaction() as session:
+        caller = ctx.caller(session)
+        done = approvals.approve(ctx.gw, session, caller, approval_id, body.comment if body else None)
+        return approvals.to_json(done)
+
+
+@router.post("/{approval_id}/reject", summary="Reject (or, as the requester, withdraw) a pending request")
+def reject(approval_id: str, body: RejectBody, ctx: Ctx) -> dict[str, Any]:
+    with ctx.gw.transaction() as session:
+        caller = ctx.caller(session)
+        return approvals.to_json(approvals.reject(ctx.gw, session, caller, approval_id, body.reason))

@@ -1,0 +1,314 @@
+"""Two-person rule (M2): approval requests bound to a digest, checked and executed in one transaction.
+
+A request the policy marks `needs_approval` becomes an Approval bound to the SHA-256 of (action, exact
+sorted target ids, project, parameters, reason, granularity). Approving re-decides the *same* request
+with the recorded approvals, inside the transaction that executes it (BEGIN IMMEDIATE on SQLite, a row
+lock on PostgreSQL), so a client can neither skip the second person nor widen the target set, and the
+action runs exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import rfc8785
+from sqlalchemy import JSON, ForeignKey, String, Text, select
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from gateway.auth import Caller
+from gateway.context import Gateway
+from gateway.errors import Conflict, Forbidden, NotFound, PolicyDenied
+from gateway.models import Base, Job, Principal
+from gateway.notifications import notify
+from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.states import ENDED_STATES
+
+Executor = Callable[[Gateway, Session, "Approval", list[Job], Caller], dict[str, Any]]
+_EXECUTORS: dict[str, Executor] = {}
+DEFAULT_EXPIRY_S = 3600
+
+
+class Approval(Base):
+    __tablename__ = "approvals"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    action: Mapped[str] = mapped_column(String(64))
+    target_ids: Mapped[list[Any]] = mapped_column(JSON)
+    project: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    ticket: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    granularity: Mapped[str] = mapped_column(String(16), default="job")
+    digest: Mapped[str] = mapped_column(String(64))
+    requester: Mapped[str] = mapped_column(ForeignKey("principals.id"), index=True)
+    requester_real: Mapped[str] = mapped_column(String(64))
+    requester_trigger: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)  # pending | executed | rejected | expired
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    decision_seq: Mapped[int]
+    required: Mapped[dict[str, Any]] = mapped_column(JSON)
+    blast_radius: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    approvals: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    resolved_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    resolved_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    resolution: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+def executor(action: str) -> Callable[[Executor], Executor]:
+    """Register the function that carries out `action` once it is allowed (directly or after approval)."""
+
+    def register(fn: Executor) -> Executor:
+        _EXECUTORS[action] = fn
+        return fn
+
+    return register
+
+
+def request_digest(action: str, target_ids: Sequence[str], project: str | None, params: Mapping[str, Any],
+                   reason: str | None, granularity: str) -> str:
+    body = {"action": action, "targets": sorted(target_ids), "project": project, "params": dict(params),
+            "reason": reason, "granularity": granularity}
+    return hashlib.sha256(rfc8785.dumps(body)).hexdigest()
+
+
+def _expiry_seconds(gw: Gateway) -> float:
+    return float(gw.policy_set.data.get("approval", {}).get("expiry_seconds", DEFAULT_EXPIRY_S))
+
+
+def open_request(
+    gw: Gateway,
+    session: Session,
+    caller: Caller,
+    rec: Recorded,
+    *,
+    action: str,
+    target_ids: Sequence[str],
+    project: str | None,
+    params: Mapping[str, Any] | None = None,
+    reason: str | None,
+    ticket: str | None,
+    granularity: str = "job",
+    blast_radius: Mapping[str, Any] | None = None,
+) -> Approval:
+    """Turn a needs_approval decision into a pending approval request; notify who may approve."""
+    if action not in _EXECUTORS:
+        raise Conflict(f"no executor is registered for {action}; it cannot be approved")
+    now = gw.clock()
+    ids = sorted(target_ids)
+    params = dict(params or {})
+    approval = Approval(
+        id="apr-" + secrets.token_hex(8),
+        action=action,
+        target_ids=ids,
+        project=project,
+        params=params,
+        reason=reason,
+        ticket=ticket,
+        granularity=granularity,
+        digest=request_digest(action, ids, project, params, reason, granularity),
+        requester=caller.id,
+        requester_real=caller.real_identity,
+        requester_trigger=caller.trigger,
+        state="pending",
+        created_at=now,
+        expires_at=now + timedelta(seconds=_expiry_seconds(gw)),
+        decision_seq=rec.seq,
+        required=dict(rec.decision.approvals_required),
+        blast_radius=dict(blast_radius or {}),
+        approvals=[],
+    )
+    session.add(approval)
+    session.flush()
+    record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": action,
+                                   "result": "approval_requested", "approval_id": approval.id,
+                                   "digest": approval.digest, "targets": ids,
+                                   "expires_at": approval.expires_at.isoformat()})
+    for principal in _people_to_tell(session, approval):
+        notify(session, principal, "approval_requested",
+               {"approval_id": approval.id, "action": action, "targets": ids, "requester": caller.id,
+                "reason": reason, "expires_at": approval.expires_at.isoformat()}, now)
+    return approval
+
+
+def _people_to_tell(session: Session, approval: Approval) -> set[str]:
+    """Named approvers and the owners of the targets (A4: owner consent; they are told either way)."""
+    people = {p for p in approval.required.get("principals", []) if isinstance(p, str)}
+    if approval.target_ids:
+        people |= set(session.scalars(select(Job.owner).where(Job.id.in_(approval.target_ids))).all())
+    people.discard(approval.requester)
+    return people
+
+
+def _load(session: Session, approval_id: str) -> Approval:
+    approval = session.scalars(select(Approval).where(Approval.id == approval_id).with_for_update()).first()
+    if approval is None:
+        raise NotFound(f"no approval request {approval_id!r}")
+    return approval
+
+
+def _requester(session: Session, approval: Approval) -> Caller:
+    """The requester as the policy saw them when they asked (the approver does not become the actor)."""
+    principal = session.get(Principal, approval.requester)
+    if principal is None:  # principals are never deleted; a missing one means a corrupted DB
+        raise Conflict(f"requester {approval.requester} no longer exists")
+    return Caller(id=principal.id, kind=principal.kind, token_id="approval:" + approval.id, token_projects=("*",),
+                  token_actions=("*",), responsible=principal.responsible, trigger=approval.requester_trigger)
+
+
+def _check_open(gw: Gateway, approval: Approval, now: datetime) -> None:
+    if approval.state == "pending" and approval.expires_at <= now:
+        approval.state = "expired"
+        approval.resolved_at = now
+        record_outcome(gw, "outcome", {"action": "approval.expire", "approval_id": approval.id,
+                                       "result": "expired"})
+        raise Conflict(f"approval {approval.id} expired at {approval.expires_at.isoformat()}", state="expired")
+    if approval.state != "pending":
+        raise Conflict(f"approval {approval.id} is already {approval.state}", state=approval.state)
+    expected = request_digest(approval.action, approval.target_ids, approval.project, approval.params,
+                              approval.reason, approval.granularity)
+    if expected != approval.digest:
+        raise Conflict(f"approval {approval.id} no longer matches its digest; the request was altered")
+
+
+def approver_record(gw: Gateway, caller: Caller, targets: Sequence[Job], now: datetime) -> dict[str, Any]:
+    """What the policy needs to judge an approval: who, when, roles per project, which targets they own."""
+    return {
+        "by": caller.real_identity,
+        "principal": caller.id,
+        "at": now.isoformat(),
+        "roles_by_project": gw.policy.roles_of(caller.real_identity),
+        "is_owner_of": sorted(j.id for j in targets if j.owner == caller.real_identity),
+    }
+
+
+def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, comment: str | None) -> Approval:
+    """Add the caller's approval; execute once enough approvals are recorded.
+
+    Raises NotFound, Conflict (expired, already resolved, digest mismatch), Forbidden (self-approval,
+    ineligible approver), PolicyDenied (the request is now denied), LedgerUnavailable.
+    """
+    now = gw.clock()
+    approval = _load(session, approval_id)
+    _check_open(gw, approval, now)
+    if caller.id == approval.requester or caller.real_identity == approval.requester_real:
+        raise Forbidden(f"{caller.id} asked for this action; a second person must approve it (M2)")
+    if any(a["by"] == caller.real_identity for a in approval.approvals):
+        raise Conflict(f"{caller.real_identity} already approved {approval.id}")
+    all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
+                                       .order_by(Job.id).with_for_update()).all())
+    # Never widen: only the approved ids, and of those only the ones still running.
+    live = [j for j in all_targets if j.state not in ENDED_STATES]
+    skipped = [{"id": j.id, "state": j.state} for j in all_targets if j.state in ENDED_STATES]
+    record = {**approver_record(gw, caller, all_targets, now), "comment": comment}
+    approvals = [*approval.approvals, record]
+    rec = decide(gw, session, _requester(session, approval), approval.action, targets=live, project=approval.project,
+                 params=approval.params, reason=approval.reason, ticket=approval.ticket,
+                 granularity=approval.granularity, approvals=approvals,
+                 context={"approval_id": approval.id, "approver": caller.to_json()})
+    effect = rec.decision.effect
+    missing_before = int(approval.required.get("count", 1))
+    missing_now = int(rec.decision.approvals_required.get("count", 0)) if effect == "needs_approval" else 0
+    if effect == "deny" and live:
+        raise PolicyDenied(" ".join(rec.decision.reasons) or "denied by policy", reasons=list(rec.decision.reasons),
+                           rules=list(rec.decision.rules), ledger_seq=rec.seq)
+    if effect == "needs_approval" and missing_now >= missing_before:
+        eligible = rec.decision.approvals_required
+        raise Forbidden(
+            f"{caller.real_identity} is not an eligible approver for {approval.id}: it needs"
+            f" {', '.join(eligible.get('roles', [])) or 'a named person'}"
+            f" in {', '.join(eligible.get('projects', [])) or 'the affected projects'}"
+            + (f" or one of {', '.join(eligible.get('principals', []))}" if eligible.get("principals") else ""),
+            ledger_seq=rec.seq,
+        )
+    approval.approvals = approvals
+    approval.required = dict(rec.decision.approvals_required) if effect == "needs_approval" else {"count": 0}
+    if effect == "needs_approval":
+        record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
+                                       "action": approval.action, "approval_id": approval.id,
+                                       "result": "approval_recorded", "missing": missing_now})
+        return approval
+    result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if live else {}
+    approval.state = "executed"
+    approval.resolved_at = now
+    approval.resolved_by = caller.real_identity
+    approval.resolution = {"result": result, "skipped": skipped, "decision_seq": rec.seq}
+    record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": approval.action,
+                                   "approval_id": approval.id, "result": "executed",
+                                   "executed_on": [j.id for j in live], "skipped": skipped,
+                                   "approvers": [a["by"] for a in approvals]})
+    notify(session, approval.requester, "approval_executed",
+           {"approval_id": approval.id, "action": approval.action, "skipped": skipped}, now)
+    return approval
+
+
+def reject(gw: Gateway, session: Session, caller: Caller, approval_id: str, reason: str) -> Approval:
+    """Refuse (or, for the requester, withdraw) a pending request. Raises NotFound, Conflict, Forbidden."""
+    now = gw.clock()
+    approval = _load(session, approval_id)
+    _check_open(gw, approval, now)
+    if caller.real_identity != approval.requester_real and not may_approve(gw, session, caller, approval):
+        raise Forbidden(f"{caller.id} may neither approve nor withdraw {approval.id}")
+    approval.state = "rejected"
+    approval.resolved_at = now
+    approval.resolved_by = caller.real_identity
+    approval.resolution = {"reason": reason, "withdrawn": caller.real_identity == approval.requester_real}
+    record_outcome(gw, "outcome", {"action": approval.action, "approval_id": approval.id, "result": "rejected",
+                                   "by": caller.to_json(), "reason": reason})
+    notify(session, approval.requester, "approval_rejected",
+           {"approval_id": approval.id, "by": caller.real_identity, "reason": reason}, now)
+    return approval
+
+
+def may_approve(gw: Gateway, session: Session, caller: Caller, approval: Approval) -> bool:
+    """Could the caller be a second person here: named, an owner of a target, or holding approval.grant?"""
+    who = caller.real_identity
+    if who in approval.required.get("principals", []):
+        return True
+    projects = set(approval.required.get("projects", [])) | ({approval.project} if approval.project else set())
+    targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))).all())
+    if any(j.owner == who for j in targets):
+        return True
+    projects |= {j.project for j in targets}
+    return any("approval.grant" in gw.policy.capabilities(who, p) for p in projects or {"*"})
+
+
+def visible_to(gw: Gateway, session: Session, caller: Caller, state: str | None) -> list[Approval]:
+    """Requests the caller made or could approve; auditors (ledger.read) see all."""
+    stmt = select(Approval).order_by(Approval.created_at.desc())
+    if state:
+        stmt = stmt.where(Approval.state == state)
+    rows = list(session.scalars(stmt.limit(500)).all())
+    if "ledger.read" in gw.policy.capabilities(caller.real_identity, "*"):
+        return rows
+    return [a for a in rows
+            if a.requester_real == caller.real_identity or may_approve(gw, session, caller, a)]
+
+
+def to_json(approval: Approval) -> dict[str, Any]:
+    return {
+        "id": approval.id,
+        "action": approval.action,
+        "state": approval.state,
+        "targets": approval.target_ids,
+        "project": approval.project,
+        "params": approval.params,
+        "reason": approval.reason,
+        "ticket": approval.ticket,
+        "granularity": approval.granularity,
+        "digest": approval.digest,
+        "requester": approval.requester,
+        "requester_real": approval.requester_real,
+        "created_at": approval.created_at.isoformat(),
+        "expires_at": approval.expires_at.isoformat(),
+        "decision_seq": approval.decision_seq,
+        "required": approval.required,
+        "blast_radius": approval.blast_radius,
+        "approvals": approval.approvals,
+        "resolved_at": approval.resolved_at.isoformat() if approval.resolved_at else None,
+        "resolved_by": approval.resolved_by,
+        "resolution": approval.resolution,
+    }

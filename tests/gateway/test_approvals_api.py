@@ -1,0 +1,163 @@
+"""Two-person rule (M2) through the HTTP API: requests, approvals, refusals, exactly-once execution."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from gateway_testkit import Api, job_spec, ledger_entries
+from sqlalchemy import select
+
+from gateway.approvals import Approval
+from gateway.models import Job
+
+
+def running_job(api: Api, who: str = "alice", **spec: object) -> str:
+    """Submit a job and mark it running on demo-node-1, as if the agent had started it."""
+    headers = {"X-Jobgate-Trigger": "ci/nightly#7"} if who == "ci-bot" else {}
+    job_id = api.post("/v1/jobs", who, json=job_spec(**spec), headers=headers).json()["id"]
+    with api.gateway.db.transaction() as s:
+        job = s.get(Job, job_id)
+        job.state = "running"
+        job.placement = [{"node": "demo-node-1", "gpus": [0, 1]}]
+    return job_id
+
+
+def ask_stop(api: Api, who: str, job_id: str, reason: str = "needs the GPUs for the urgent eval") -> dict:
+    r = api.post(f"/v1/jobs/{job_id}/stop", who, json={"reason": reason})
+    assert r.status_code == 202, r.text
+    return r.json()
+
+
+def job_state(api: Api, job_id: str) -> str:
+    with api.gateway.db.transaction() as s:
+        return s.get(Job, job_id).state
+
+
+def test_queue_admin_stop_of_anothers_job_needs_a_second_person(api: Api) -> None:
+    job_id = running_job(api)
+    out = ask_stop(api, "carol", job_id)
+    assert out["decision"]["effect"] == "needs_approval"
+    assert out["approval_id"]
+    assert out["job"]["state"] == "running"  # nothing changed yet
+    inbox = api.get("/v1/approvals", "alice").json()["approvals"]  # the owner is told and may consent
+    assert [a["id"] for a in inbox] == [out["approval_id"]]
+    assert inbox[0]["targets"] == [job_id] and inbox[0]["requester"] == "carol"
+
+
+def test_self_approval_is_refused(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "carol")
+    assert r.status_code == 403 and "second person" in r.json()["detail"]
+    assert job_state(api, job_id) == "running"
+
+
+def test_owner_approval_executes_exactly_once(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "alice", json={"comment": "ok, I have a checkpoint"})
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "executed"
+    assert job_state(api, job_id) == "stop_requested"
+    again = api.post(f"/v1/approvals/{approval_id}/approve", "dave")
+    assert again.status_code == 409 and "already executed" in again.json()["detail"]
+    entries = ledger_entries(api)
+    executed = [e for e in entries if e["body"].get("result") == "executed"]
+    assert len(executed) == 1 and executed[0]["body"]["approvers"] == ["alice"]
+
+
+def test_ineligible_approver_is_refused(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    for outsider in ("mallory", "bob"):  # another tenant; a researcher who neither owns nor admins
+        r = api.post(f"/v1/approvals/{approval_id}/approve", outsider)
+        assert r.status_code == 403, r.text
+    assert job_state(api, job_id) == "running"
+
+
+def test_on_call_may_be_the_second_person(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    assert api.post(f"/v1/approvals/{approval_id}/approve", "dave").json()["state"] == "executed"
+
+
+def test_targets_that_ended_meanwhile_are_skipped_and_reported(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    with api.gateway.db.transaction() as s:
+        s.get(Job, job_id).state = "succeeded"
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "alice")
+    assert r.status_code == 200, r.text
+    assert r.json()["resolution"]["skipped"] == [{"id": job_id, "state": "succeeded"}]
+    assert job_state(api, job_id) == "succeeded"
+
+
+def test_expired_request_cannot_be_approved(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    with api.gateway.db.transaction() as s:
+        a = s.get(Approval, approval_id)
+        a.expires_at = a.created_at - timedelta(seconds=1)
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "alice")
+    assert r.status_code == 409 and "expired" in r.json()["detail"]
+    assert job_state(api, job_id) == "running"
+
+
+def test_altered_request_no_longer_matches_its_digest(api: Api) -> None:
+    job_id = running_job(api)
+    other = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    with api.gateway.db.transaction() as s:  # someone with DB access tries to widen the target set
+        s.get(Approval, approval_id).target_ids = [job_id, other]
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "dave")
+    assert r.status_code == 409 and "digest" in r.json()["detail"]
+    assert job_state(api, other) == "running"
+
+
+def test_service_account_job_needs_on_call_and_its_responsible_person_cannot_approve(api: Api) -> None:
+    job_id = running_job(api, "ci-bot")
+    r = api.post(f"/v1/jobs/{job_id}/stop", "carol", json={"reason": "stuck pipeline job"})
+    assert r.status_code == 403, r.text  # A8: only on-call stops a service account's job
+    approval_id = ask_stop(api, "dave", job_id)["approval_id"]
+    assert api.post(f"/v1/approvals/{approval_id}/approve", "dave").status_code == 403
+    assert api.post(f"/v1/approvals/{approval_id}/approve", "carol").json()["state"] == "executed"
+
+
+def test_reject_and_withdraw(api: Api) -> None:
+    job_id = running_job(api)
+    first = ask_stop(api, "carol", job_id)["approval_id"]
+    r = api.post(f"/v1/approvals/{first}/reject", "alice", json={"reason": "my run finishes in 10 minutes"})
+    assert r.status_code == 200 and r.json()["state"] == "rejected"
+    assert api.post(f"/v1/approvals/{first}/approve", "dave").status_code == 409
+    second = ask_stop(api, "carol", job_id)["approval_id"]
+    refused = api.post(f"/v1/approvals/{second}/reject", "mallory", json={"reason": "not yours to stop"})
+    assert refused.status_code == 403
+    r = api.post(f"/v1/approvals/{second}/reject", "carol", json={"reason": "asked the wrong job"})
+    assert r.json()["resolution"]["withdrawn"] is True
+    assert job_state(api, job_id) == "running"
+
+
+def test_unknown_approval_is_404(api: Api) -> None:
+    assert api.post("/v1/approvals/apr-nope/approve", "dave").status_code == 404
+    with api.gateway.db.transaction() as s:
+        assert s.scalars(select(Approval)).all() == []
+
+
+def test_two_approvers_racing_execute_once(api: Api) -> None:
+    """Row lock (PostgreSQL) / immediate transaction (SQLite): exactly one approval executes the stop."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for _ in range(3):
+        job_id = running_job(api)
+        approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+        url = f"/v1/approvals/{approval_id}/approve"
+        with ThreadPoolExecutor(2) as pool:
+            codes = sorted(pool.map(lambda who, url=url: api.post(url, who).status_code, ["alice", "dave"]))
+        assert codes == [200, 409]
+        entries = ledger_entries(api)
+        executed = [e for e in entries if e["body"].get("approval_id") == approval_id
+                    and e["body"].get("result") == "executed"]
+        assert len(executed) == 1
+        commands = [e for e in entries if e["kind"] == "outcome" and e["body"].get("job_id") == job_id
+                    and e["body"].get("state_after") == "stop_requested"]
+        assert len(commands) == 1
