@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from gateway.api import agents, health, jobs, ledger, nodes
 from gateway.api import approvals as approvals_api
+from gateway.api import identity as identity_api
 
 ROUTERS: list[APIRouter] = [
     health.router,
@@ -14,4 +15,5 @@ ROUTERS: list[APIRouter] = [
     ledger.router,
     agents.router,
     approvals_api.router,
+    identity_api.router,
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from gateway.cli.approvals import approvals_group, approve, reject
+from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
 from gateway.cli.up import demo_token, up
 from ledger.cli import ledger_group
@@ -23,6 +25,11 @@ cli.add_command(up)
 cli.add_command(demo_token)
 cli.add_command(job_group)
 cli.add_command(ledger_group)
+cli.add_command(approvals_group)
+cli.add_command(approve)
+cli.add_command(reject)
+cli.add_command(token_group)
+cli.add_command(service_account_group)
 
 
 def main() -> None:

@@ -1,0 +1,92 @@
+"""`jobgate token create|list|revoke` and `jobgate service-account create|list` (F1)."""
+
+from __future__ import annotations
+
+import click
+
+from gateway.cli.client import Client, client_options, emit_json, table
+
+
+@click.group("token")
+def token_group() -> None:
+    """Scoped, expiring bearer tokens."""
+
+
+@token_group.command("create")
+@client_options
+@click.option("--for", "principal", help="A service account you answer for (default: yourself).")
+@click.option("--purpose", required=True, help="What the token is for; kept with it.")
+@click.option("--project", "projects", multiple=True, required=True, help="Project it may act in; repeatable.")
+@click.option("--action", "actions", multiple=True, default=["*"], show_default=True,
+              help="Action it may request (job.submit, job.stop, ...); repeatable.")
+@click.option("--days", type=float, required=True, help="Lifetime in days (service tokens at most 90).")
+@click.option("--json", "as_json", is_flag=True)
+def create(gateway: str, token: str | None, trigger: str | None, principal: str | None, purpose: str,
+           projects: tuple[str, ...], actions: tuple[str, ...], days: float, as_json: bool) -> None:
+    """Create a token. The secret is printed once and never stored."""
+    body = {"purpose": purpose, "projects": list(projects), "actions": list(actions), "expires_in_days": days}
+    if principal:
+        body["principal"] = principal
+    result = Client(gateway, token, trigger).request("POST", "/v1/tokens", json=body)
+    if as_json:
+        emit_json(result)
+        return
+    click.echo(f"token {result['id']} for {result['principal']}, expires {result['expires_at']}")
+    click.echo("secret (shown once, store it now):")
+    click.echo(result["token"])
+
+
+@token_group.command("list")
+@client_options
+@click.option("--json", "as_json", is_flag=True)
+def list_tokens(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
+    """Tokens you manage."""
+    rows = Client(gateway, token, trigger).request("GET", "/v1/tokens")["tokens"]
+    if as_json:
+        emit_json(rows)
+        return
+    rows = [{**r, "projects": ",".join(r["projects"]), "actions": ",".join(r["actions"])} for r in rows]
+    click.echo(table(rows, [("id", "id"), ("principal", "principal"), ("purpose", "purpose"),
+                            ("projects", "projects"), ("actions", "actions"), ("expires_at", "expires"),
+                            ("revoked_at", "revoked")]))
+
+
+@token_group.command("revoke")
+@client_options
+@click.argument("token_id")
+@click.option("--reason", required=True)
+def revoke(gateway: str, token: str | None, trigger: str | None, token_id: str, reason: str) -> None:
+    """Revoke TOKEN_ID at once."""
+    result = Client(gateway, token, trigger).request("POST", f"/v1/tokens/{token_id}/revoke",
+                                                     json={"reason": reason})
+    click.echo(f"revoked {result['id']} at {result['revoked_at']}")
+
+
+@click.group("service-account")
+def service_account_group() -> None:
+    """Automation identities, each answered for by a person."""
+
+
+@service_account_group.command("create")
+@client_options
+@click.argument("name")
+@click.option("--project", required=True)
+@click.option("--description", default="")
+def create_account(gateway: str, token: str | None, trigger: str | None, name: str, project: str,
+                   description: str) -> None:
+    """Create service account NAME in PROJECT; you become its responsible person."""
+    result = Client(gateway, token, trigger).request(
+        "POST", "/v1/service-accounts", json={"name": name, "project": project, "description": description})
+    click.echo(f"service account {result['id']} in {result['project']}, responsible: {result['responsible']}")
+
+
+@service_account_group.command("list")
+@client_options
+@click.option("--json", "as_json", is_flag=True)
+def list_accounts(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
+    """Service accounts you answer for."""
+    rows = Client(gateway, token, trigger).request("GET", "/v1/service-accounts")["service_accounts"]
+    if as_json:
+        emit_json(rows)
+        return
+    click.echo(table(rows, [("id", "id"), ("responsible", "responsible"), ("description", "description")]))

@@ -1,0 +1,124 @@
+"""Service accounts and tokens (F1): every automation identity has a responsible person; tokens are
+scoped to projects, actions and a purpose, expire, are shown once and can be revoked. Every change is
+ledgered."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.auth import Caller
+from gateway.context import Gateway
+from gateway.errors import Conflict, Forbidden, Invalid, NotFound
+from gateway.models import Principal, Project, RoleBinding, Token
+from gateway.pipeline import record_outcome
+from gateway.policy.engine import RoleBinding as EngineBinding
+from gateway.tokens import IssuedToken, issue_token
+
+PERSON_TOKEN_MAX_DAYS = 365
+SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
+
+
+def _is_platform_admin(gw: Gateway, caller: Caller) -> bool:
+    return "role.manage" in gw.policy.capabilities(caller.real_identity, "*")
+
+
+def _ledger(gw: Gateway, caller: Caller, action: str, **body: Any) -> None:
+    record_outcome(gw, "identity", {"action": action, "actor": caller.to_json(), **body})
+
+
+def may_manage(gw: Gateway, caller: Caller, principal: Principal) -> bool:
+    """People manage their own tokens and those of service accounts they answer for; admins manage all."""
+    if caller.kind == "service":
+        return False  # an automation identity never mints or revokes credentials
+    if principal.id == caller.id or (principal.kind == "service" and principal.responsible == caller.id):
+        return True
+    return _is_platform_admin(gw, caller)
+
+
+def create_service_account(gw: Gateway, session: Session, caller: Caller, name: str, project: str,
+                           description: str) -> Principal:
+    """Create a service account answered for by the caller. Raises Invalid, Forbidden, Conflict."""
+    if caller.kind != "person":
+        raise Forbidden("only a person can be responsible for a service account (F1)")
+    if not SERVICE_NAME.match(name):
+        raise Invalid(f"service account name {name!r} must be lowercase letters, digits and dashes")
+    if session.get(Project, project) is None:
+        raise Invalid(f"unknown project {project!r}")
+    if "job.submit" not in gw.policy.capabilities(caller.id, project) and not _is_platform_admin(gw, caller):
+        raise Forbidden(f"{caller.id} holds no role in project {project} that may submit jobs")
+    if session.get(Principal, name) is not None:
+        raise Conflict(f"a principal named {name!r} already exists")
+    now = gw.clock()
+    account = Principal(id=name, kind="service", display_name=description or name, responsible=caller.id,
+                        created_at=now)
+    session.add(account)
+    session.flush()
+    session.add(RoleBinding(principal_id=name, role="service", project=project, created_at=now))
+    _ledger(gw, caller, "service_account.create", service_account=name, responsible=caller.id, project=project)
+    gw.policy.grant(EngineBinding(principal=name, role="service", project=project))
+    return account
+
+
+def list_service_accounts(gw: Gateway, session: Session, caller: Caller) -> list[dict[str, Any]]:
+    stmt = select(Principal).where(Principal.kind == "service").order_by(Principal.id)
+    accounts = session.scalars(stmt).all()
+    if not _is_platform_admin(gw, caller):
+        accounts = [a for a in accounts if a.responsible == caller.real_identity]
+    return [{"id": a.id, "responsible": a.responsible, "description": a.display_name,
+             "roles": gw.policy.roles_of(a.id), "created_at": a.created_at.isoformat()} for a in accounts]
+
+
+def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id: str, purpose: str,
+                 projects: list[str], actions: list[str], expires_in_days: float) -> tuple[Token, IssuedToken]:
+    """Mint a token; the secret is returned once. Raises Invalid, Forbidden, NotFound."""
+    principal = session.get(Principal, principal_id)
+    if principal is None:
+        raise NotFound(f"no principal {principal_id!r}")
+    if not may_manage(gw, caller, principal):
+        raise Forbidden(f"{caller.id} may not create tokens for {principal_id}")
+    limit = gw.settings.service_token_max_days if principal.kind == "service" else PERSON_TOKEN_MAX_DAYS
+    if expires_in_days > limit:
+        raise Invalid(f"{principal.kind} tokens live at most {limit} days; asked for {expires_in_days:g}",
+                      limit=limit)
+    if "*" in projects and principal.kind == "service":
+        raise Invalid("a service token must name its projects; '*' is not allowed (F1)")
+    unknown = sorted(p for p in projects if p != "*" and session.get(Project, p) is None)
+    if unknown:
+        raise Invalid(f"unknown project(s): {', '.join(unknown)}")
+    issued = issue_token(session, principal_id, purpose=purpose, now=gw.clock(),
+                         lifetime=timedelta(days=expires_in_days), projects=projects, actions=actions)
+    token = session.get(Token, issued.id)
+    assert token is not None
+    _ledger(gw, caller, "token.create", token_id=issued.id, principal=principal_id, purpose=purpose,
+            projects=projects, actions=actions, expires_at=issued.expires_at.isoformat())
+    return token, issued
+
+
+def list_tokens(gw: Gateway, session: Session, caller: Caller) -> list[Token]:
+    rows = session.execute(select(Token, Principal).join(Principal, Principal.id == Token.principal_id)
+                           .order_by(Token.created_at.desc())).all()
+    return [t for t, p in rows if may_manage(gw, caller, p)]
+
+
+def revoke_token(gw: Gateway, session: Session, caller: Caller, token_id: str, reason: str) -> Token:
+    token = session.get(Token, token_id)
+    principal = session.get(Principal, token.principal_id) if token else None
+    if token is None or principal is None or not may_manage(gw, caller, principal):
+        raise NotFound(f"no token {token_id!r} that {caller.id} manages")
+    if token.revoked_at is not None:
+        raise Conflict(f"token {token_id} was already revoked at {token.revoked_at.isoformat()}")
+    token.revoked_at = gw.clock()
+    _ledger(gw, caller, "token.revoke", token_id=token_id, principal=token.principal_id, reason=reason)
+    return token
+
+
+def token_json(token: Token) -> dict[str, Any]:
+    return {"id": token.id, "principal": token.principal_id, "purpose": token.purpose,
+            "projects": token.projects, "actions": token.actions, "created_at": token.created_at.isoformat(),
+            "expires_at": token.expires_at.isoformat(),
+            "revoked_at": token.revoked_at.isoformat() if token.revoked_at else None}
