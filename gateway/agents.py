@@ -117,6 +117,11 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
 
 
 def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: datetime, node_id: str) -> None:
+    if job.stop_request.get("preemption"):  # P2: a preempted job goes back to the queue (gateway/preemption.py)
+        from gateway.preemption import requeue
+
+        requeue(gw, job, parts, now, node_id)
+        return
     evidence = {p.node: p.evidence for p in parts}
     outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
     if target == "stopped":

@@ -231,7 +231,8 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
                                        "action": approval.action, "approval_id": approval.id,
                                        "result": "approval_recorded", "missing": missing_now})
         return approval
-    result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if live else {}
+    # Project-level actions (quota.change) have no target jobs and still execute once (A7).
+    result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if live or not approval.target_ids else {}
     approval.state = "executed"
     approval.resolved_at = now
     approval.resolved_by = caller.real_identity

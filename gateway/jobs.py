@@ -16,6 +16,8 @@ from gateway.context import Gateway
 from gateway.errors import Conflict, Invalid, NotFound, PolicyDenied
 from gateway.models import Job, Node, Principal, Project
 from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.priority_history import on_submit
+from gateway.quotas import admission_problems
 from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
 from gateway.states import ENDED_STATES
 from scheduler.admission import precheck
@@ -117,6 +119,8 @@ def submit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
     refuse_unless_allowed(rec)
     shape = cluster_shape(session)
     problems = precheck(spec.gpus_per_node, spec.nodes, shape) if shape else []
+    problems += admission_problems(session, gw.clock(), project=spec.project, owner=owner_id,  # Q1 quotas, mounts
+                                   gpus=spec.gpus_per_node * spec.nodes, mounts=spec.mounts, datasets=spec.datasets)
     if problems:
         record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
                                        "action": "job.submit", "result": "rejected", "problems": problems})
@@ -160,6 +164,7 @@ def submit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
     )
     session.add(job)
     session.flush()
+    on_submit(gw, session, job, mounts=spec.mounts, datasets=spec.datasets)  # Q3 priority basis
     record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": "job.submit",
                                    "result": "queued", "job_id": job.id, "state_after": "pending"})
     gw.scheduler_kick.set()

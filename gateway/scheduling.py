@@ -1,4 +1,5 @@
-"""Runs the pure scheduler core against the business DB: snapshot → run_cycle → placements + start commands."""
+"""Runs the pure scheduler core against the business DB: snapshot → run_cycle → placements, start and
+preemption commands, and the per-job explanation (position, priority parts, reason, estimated start)."""
 
 from __future__ import annotations
 
@@ -10,42 +11,51 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway import preemption, priority_history
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.jobs import transition
 from gateway.models import Allocation, Job, Node
 from gateway.pipeline import record_outcome
-from scheduler.cycle import run_cycle
-from scheduler.model import JobId, NodeId, NodeState, PendingJob, Placement, ProjectId, RunningJob, Snapshot
+from gateway.quotas import load_quotas
+from gateway.scheduler_tables import SchedJob, TenantUsage
+from gateway.stops import housekeeping
+from scheduler.cycle import CycleResult, run_cycle
+from scheduler.estimate import estimate_starts
+from scheduler.model import (
+    DEFAULT_CONFIG,
+    JobId,
+    NodeId,
+    NodeState,
+    PendingJob,
+    Placement,
+    ProjectId,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+)
 
 log = logging.getLogger("jobgate.scheduler")
 
-# A stop that is not confirmed within the job's grace window plus this margin is escalated (C3).
-STOP_CONFIRM_MARGIN_S = 30.0
+HOLDING_STATES = ("starting", "running", "stop_requested", "stopping")
 
 
-def _mark_lost_nodes(gw: Gateway, session: Session, now: datetime) -> None:
-    cutoff = now - timedelta(seconds=gw.settings.node_heartbeat_timeout_s)
-    for node in session.scalars(select(Node).where(Node.state == "alive")).all():
-        if node.last_heartbeat is None or node.last_heartbeat < cutoff:
-            node.state = "lost"
-            seen = node.last_heartbeat.isoformat() if node.last_heartbeat else None
-            record_outcome(gw, "node", {"node": node.id, "state_after": "lost", "last_heartbeat": seen})
+def scheduler_config(gw: Gateway) -> SchedulerConfig:
+    """The scheduler's numbers; a deployment (or a test) may set `gw.scheduler_config`."""
+    config = getattr(gw, "scheduler_config", None)
+    return config if isinstance(config, SchedulerConfig) else DEFAULT_CONFIG
 
 
-def _escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> None:
-    for job in session.scalars(select(Job).where(Job.state.in_(("stop_requested", "stopping")))).all():
-        asked = datetime.fromisoformat(job.stop_request["at"]) if job.stop_request.get("at") else job.submitted_at
-        if now - asked > timedelta(seconds=job.grace_seconds + STOP_CONFIRM_MARGIN_S):
-            before = job.state
-            transition(job, "stop_failed", now, by="system",
-                       reason="stop not confirmed by the node within the grace window; needs a person")
-            log.warning("stop_failed job=%s: escalated for a person to confirm", job.id)
-            record_outcome(gw, "transition", {"job_id": job.id, "state_before": before, "state_after": "stop_failed",
-                                              "alert": "stop not confirmed; escalated"})
+def _stop_by(job: Job) -> datetime | None:
+    if job.state not in ("stop_requested", "stopping"):
+        return None
+    at = job.stop_request.get("at")
+    asked = datetime.fromisoformat(at) if at else job.submitted_at
+    return asked + timedelta(seconds=job.grace_seconds)
 
 
-def build_snapshot(session: Session) -> Snapshot:
+def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
+    """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage."""
     used: dict[str, set[int]] = defaultdict(set)
     for node_id, gpus in session.execute(
         select(Allocation.node, Allocation.gpus).where(Allocation.released.is_(False))
@@ -56,50 +66,115 @@ def build_snapshot(session: Session) -> Snapshot:
                   alive=n.state == "alive")
         for n in session.scalars(select(Node).order_by(Node.id)).all()
     )
-    pending = tuple(
-        PendingJob(id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
-                   gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=j.submitted_at,
-                   base_priority=j.base_priority, runtime_limit_s=j.runtime_limit_s)
-        for j in session.scalars(select(Job).where(Job.state == "pending")).all()
-    )
-    running = tuple(
-        RunningJob(id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue, priority=j.base_priority,
-                   started_at=j.started_at or j.submitted_at,
-                   placement=tuple(Placement(node=NodeId(p["node"]), gpus=tuple(p["gpus"])) for p in j.placement),
-                   runtime_limit_s=j.runtime_limit_s)
-        for j in session.scalars(select(Job).where(Job.state.in_(("starting", "running")))).all()
-    )
-    return Snapshot(nodes=nodes, pending=pending, running=running)
+    rows = session.execute(
+        select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+        .where(Job.state.in_(("pending", *HOLDING_STATES)))).all()
+    pending: list[PendingJob] = []
+    running: list[RunningJob] = []
+    for j, s in rows:
+        if j.state == "pending":
+            pending.append(PendingJob(
+                id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
+                gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=s.queued_at if s else j.submitted_at,
+                base_priority=(s.contribution if s else 0.0) + j.base_priority, runtime_limit_s=j.runtime_limit_s,
+                wait_credit_s=s.wait_credit_s if s else 0.0, compensation=s.compensation if s else 0.0,
+                manual=s.manual if s else 0.0))
+        else:
+            running.append(RunningJob(
+                id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
+                priority=s.priority if s else j.base_priority, started_at=j.started_at or j.submitted_at,
+                placement=tuple(Placement(node=NodeId(p["node"]), gpus=tuple(p["gpus"])) for p in j.placement),
+                runtime_limit_s=j.runtime_limit_s, borrowed=bool(s and s.borrowed), stop_by=_stop_by(j)))
+    quotas = load_quotas(session, now) if now is not None else None
+    usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
+    return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage)
+
+
+def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
+    """Q3: usage(t) = usage × 2^(-dt / half-life) + GPUs held × dt, per tenant."""
+    held: dict[str, int] = defaultdict(int)
+    for project, g, n in session.execute(
+            select(Job.project, Job.gpus_per_node, Job.nodes).where(Job.state.in_(HOLDING_STATES))).all():
+        held[project] += g * n
+    rows = {u.project: u for u in session.scalars(select(TenantUsage)).all()}
+    for project in set(rows) | set(held):
+        row = rows.get(project)
+        if row is None:
+            row = TenantUsage(project=project, gpu_hours=0.0, updated_at=now)
+            session.add(row)
+        dt = max(0.0, (now - row.updated_at).total_seconds())
+        row.gpu_hours = row.gpu_hours * 2.0 ** (-dt / half_life_s) + held.get(project, 0) * dt / 3600.0
+        row.updated_at = now
 
 
 def run_once(gw: Gateway) -> int:
     """One scheduling cycle in one transaction. Returns the number of jobs admitted."""
     with gw.transaction() as session:
         now = gw.clock()
-        _mark_lost_nodes(gw, session, now)
-        _escalate_unconfirmed_stops(gw, session, now)
-        result = run_cycle(build_snapshot(session), now=now)
-        for admit in result.admits:
-            job = session.get(Job, admit.job_id)
-            if job is None or job.state != "pending":
-                continue
-            placement = [{"node": p.node, "gpus": list(p.gpus)} for p in admit.placement]
-            record_outcome(gw, "schedule", {"job_id": job.id, "result": "admitted", "placement": placement,
-                                            "priority": admit.priority.total})
-            job.placement = placement
-            where = ", ".join(p.node for p in admit.placement)
-            transition(job, "starting", now, by="scheduler", reason=f"placed on {where}")
-            for p in admit.placement:
-                session.add(Allocation(job_id=job.id, node=p.node, gpus=list(p.gpus), state="starting"))
-                enqueue(gw, session, p.node, job.id, "start", {
-                    "argv": list(job.command), "gpus": list(p.gpus), "grace_seconds": job.grace_seconds,
-                    "stop_signal": job.stop_signal, "env": dict(job.env)})
-        blocked = {b.job_id: b for b in result.blocked}
-        for job in session.scalars(select(Job).where(Job.state == "pending")).all():
-            b = blocked.get(JobId(job.id))
-            if b is not None and job.state_reason != b.reason:
-                job.state_reason = b.reason
+        housekeeping(gw, session, now)  # node health, stop escalation, retention, R4 (gateway/stops.py)
+        config = scheduler_config(gw)
+        decay_usage(session, now, config.fairshare_half_life_s)
+        snapshot = build_snapshot(session, now)
+        result = run_cycle(snapshot, now=now, config=config)
+        _admit(gw, session, result, now)
+        for plan in result.preemptions:
+            preemption.execute(gw, session, plan, snapshot, now)
+        _explain(session, snapshot, result, now, config)
         return len(result.admits)
+
+
+def _admit(gw: Gateway, session: Session, result: CycleResult, now: datetime) -> None:
+    for admit in result.admits:
+        job = session.get(Job, admit.job_id)
+        if job is None or job.state != "pending":
+            continue
+        mode = "borrowed" if admit.borrowed else "owned"
+        placement = [{"node": p.node, "gpus": list(p.gpus), "quota": mode} for p in admit.placement]
+        record_outcome(gw, "schedule", {"job_id": job.id, "result": "admitted", "placement": placement,
+                                        "priority": admit.priority.total, "quota": mode})
+        job.placement = placement
+        row = priority_history.ensure(session, job)
+        row.borrowed = admit.borrowed
+        row.priority, row.parts = admit.priority.total, admit.priority.as_dict()
+        row.position, row.blocked_reason, row.estimated_start = None, "", None
+        where = ", ".join(p.node for p in admit.placement)
+        transition(job, "starting", now, by="scheduler", reason=f"placed on {where} ({mode} quota)")
+        for p in admit.placement:
+            session.add(Allocation(job_id=job.id, node=p.node, gpus=list(p.gpus), state="starting"))
+            enqueue(gw, session, p.node, job.id, "start", {
+                "argv": list(job.command), "gpus": list(p.gpus), "grace_seconds": job.grace_seconds,
+                "stop_signal": job.stop_signal, "env": dict(job.env)})
+
+
+def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: datetime,
+             config: SchedulerConfig) -> None:
+    """Q10: keep each waiting job's position, priority parts, reason and estimated start (cached per cycle);
+    Q3: record a priority change when it moved by at least AGING_STEP."""
+    blocked = {b.job_id: b for b in result.blocked}
+    by_id = {j.id: j for j in snapshot.pending}
+    order = sorted((j for j in snapshot.pending if j.id in blocked),
+                   key=lambda j: (-result.priorities[j.id].total, j.submitted_at, j.id))
+    estimates = estimate_starts(snapshot, order, now=now, config=config)
+    pending_rows = session.execute(
+        select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+        .where(Job.state == "pending")).all()
+    for job, row in pending_rows:
+        b = blocked.get(JobId(job.id))
+        if b is None or JobId(job.id) not in by_id:
+            continue
+        if row is None:
+            row = priority_history.ensure(session, job)
+        parts = result.priorities[JobId(job.id)].as_dict()
+        last = row.recorded_priority if row.recorded_priority is not None else row.priority
+        if abs(parts["total"] - last) >= priority_history.AGING_STEP:
+            basis = priority_history.basis_of_change(row.parts or {}, parts)
+            priority_history.record(session, job.id, now, basis, last, parts)
+            row.recorded_priority = parts["total"]
+        row.priority, row.parts = parts["total"], parts
+        if job.state_reason != b.reason:
+            job.state_reason = b.reason
+        row.position, row.blocked_reason = b.position, b.reason
+        row.estimated_start, row.estimated_at = estimates.get(JobId(job.id)), now
 
 
 class SchedulerLoop(threading.Thread):

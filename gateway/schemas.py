@@ -43,6 +43,8 @@ class JobSubmit(BaseModel):
     workload: str | None = Field(None, pattern=NAME_PATTERN, description="Group of jobs from one goal.")
     trackable: bool = True
     stoppable: bool = True
+    mounts: list[str] = Field(default_factory=list, description="Storage mounts the job needs (Q1 registry).")
+    datasets: list[str] = Field(default_factory=list, description="Data sets the job reads (Q1 registry).")
 
 
 class StopRequest(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import accumulate
 
@@ -18,14 +18,18 @@ from scheduler.model import (
     NodeState,
     PendingJob,
     Placement,
+    RunningJob,
     SchedulerConfig,
     Snapshot,
 )
 from scheduler.placement import FreeIndex
-from scheduler.priority import PriorityParts, effective_priority
+from scheduler.preemption import Preempt, candidates, plan_victims
+from scheduler.priority import PriorityParts, effective_priority, fair_share_points
+from scheduler.quota import QuotaUsage
 from scheduler.reservation import Release, earliest_start
 
-__all__ = ["Admit", "Blocked", "CycleResult", "PriorityParts", "Reserve", "effective_priority", "run_cycle"]
+__all__ = ["Admit", "Blocked", "CycleResult", "Preempt", "PriorityParts", "Reserve", "effective_priority",
+           "run_cycle"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,8 @@ class Admit:
     job_id: JobId
     placement: tuple[Placement, ...]
     priority: PriorityParts
+    # Q5: on GPUs borrowed from other tenants' idle quota (False: within the tenant's own quota).
+    borrowed: bool = False
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,9 @@ class CycleResult:
     admits: tuple[Admit, ...]
     reservations: tuple[Reserve, ...]
     blocked: tuple[Blocked, ...]
+    preemptions: tuple[Preempt, ...] = ()
+    # Effective priority and its parts of every waiting job this cycle (Q3 basis, Q10 explain).
+    priorities: dict[JobId, PriorityParts] = field(default_factory=dict)
 
 
 def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DEFAULT_CONFIG) -> CycleResult:
@@ -82,6 +91,15 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        remaining request, placement stops.
     4. Every job not admitted gets a Blocked with a reason and its position among its queue's
        waiting jobs (1-based, in the order of rule 1).
+    5. Quotas (Q4, Q5), when the snapshot has them: before placement a job must fit the cluster, user
+       and tenant tiers; it is admitted owned within its tenant's quota, else borrowed within its
+       borrow limit and the idle GPUs others lend. A job refused by a quota waits without holding
+       anything (it blocks nobody and gets no reservation).
+    6. Preemption (Q5, Q8), at most one plan per cycle, for the first job that passes its quotas but
+       does not fit: a job within its tenant's owned quota reclaims borrowed GPUs of other tenants; a
+       job of a preempting queue (urgent) preempts lower-priority jobs. Victims are chosen by
+       scheduler.preemption on a copy of the free GPUs; no new plan is made while jobs already being
+       stopped would free enough. GPUs of stopping jobs count as released at their stop deadline.
 
     Raises InconsistentSnapshot for duplicate ids, naive datetimes, or a running job on GPUs that the
     snapshot also lists as free.
@@ -108,14 +126,20 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     ever_fitting = list(accumulate(reversed(ever_fitting)))[::-1]
 
     # Rule 1: order.
-    parts = {job.id: effective_priority(job, now, config) for job in snapshot.pending}
+    share = fair_share_points(snapshot, config) if config.fairshare_weight else {}
+    parts = {job.id: effective_priority(job, now, config, share.get(job.project, 0.0)) for job in snapshot.pending}
+    quota = (QuotaUsage.of(snapshot.quotas, sum(n.gpus for n in alive), snapshot.running)
+             if snapshot.quotas is not None else None)
+    if quota is not None:
+        quota.claim((j.project, j.gpus) for j in snapshot.pending)
+    stopping = [job for job in snapshot.running if job.stop_by is not None]
+    preemptions: list[Preempt] = []
     ordered = sorted(snapshot.pending, key=lambda j: (-parts[j.id].total, j.submitted_at, j.id))
     # smallest_after[i]: the smallest per-node request among ordered[i:], for the early stop in rule 3.
     smallest_after = list(accumulate(reversed([j.gpus_per_node for j in ordered]), min))[::-1]
 
-    releases = [Release(at=max(now, job.started_at + timedelta(seconds=job.runtime_limit_s)), job_id=job.id,
-                        rank=rank_of[p.node], gpus=p.gpus)
-                for job in snapshot.running if job.runtime_limit_s is not None
+    releases = [Release(at=max(now, _expected_end(job)), job_id=job.id, rank=rank_of[p.node], gpus=p.gpus)
+                for job in snapshot.running if job.runtime_limit_s is not None or job.stop_by is not None
                 for p in job.placement if p.node in rank_of]
 
     admits: list[Admit] = []
@@ -131,6 +155,14 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         if possible < n:
             why[job.id] = reasons.impossible(n, g, possible, largest_alive)
             continue
+        # Rule 5: quotas before placement.
+        borrowed = False
+        if quota is not None:
+            verdict = quota.check(job.project, job.user, job.gpus)
+            if not verdict.ok:
+                why[job.id] = verdict.reason
+                continue
+            borrowed = verdict.borrowed
         # Rule 3: held GPUs are open to a job only if it is done by the time the reservation starts.
         ends = None if job.runtime_limit_s is None else now + timedelta(seconds=job.runtime_limit_s)
         use_held = reservation is not None and ends is not None and ends <= reservation.expected_start
@@ -148,12 +180,20 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             ranks = None
         if ranks is not None:
             placement = index.allocate(ranks, g, use_held)
-            admits.append(Admit(job_id=job.id, placement=placement, priority=parts[job.id]))
+            admits.append(Admit(job_id=job.id, placement=placement, priority=parts[job.id], borrowed=borrowed))
+            if quota is not None:
+                quota.add(job.project, job.user, job.gpus, borrowed)
             if ends is not None:
                 releases += [Release(at=ends, job_id=job.id, rank=rank_of[p.node], gpus=p.gpus)
                              for p in placement]
             continue
         fitting = index.count_fitting(g, use_held)
+        planned = None
+        if not preemptions:
+            planned = _plan_preemption(job, parts[job.id].total, borrowed, quota, snapshot, stopping, alive, index,
+                                       now, config)
+            if planned is not None:
+                preemptions.append(planned)
         if head is None:
             # Rule 3: head of line.
             head = job
@@ -175,6 +215,8 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             why[job.id] = reasons.waiting(n, g, fitting, held=held, held_for=reservation.job_id)
         else:
             why[job.id] = reasons.waiting(n, g, fitting)
+        if planned is not None:
+            why[job.id] = planned.reason
 
     # Rule 4: positions among each queue's waiting jobs.
     position: Counter[str] = Counter()
@@ -184,7 +226,41 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             position[job.queue] += 1
             blocked.append(Blocked(job_id=job.id, reason=why[job.id], position=position[job.queue]))
     return CycleResult(admits=tuple(admits), reservations=() if reservation is None else (reservation,),
-                       blocked=tuple(blocked))
+                       blocked=tuple(blocked), preemptions=tuple(preemptions), priorities=parts)
+
+
+def _expected_end(job: RunningJob) -> datetime:
+    """When a running job frees its GPUs: its stop deadline if being stopped, else start + runtime limit."""
+    if job.stop_by is not None:
+        return job.stop_by
+    assert job.runtime_limit_s is not None
+    return job.started_at + timedelta(seconds=job.runtime_limit_s)
+
+
+def _plan_preemption(job: PendingJob, priority: float, borrowed: bool, quota: QuotaUsage | None,
+                     snapshot: Snapshot, stopping: Sequence[RunningJob], alive: Sequence[NodeState],
+                     index: FreeIndex, now: datetime, config: SchedulerConfig) -> Preempt | None:
+    """Rule 6: a reclaim or a priority preemption for a job that passed its quotas but does not fit."""
+    reclaim = quota is not None and not borrowed and any(
+        r.borrowed and r.project != job.project and r.stop_by is None for r in snapshot.running)
+    by_priority = job.queue in config.preempting_queues
+    if not reclaim and not by_priority:
+        return None
+    # Rule 4 of scheduler.preemption: counts copied from this cycle's working index, not live state.
+    copy = [NodeState(n.id, n.gpus, frozenset(index.free[r]), n.alive) for r, n in enumerate(alive)]
+    kind = "reclaim" if reclaim else "priority"
+    ordered = candidates(snapshot.running, now=now, config=config, preemptor_priority=priority,
+                         preemptor_project=job.project, reclaim=reclaim)
+    victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping)
+    if not victims and reclaim and by_priority:
+        kind = "priority"
+        ordered = candidates(snapshot.running, now=now, config=config, preemptor_priority=priority,
+                             preemptor_project=job.project, reclaim=False)
+        victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping)
+    if not victims:
+        return None
+    reason = reasons.preempting(kind, [v.job_id for v in victims])
+    return Preempt(job_id=job.id, kind=kind, victims=victims, reason=reason)
 
 
 def _check(snapshot: Snapshot, now: datetime) -> None:

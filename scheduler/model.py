@@ -60,9 +60,20 @@ class PendingJob:
     submitted_at: datetime
     base_priority: float = 0.0
     runtime_limit_s: float | None = None
+    # P2: wait accumulated in earlier stints in the queue (before a preemption) still ages the job.
+    wait_credit_s: float = 0.0
+    # Q8 compensation after being preempted, and an admin's manual adjustment (Q3 parts).
+    compensation: float = 0.0
+    manual: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
 
     def __post_init__(self) -> None:
         _check_job(self.id, self.queue, self.runtime_limit_s)
+        if self.wait_credit_s < 0:
+            raise InvalidRecord("job", self.id, f"wait_credit_s must not be negative, got {self.wait_credit_s}")
         if self.gpus_per_node < 1:
             raise InvalidRecord("job", self.id, f"gpus_per_node must be at least 1, got {self.gpus_per_node}")
         if self.nodes < 1:
@@ -81,6 +92,14 @@ class RunningJob:
     started_at: datetime
     placement: tuple[Placement, ...]
     runtime_limit_s: float | None = None
+    # Q5: admitted on GPUs borrowed from other tenants' idle quota (evicted first on reclaim).
+    borrowed: bool = False
+    # Already being stopped (graceful window running): its GPUs come back by `stop_by`; never a victim.
+    stop_by: datetime | None = None
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(p.gpus) for p in self.placement)
 
     def __post_init__(self) -> None:
         _check_job(self.id, self.queue, self.runtime_limit_s)
@@ -95,6 +114,50 @@ def _check_job(job_id: JobId, queue: str, runtime_limit_s: float | None) -> None
 
 def _per_queue(**values: float) -> Mapping[str, float]:
     return MappingProxyType(dict(values))
+
+
+@dataclass(frozen=True)
+class TenantQuota:
+    """Q4/Q5 for one tenant (project): GPUs it owns, how many it may borrow, how many it lends at most.
+
+    borrow_limit / lend_limit None means unlimited (lending is then bounded only by idle quota).
+    """
+
+    gpus: int
+    borrow_limit: int | None = 0
+    lend_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "borrow_limit", "lend_limit"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise InvalidRecord("quota", name, f"must not be negative, got {v}")
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """The three quota tiers (Q4). cluster_gpus None: the physical capacity is the only cluster limit.
+
+    Tenants without an entry get `default_tenant`: by default they own nothing and may borrow idle GPUs.
+    Users without an entry are limited only by their tenant.
+    """
+
+    cluster_gpus: int | None = None
+    tenants: Mapping[ProjectId, TenantQuota] = field(default_factory=lambda: MappingProxyType({}))
+    users: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    default_tenant: TenantQuota = TenantQuota(gpus=0, borrow_limit=None)
+
+    def __post_init__(self) -> None:
+        if self.cluster_gpus is not None and self.cluster_gpus < 0:
+            raise InvalidRecord("quota", "cluster", f"must not be negative, got {self.cluster_gpus}")
+        for user, limit in self.users.items():
+            if limit < 0:
+                raise InvalidRecord("quota", user, f"user limit must not be negative, got {limit}")
+        object.__setattr__(self, "tenants", MappingProxyType(dict(self.tenants)))
+        object.__setattr__(self, "users", MappingProxyType(dict(self.users)))
+
+    def tenant(self, project: ProjectId) -> TenantQuota:
+        return self.tenants.get(project, self.default_tenant)
 
 
 @dataclass(frozen=True)
@@ -115,10 +178,23 @@ class SchedulerConfig:
         default_factory=lambda: _per_queue(urgent=0.0, normal=200.0, batch=300.0))
     reservation_window_s: float = 3600.0
     backfill_depth: int = 500
+    # P2/Q8: a running job is never preempted before it has run this long (per queue of the victim).
+    min_runtime_s: Mapping[str, float] = field(
+        default_factory=lambda: _per_queue(urgent=3600.0, normal=600.0, batch=300.0))
+    # Q8: priority added to a preempted job when it is requeued, on top of what it had.
+    preemption_compensation: float = 50.0
+    # Queues whose jobs may preempt lower-priority running jobs (Q2: urgent has the preemption right).
+    preempting_queues: tuple[str, ...] = ("urgent",)
+    # Q3 weighted fair share in the normal queue: up to this many points for a tenant with no recent usage.
+    fairshare_weight: float = 100.0
+    # Q10 estimates: assumed run time of a job that declared no runtime limit.
+    default_runtime_s: float = 86400.0
+    # Q3: half-life of the decayed usage behind fair share (applied by whoever keeps the usage).
+    fairshare_half_life_s: float = 7 * 86400.0
 
     def __post_init__(self) -> None:
         """Raises InvalidConfig for a missing or unknown queue, a negative rate or cap, or a bad limit."""
-        for name in ("queue_baseline", "aging_per_hour", "aging_cap"):
+        for name in ("queue_baseline", "aging_per_hour", "aging_cap", "min_runtime_s"):
             values: Mapping[str, float] = getattr(self, name)
             if set(values) != set(QUEUES):
                 expected = ", ".join(QUEUES)
@@ -131,6 +207,16 @@ class SchedulerConfig:
             raise InvalidConfig("reservation_window_s", f"must be positive, got {self.reservation_window_s}")
         if self.backfill_depth < 0:
             raise InvalidConfig("backfill_depth", f"must not be negative, got {self.backfill_depth}")
+        unknown = [q for q in self.preempting_queues if q not in QUEUES]
+        if unknown:
+            raise InvalidConfig("preempting_queues", f"unknown queues {unknown}")
+        for name in ("preemption_compensation", "fairshare_weight"):
+            if getattr(self, name) < 0:
+                raise InvalidConfig(name, "must not be negative")
+        if not self.fairshare_half_life_s > 0:
+            raise InvalidConfig("fairshare_half_life_s", f"must be positive, got {self.fairshare_half_life_s}")
+        if not self.default_runtime_s > 0:
+            raise InvalidConfig("default_runtime_s", f"must be positive, got {self.default_runtime_s}")
 
 
 DEFAULT_CONFIG = SchedulerConfig()
@@ -143,3 +229,7 @@ class Snapshot:
     nodes: tuple[NodeState, ...]
     pending: tuple[PendingJob, ...]
     running: tuple[RunningJob, ...] = ()
+    # None: no quota tiers configured; every allocation is owned and only capacity limits.
+    quotas: Quotas | None = None
+    # Q3 fair share: each tenant's decayed GPU usage (any unit; only ratios matter).
+    usage: Mapping[ProjectId, float] = field(default_factory=lambda: MappingProxyType({}))

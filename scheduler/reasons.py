@@ -78,3 +78,12 @@ def behind_reservation(head: JobId, start: datetime, runtime_limit_s: float | No
 def not_tried(nodes: int, gpus: int, fitting: int, depth: int, head: JobId) -> str:
     return (f"{gang(nodes, gpus)}; {have(fitting, now=True)}; not tried this cycle: only {depth} waiting "
             f"jobs behind job {head} are tried per cycle")
+
+
+def preempting(kind: str, victims: list[JobId]) -> str:
+    """'reclaiming its tenant's GPUs lent to job X' / 'preempting jobs X, Y (lower priority)'."""
+    names = ", ".join(victims)
+    noun = "job" if len(victims) == 1 else "jobs"
+    if kind == "reclaim":
+        return f"reclaiming its tenant's quota: gracefully stopping borrowed {noun} {names}"
+    return f"urgent: gracefully preempting lower-priority {noun} {names}; starts when they have stopped"

@@ -7,6 +7,8 @@ from fastapi import APIRouter
 from gateway.api import agents, health, jobs, ledger, nodes
 from gateway.api import approvals as approvals_api
 from gateway.api import identity as identity_api
+from gateway.api import queue as queue_api
+from gateway.api import quotas as quotas_api
 
 ROUTERS: list[APIRouter] = [
     health.router,
@@ -16,4 +18,6 @@ ROUTERS: list[APIRouter] = [
     agents.router,
     approvals_api.router,
     identity_api.router,
+    queue_api.router,
+    quotas_api.router,
 ]

@@ -10,8 +10,9 @@ from scheduler.model import JobId, NodeId, NodeState, RunningJob, SchedulerConfi
 
 # Nodes a and b, 8 GPUs each. `r1` holds all of a until NOW+1h. The urgent head wants both whole nodes,
 # so it is blocked now and expected to start at NOW+1h on a and b; b's free GPUs are held for it.
+# r1 is itself urgent and within its minimum runtime, so the head cannot preempt it (rule 6).
 NODES = [node("a"), node("b")]
-R1 = running("r1", {"a": range(8)}, started=at(-1), limit_h=2)
+R1 = running("r1", {"a": range(8)}, started=at(-0.5), limit_h=1.5, queue="urgent")
 HEAD = job("head").gpus(8).nodes(2).queue("urgent")
 
 
@@ -103,7 +104,7 @@ def test_this_cycles_admits_count_as_releases() -> None:
 
 
 def test_beyond_window_holds_nothing_and_others_run() -> None:
-    far = [running("r1", {"a": range(8)}, started=at(-1), limit_h=3)]
+    far = [running("r1", {"a": range(8)}, started=at(-0.5), limit_h=2.5, queue="urgent")]
     result = run_cycle(cluster(job("open").gpus(4), run=far), now=NOW)
     assert result.reservations == ()
     assert admitted(result) == {"open": {"b": (0, 1, 2, 3)}}

@@ -1,0 +1,90 @@
+"""/v1/jobs/{id}/queue, /v1/queues, /v1/stats/preemptions: why a job waits and what the queues look like
+(Q9, Q10)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+
+from gateway import jobs, preemption, priority_history
+from gateway.api.deps import Ctx
+from gateway.errors import Invalid
+from gateway.models import Job, Node, Project
+from gateway.quotas import usage_by_tenant
+from gateway.scheduler_tables import SchedJob
+from scheduler.model import QUEUES
+
+router = APIRouter(tags=["queues"])
+
+
+def _queue_rows(session: Any, queue: str) -> list[tuple[Job, SchedJob | None]]:
+    rows = session.execute(select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+                           .where(Job.state == "pending", Job.queue == queue)).all()
+    return sorted(((j, s) for j, s in rows),
+                  key=lambda js: (-(js[1].priority if js[1] else 0.0), js[0].submitted_at, js[0].id))
+
+
+@router.get("/v1/jobs/{job_id}/queue", summary="Why a job waits: position, priority parts, reason, estimate")
+def job_queue(job_id: str, ctx: Ctx) -> dict[str, Any]:
+    """Position in its queue, effective priority and its parts, the blocking reason, the estimated start
+    (simulated forward with declared runtime limits, refreshed every scheduling cycle), the priorities of
+    the other jobs in the same queue, and the history of its priority with the basis of every change."""
+    with ctx.gw.transaction() as session:
+        job = jobs.get_job(ctx.gw, session, ctx.caller(session), job_id)
+        row = session.get(SchedJob, job.id)
+        others = [{"position": i + 1, "priority": round(s.priority, 3) if s else None,
+                   "this_job": j.id == job.id} for i, (j, s) in enumerate(_queue_rows(session, job.queue))]
+        return {
+            "job_id": job.id, "queue": job.queue, "state": job.state,
+            "position": row.position if row and job.state == "pending" else None,
+            "queue_length": len(others),
+            "priority": {"effective": row.priority if row else None, "parts": dict(row.parts) if row else {}},
+            "blocking_reason": (row.blocked_reason if row and job.state == "pending" else "") or job.state_reason,
+            "estimated_start": row.estimated_start.isoformat() if row and row.estimated_start else None,
+            "estimated_at": row.estimated_at.isoformat() if row and row.estimated_at else None,
+            "quota": ("borrowed" if row and row.borrowed else "owned") if job.state != "pending" else None,
+            "preemptions": row.preemptions if row else 0,
+            "wait_credit_s": row.wait_credit_s if row else 0.0,
+            "others_in_queue": others,
+            "priority_history": priority_history.history(session, job.id),
+        }
+
+
+@router.get("/v1/queues", summary="Every queue: its waiting jobs' priorities, and cluster usage")
+def queues(ctx: Ctx) -> dict[str, Any]:
+    """Per queue: waiting jobs in order with their effective priority (ids only for projects you may see);
+    cluster usage: GPUs in all, in use, per tenant owned and borrowed."""
+    with ctx.gw.transaction() as session:
+        caller = ctx.caller(session)
+        visible = jobs.visible_projects(ctx.gw, session, caller, list(session.scalars(select(Project.id)).all()))
+        out: dict[str, Any] = {}
+        for q in QUEUES:
+            rows = _queue_rows(session, q)
+            out[q] = {"waiting": len(rows), "jobs": [
+                {"position": i + 1, "priority": round(s.priority, 3) if s else None,
+                 "id": j.id if j.project in visible else None,
+                 "project": j.project if j.project in visible else None,
+                 "gpus": j.gpus_per_node * j.nodes} for i, (j, s) in enumerate(rows)]}
+        total = sum(session.scalars(select(Node.gpus).where(Node.state == "alive")).all())
+        by_tenant = usage_by_tenant(session)
+        in_use = sum(v["owned"] + v["borrowed"] for v in by_tenant.values())
+        return {"queues": out, "cluster": {"gpus": total, "in_use": in_use, "free": max(0, total - in_use),
+                                           "by_tenant": by_tenant}}
+
+
+@router.get("/v1/stats/preemptions", summary="Preemptions per tenant by month or quarter (Q9)")
+def preemption_stats(
+    ctx: Ctx,
+    by: Annotated[Literal["tenant"], Query(description="Grouping; tenant = project")] = "tenant",
+    period: Annotated[Literal["month", "quarter"], Query()] = "month",
+) -> dict[str, Any]:
+    """Count of preempted jobs and GPU-hours lost (GPUs × hours run before the preemption), for the tenants
+    whose jobs you may see."""
+    with ctx.gw.transaction() as session:
+        caller = ctx.caller(session)
+        if by != "tenant":  # pragma: no cover - Literal already refuses it
+            raise Invalid("by must be tenant")
+        visible = jobs.visible_projects(ctx.gw, session, caller, list(session.scalars(select(Project.id)).all()))
+        return {"by": by, "period": period, "rows": preemption.stats(session, visible, period)}

@@ -1,0 +1,153 @@
+"""Carries out a preemption plan of the scheduler core (Q5 reclaim, Q8 priority, P2, P4, Q9).
+
+1. Ledger a `preempt` decision by the system actor with the whole plan, before anything changes.
+2. Each victim: stop_requested with its grace window, signed stop commands to its nodes, a preemptions
+   row (GPU-hours lost), and a notice to its owner (reason, expected restart, checkpoint state).
+3. When the agents report the victim stopped, `requeue` puts it back to `pending`, keeping its
+   pre-preemption priority and accumulated wait, plus compensation; the owner gets a second notice.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, object_session
+
+from gateway import priority_history
+from gateway.commands import enqueue
+from gateway.context import Gateway
+from gateway.jobs import transition
+from gateway.models import Allocation, Job
+from gateway.notifications import notify
+from gateway.pipeline import record_outcome
+from gateway.scheduler_tables import PreemptionRow
+from scheduler.model import Snapshot
+from scheduler.preemption import Preempt
+
+RULES = {"reclaim": "Q5.reclaim_borrowed", "priority": "Q8.priority_preemption"}
+
+
+def execute(gw: Gateway, session: Session, plan: Preempt, snapshot: Snapshot, now: datetime) -> int | None:
+    """Rules 1 and 2. Returns the decision's ledger seq, or None when no victim is still running."""
+    victims = [j for v in plan.victims if (j := session.get(Job, v.job_id)) is not None
+               and j.state in ("starting", "running")]
+    if not victims:
+        return None
+    request_id = "req-" + secrets.token_hex(8)
+    body = {
+        "request_id": request_id,
+        "actor": {"id": "scheduler", "kind": "system", "real_identity": "scheduler"},
+        "input": {"action": "job.preempt", "preemptor": plan.job_id, "kind": plan.kind,
+                  "targets": [v.job_id for v in plan.victims]},
+        "decision": {"effect": "allow", "reasons": [plan.reason], "rules": [RULES[plan.kind]]},
+        "plan": {"preemptor": plan.job_id, "kind": plan.kind,
+                 "victims": [{"job_id": v.job_id, "borrowed": v.borrowed, "priority": v.priority, "gpus": v.gpus,
+                              "lost_gpu_hours": round(v.lost_gpu_s / 3600.0, 4)} for v in plan.victims]},
+    }
+    seq = record_outcome(gw, "decision", body)
+    preemptor = session.get(Job, plan.job_id)
+    for job in victims:
+        row = priority_history.ensure(session, job)
+        ran_h = max(0.0, (now - (job.started_at or now)).total_seconds()) / 3600.0
+        gpus = job.gpus_per_node * job.nodes
+        reason = (f"preempted by job {plan.job_id} ({'reclaim of lent GPUs' if plan.kind == 'reclaim' else 'urgent'}"
+                  f"); graceful window {job.grace_seconds:g} s to checkpoint, then requeued")
+        before = job.state
+        job.stop_request = {"by": "scheduler", "reason": reason, "ticket": None, "at": now.isoformat(),
+                            "request_id": request_id, "decision_seq": seq,
+                            "preemption": {"preemptor": plan.job_id, "kind": plan.kind}}
+        transition(job, "stop_requested", now, by="scheduler", reason=reason)
+        for part in job.placement:
+            enqueue(gw, session, part["node"], job.id, "stop",
+                    {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
+        session.add(PreemptionRow(victim=job.id, preemptor=plan.job_id, kind=plan.kind, project=job.project,
+                                  owner=job.owner, gpus=gpus, borrowed=row.borrowed, priority_before=row.priority,
+                                  gpu_hours_lost=gpus * ran_h, state="stopping", at=now, ledger_seq=seq))
+        notify(session, job.owner, "preempted", {
+            "job_id": job.id, "reason": reason, "preemptor": plan.job_id,
+            "preemptor_project": preemptor.project if preemptor else None,
+            "expected_restart": "back in the queue once stopped, keeping its priority and wait; "
+                                f"see GET /v1/jobs/{job.id}/queue for the estimate",
+            "checkpoint": f"prepare signal {job.stop_signal}, {job.grace_seconds:g} s to write a checkpoint "
+                          "into $JOBGATE_CHECKPOINT_DIR"}, now)
+        record_outcome(gw, "outcome", {"request_id": request_id, "decision_seq": seq, "action": "job.preempt",
+                                       "job_id": job.id, "result": job.state, "state_before": before,
+                                       "state_after": job.state, "preemptor": plan.job_id})
+    return seq
+
+
+def is_preempted(job: Job) -> bool:
+    return bool(job.stop_request.get("preemption"))
+
+
+def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_id: str) -> None:
+    """Rule 3: the victim stopped; back to pending with its priority, its wait so far and compensation."""
+    from gateway.scheduling import scheduler_config
+
+    session = object_session(job)
+    assert session is not None
+    config = scheduler_config(gw)
+    row = priority_history.ensure(session, job)
+    evidence = {p.node: p.evidence for p in parts}
+    outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
+    outcome = "forced" if "forced" in outcomes else "graceful"
+    checkpoints = [c for ev in evidence.values() for c in (ev.get("checkpoints") or [])]
+    started = job.started_at or row.queued_at
+    waited = max(0.0, (started - row.queued_at).total_seconds())
+    before = row.priority
+    row.wait_credit_s += waited
+    row.queued_at = now
+    row.compensation += config.preemption_compensation
+    row.preemptions += 1
+    parts_now = {**(row.parts or {}), "compensation": row.compensation}
+    parts_now["total"] = before + config.preemption_compensation
+    row.priority, row.parts, row.recorded_priority = parts_now["total"], parts_now, parts_now["total"]
+    row.borrowed = False
+    priority_history.record(session, job.id, now, "compensation", before, parts_now,
+                            note=f"preempted by {job.stop_request['preemption']['preemptor']}: keeps priority "
+                                 f"{before:g} and {row.wait_credit_s:g} s of wait, +{config.preemption_compensation:g}")
+    pre = session.scalars(select(PreemptionRow).where(PreemptionRow.victim == job.id, PreemptionRow.state == "stopping")
+                          .order_by(PreemptionRow.id.desc())).first()
+    checkpoint = {"outcome": outcome, "files": checkpoints}
+    if pre is not None:
+        pre.state, pre.requeued_at, pre.checkpoint = "requeued", now, checkpoint
+    for p in parts:  # the gang's old parts; a restart allocates afresh (one allocation per job and node)
+        session.delete(p)
+    job.evidence = {"last_preemption": {"nodes": evidence, "outcome": outcome, "at": now.isoformat()}}
+    job.placement = []
+    job.started_at = None
+    job.outcome = None
+    transition(job, "pending", now, by=f"node:{node_id}",
+               reason=f"preempted ({outcome}); requeued with priority {row.priority:g}")
+    record_outcome(gw, "outcome", {"action": "job.preempt", "job_id": job.id, "result": "requeued",
+                                   "outcome": outcome, "state_after": "pending", "priority_before": before,
+                                   "priority_after": row.priority, "wait_credit_s": row.wait_credit_s,
+                                   "checkpoints": checkpoints, "stop_request": job.stop_request})
+    notify(session, job.owner, "requeued", {
+        "job_id": job.id, "outcome": outcome, "checkpoint": checkpoint, "priority": row.priority,
+        "expected_restart": f"see GET /v1/jobs/{job.id}/queue (refreshed every scheduling cycle)"}, now)
+    gw.scheduler_kick.set()
+
+
+def stats(session: Session, projects: set[str] | None, period: str) -> list[dict[str, Any]]:
+    """Q9: preemptions per tenant and month or quarter: count and GPU-hours lost."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in session.scalars(select(PreemptionRow).order_by(PreemptionRow.at)).all():
+        if projects is not None and r.project not in projects:
+            continue
+        key = (r.project, _period(r.at, period))
+        slot = out.setdefault(key, {"tenant": r.project, "period": key[1], "count": 0, "gpu_hours_lost": 0.0})
+        slot["count"] += 1
+        slot["gpu_hours_lost"] = round(slot["gpu_hours_lost"] + r.gpu_hours_lost, 4)
+    return [out[k] for k in sorted(out)]
+
+
+def _period(at: datetime, period: str) -> str:
+    if period == "quarter":
+        return f"{at.year}-Q{(at.month - 1) // 3 + 1}"
+    return f"{at.year}-{at.month:02d}"
+
+

@@ -1,0 +1,69 @@
+"""Q3: a job's scheduling row (contribution, carried-over wait, compensation) and its priority history.
+
+Every change of a job's effective priority is kept with its basis: `submit` (baseline + contribution),
+`aging` / `fairshare` (recorded when the value moved by at least AGING_STEP since the last entry),
+`manual`, `compensation` (after a preemption).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.context import Gateway
+from gateway.models import Job
+from gateway.scheduler_tables import PriorityChange, SchedJob
+
+# Aging and fair share move a little every cycle; a history entry per cycle would say nothing new.
+AGING_STEP = 1.0
+
+
+def on_submit(gw: Gateway, session: Session, job: Job, *, mounts: list[str], datasets: list[str]) -> SchedJob:
+    """Create the job's scheduling row and its first priority entry (baseline + contribution)."""
+    from gateway.quotas import contribution_of
+    from gateway.scheduling import scheduler_config
+
+    now = gw.clock()
+    config = scheduler_config(gw)
+    contribution = contribution_of(gw, job.owner)
+    baseline = config.queue_baseline[job.queue]
+    row = SchedJob(job_id=job.id, contribution=contribution, queued_at=now, mounts=list(mounts),
+                   datasets=list(datasets), priority=baseline + contribution,
+                   parts={"baseline": baseline, "contribution": contribution, "aging": 0.0, "manual": 0.0,
+                          "compensation": 0.0, "fairshare": 0.0, "total": baseline + contribution})
+    session.add(row)
+    row.recorded_priority = row.priority
+    record(session, job.id, now, "submit", None, row.parts, note=f"queue {job.queue} baseline {baseline:g} + "
+           f"contribution of {job.owner} {contribution:g}")
+    return row
+
+
+def ensure(session: Session, job: Job) -> SchedJob:
+    """The job's scheduling row (created for jobs submitted before the scheduler kept one)."""
+    row = session.get(SchedJob, job.id)
+    if row is None:
+        row = SchedJob(job_id=job.id, queued_at=job.submitted_at, contribution=job.base_priority)
+        session.add(row)
+    return row
+
+
+def record(session: Session, job_id: str, at: datetime, basis: str, before: float | None,
+           parts: dict[str, Any], note: str = "") -> None:
+    session.add(PriorityChange(job_id=job_id, at=at, basis=basis, before=before, after=float(parts["total"]),
+                               parts=dict(parts), note=note))
+
+
+def history(session: Session, job_id: str) -> list[dict[str, Any]]:
+    rows = session.scalars(select(PriorityChange).where(PriorityChange.job_id == job_id)
+                           .order_by(PriorityChange.id)).all()
+    return [{"at": r.at.isoformat(), "basis": r.basis, "before": r.before, "after": r.after, "parts": r.parts,
+             "note": r.note} for r in rows]
+
+
+def basis_of_change(old: dict[str, Any], new: dict[str, float]) -> str:
+    """Which part moved the most since the last entry (aging, fairshare, manual, compensation)."""
+    keys = ("aging", "fairshare", "manual", "compensation", "contribution", "baseline")
+    return max(keys, key=lambda k: abs(float(new.get(k, 0.0)) - float(old.get(k, 0.0))))

@@ -1,0 +1,95 @@
+"""Q5 reclaim and Q8 priority preemption: choose victims for one waiting gang, on a copy of the free GPUs.
+
+Victim order (P2, P4, Q5, Q8), the code below follows it:
+  1. only running jobs that are not already stopping and have run at least their queue's minimum runtime;
+     a reclaim (the lender's job within its owned quota) may take only borrowed jobs of other tenants,
+     a priority preemption only jobs of lower effective priority than the preemptor;
+  2. borrowed GPUs first, then lowest priority, then least lost work (GPU-seconds run so far), then job id;
+  3. victims are taken in that order until the gang fits on free + freed GPUs; then every victim whose
+     removal still leaves the gang fitting is dropped again, last taken first (fewest victims, and the
+     cheap ones kept);
+  4. the plan is computed on per-node counts copied from the snapshot, never on live state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from scheduler.model import JobId, NodeId, NodeState, RunningJob, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class Victim:
+    job_id: JobId
+    borrowed: bool
+    priority: float
+    gpus: int
+    lost_gpu_s: float
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Stop these victims gracefully so `job_id` can start on the GPUs they free (kind: reclaim | priority)."""
+
+    job_id: JobId
+    kind: str
+    victims: tuple[Victim, ...]
+    reason: str
+
+
+def candidates(running: Sequence[RunningJob], *, now: datetime, config: SchedulerConfig, preemptor_priority: float,
+               preemptor_project: str, reclaim: bool) -> list[tuple[RunningJob, Victim]]:
+    """Rules 1 and 2: eligible victims in the order they are taken."""
+    out: list[tuple[RunningJob, Victim]] = []
+    for job in running:
+        if job.stop_by is not None:
+            continue
+        ran_s = max(0.0, (now - job.started_at).total_seconds())
+        if ran_s < config.min_runtime_s[job.queue]:
+            continue
+        if reclaim:
+            if not job.borrowed or job.project == preemptor_project:
+                continue
+        elif not job.priority < preemptor_priority:
+            continue
+        out.append((job, Victim(job.id, job.borrowed, job.priority, job.gpus, ran_s * job.gpus)))
+    out.sort(key=lambda jv: (not jv[1].borrowed, jv[1].priority, jv[1].lost_gpu_s, jv[1].job_id))
+    return out
+
+
+def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob, Victim]],
+                 gpus_per_node: int, nodes_needed: int, *, coming_free: Sequence[RunningJob] = ()
+                 ) -> tuple[Victim, ...] | None:
+    """Rules 3 and 4. None when even every candidate is not enough; () when stopping jobs already suffice."""
+    alive = {n.id for n in nodes if n.alive}
+    free: dict[NodeId, int] = {n.id: len(n.free) for n in nodes if n.alive}
+
+    def give(job: RunningJob, sign: int) -> None:
+        for p in job.placement:
+            if p.node in alive:
+                free[p.node] += sign * len(p.gpus)
+
+    def fits() -> bool:
+        return sum(1 for c in free.values() if c >= gpus_per_node) >= nodes_needed
+
+    for job in coming_free:
+        give(job, +1)
+    if fits():
+        return ()
+    taken: list[tuple[RunningJob, Victim]] = []
+    for job, victim in ordered:
+        give(job, +1)
+        taken.append((job, victim))
+        if fits():
+            break
+    else:
+        return None
+    for item in reversed(list(taken)):
+        give(item[0], -1)
+        if fits():
+            taken.remove(item)
+        else:
+            give(item[0], +1)
+    return tuple(v for _, v in taken)

@@ -1,0 +1,136 @@
+"""Q4/Q5 quota tiers and borrowing: cluster (hard), tenant (owned quota, borrow limit, lend cap), user.
+
+A job is admitted *owned* when its tenant's owned usage plus the job stays within the tenant's quota,
+otherwise *borrowed* from the pool of other tenants' idle quota (and capacity nobody owns), within the
+tenant's borrow limit and the lenders' lend caps. A job is owned or borrowed as a whole (as in Kueue),
+so the accounting per tenant is exact and the property tests can check every tier.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from scheduler.model import ProjectId, Quotas, RunningJob
+
+
+@dataclass(frozen=True)
+class QuotaVerdict:
+    """borrowed is meaningful only when ok; reason says which tier refused otherwise."""
+
+    ok: bool
+    borrowed: bool = False
+    reason: str = ""
+    tier: str = ""
+
+
+@dataclass
+class QuotaUsage:
+    """GPUs in use per tier, mutable during one cycle (admits are added as they are decided)."""
+
+    quotas: Quotas
+    capacity: int
+    owned: dict[ProjectId, int] = field(default_factory=lambda: defaultdict(int))
+    borrowed: dict[ProjectId, int] = field(default_factory=lambda: defaultdict(int))
+    users: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Owned quota that waiting jobs of the tenant claim: not lendable, so reclaimed GPUs are not lent again.
+    demand: dict[ProjectId, int] = field(default_factory=lambda: defaultdict(int))
+    total: int = 0
+
+    @classmethod
+    def of(cls, quotas: Quotas, capacity: int, running: Iterable[RunningJob]) -> QuotaUsage:
+        usage = cls(quotas=quotas, capacity=capacity)
+        for job in running:
+            usage.add(job.project, job.user, job.gpus, job.borrowed)
+        return usage
+
+    def claim(self, pending: Iterable[tuple[ProjectId, int]]) -> None:
+        """Record what waiting jobs ask of their tenants' owned quota (capped at what is idle)."""
+        for project, gpus in pending:
+            self.demand[project] += gpus
+        for project in list(self.demand):
+            idle = max(0, self.quotas.tenant(project).gpus - self.owned.get(project, 0))
+            self.demand[project] = min(self.demand[project], idle)
+
+    def add(self, project: ProjectId, user: str, gpus: int, borrowed: bool) -> None:
+        if not borrowed and gpus > 0 and self.demand.get(project):
+            self.demand[project] = max(0, self.demand[project] - gpus)
+        (self.borrowed if borrowed else self.owned)[project] += gpus
+        self.users[user] += gpus
+        self.total += gpus
+
+    def remove(self, project: ProjectId, user: str, gpus: int, borrowed: bool) -> None:
+        self.add(project, user, -gpus, borrowed)
+
+    def cluster_limit(self) -> int:
+        limit = self.capacity
+        if self.quotas.cluster_gpus is not None:
+            limit = min(limit, self.quotas.cluster_gpus)
+        return limit
+
+    def lendable(self, borrower: ProjectId) -> int:
+        """GPUs the borrower could take from others: idle owned quota within lend caps, plus unowned capacity."""
+        tenants = set(self.quotas.tenants) | set(self.owned) | set(self.borrowed)
+        pool = 0
+        owned_quota = 0
+        for t in tenants:
+            q = self.quotas.tenant(t)
+            owned_quota += q.gpus if t in self.quotas.tenants else 0
+            if t == borrower:
+                continue
+            idle = max(0, q.gpus - self.owned.get(t, 0) - self.demand.get(t, 0))
+            pool += idle if q.lend_limit is None else min(idle, q.lend_limit)
+        pool += max(0, self.cluster_limit() - owned_quota)
+        lent = sum(v for t, v in self.borrowed.items())
+        return max(0, pool - lent)
+
+    def check(self, project: ProjectId, user: str, gpus: int) -> QuotaVerdict:
+        """Whether `gpus` more GPUs for this tenant and user fit every tier, and whether they are borrowed."""
+        # Physical capacity is placement's business (and preemption's); this is the configured hard cap.
+        if self.quotas.cluster_gpus is not None and self.total + gpus > self.cluster_limit():
+            return QuotaVerdict(False, tier="cluster", reason=(
+                f"cluster quota: {self.total} of {self.cluster_limit()} GPUs in use, the job needs {gpus}"))
+        user_limit = self.quotas.users.get(user)
+        if user_limit is not None and self.users.get(user, 0) + gpus > user_limit:
+            return QuotaVerdict(False, tier="user", reason=(
+                f"user quota of {user}: {self.users.get(user, 0)} of {user_limit} GPUs in use, "
+                f"the job needs {gpus}"))
+        q = self.quotas.tenant(project)
+        owned = self.owned.get(project, 0)
+        if owned + gpus <= q.gpus:
+            return QuotaVerdict(True, borrowed=False)
+        borrowed = self.borrowed.get(project, 0)
+        if q.borrow_limit is not None and borrowed + gpus > q.borrow_limit:
+            return QuotaVerdict(False, tier="tenant", reason=(
+                f"tenant quota of {project}: {owned} of {q.gpus} owned GPUs in use and {borrowed} of "
+                f"{q.borrow_limit} borrowable GPUs borrowed, the job needs {gpus}"))
+        lendable = self.lendable(project)
+        if gpus > lendable:
+            return QuotaVerdict(False, tier="borrow", reason=(
+                f"tenant quota of {project}: {owned} of {q.gpus} owned GPUs in use; only {lendable} idle GPUs "
+                f"of other tenants may be borrowed, the job needs {gpus}"))
+        return QuotaVerdict(True, borrowed=True)
+
+    def would_own(self, project: ProjectId, gpus: int) -> bool:
+        """Whether the job fits the tenant's owned quota (so it may reclaim GPUs lent to borrowers)."""
+        return self.owned.get(project, 0) + gpus <= self.quotas.tenant(project).gpus
+
+
+def hard_limit_problems(quotas: Quotas, project: ProjectId, user: str, gpus: int, capacity: int) -> list[str]:
+    """Q1: what makes a job of `gpus` GPUs impossible under the quotas even on an empty cluster."""
+    problems: list[str] = []
+    limit = capacity if quotas.cluster_gpus is None else min(capacity, quotas.cluster_gpus)
+    if gpus > limit:
+        problems.append(f"asks for {gpus} GPUs, more than the cluster's hard quota of {limit}")
+    q = quotas.tenant(project)
+    reachable = q.gpus + (limit if q.borrow_limit is None else q.borrow_limit)
+    if q.borrow_limit is not None and gpus > max(q.gpus, q.borrow_limit):
+        problems.append(f"asks for {gpus} GPUs, more than tenant {project} may ever hold for one job "
+                        f"(quota {q.gpus}, borrow limit {q.borrow_limit})")
+    elif gpus > reachable:
+        problems.append(f"asks for {gpus} GPUs, more than tenant {project} can reach")
+    user_limit = quotas.users.get(user)
+    if user_limit is not None and gpus > user_limit:
+        problems.append(f"asks for {gpus} GPUs, more than the user quota of {user} ({user_limit})")
+    return problems

@@ -1,0 +1,206 @@
+"""Scheduler through the gateway: quotas (A7 with a second admin), admission, borrowing with owned/borrowed
+marking, reclaim by graceful preemption and requeue, explain/estimate, statistics, notices."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from gateway_testkit import Api, job_spec, ledger_entries
+from sqlalchemy import select
+
+from gateway.models import Job, Principal, RoleBinding
+from gateway.notifications import Notification
+from gateway.policy.engine import RoleBinding as PolicyBinding
+from gateway.quotas import apply_change
+from gateway.scheduler_tables import PreemptionRow, PriorityChange, SchedJob
+from gateway.scheduling import run_once
+from gateway.tokens import issue_token
+
+
+def node_headers(api: Api, node: str) -> dict[str, str]:
+    token = (api.settings.data_dir / "agents" / node / "token").read_text().strip()
+    return {"Authorization": f"Bearer {token}"}
+
+
+def bring_up_nodes(api: Api) -> None:
+    for node in ("demo-node-1", "demo-node-2"):
+        r = api.client.post(f"/v1/agents/{node}/heartbeat", headers=node_headers(api, node),
+                            json={"gpus": 8, "running": []})
+        assert r.status_code == 200, r.text
+
+
+def report(api: Api, node: str, job_id: str, event: str, **extra: Any) -> None:
+    now = api.gateway.clock().timestamp()
+    r = api.client.post(f"/v1/agents/{node}/reports", headers=node_headers(api, node),
+                        json={"reports": [{"job_id": job_id, "event": event, "at": now, **extra}]})
+    assert r.status_code == 200, r.text
+
+
+def job(api: Api, job_id: str) -> dict[str, Any]:
+    r = api.get(f"/v1/jobs/{job_id}", "erin")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def set_quota(api: Api, project: str, gpus: int, **kw: Any) -> None:
+    with api.gateway.transaction() as s:
+        apply_change(api.gateway, s, project, {"gpus": gpus, **kw}, by="erin", approved_by=["pat"],
+                     reason="test setup", decision_seq=0)
+
+
+def advance(api: Api, seconds: float) -> None:
+    base = api.gateway.clock()
+    api.gateway.clock = lambda: base + timedelta(seconds=seconds)
+    bring_up_nodes(api)  # the agents kept beating meanwhile
+
+
+def add_second_admin(api: Api) -> str:
+    gw = api.gateway
+    with gw.transaction() as s:
+        now = gw.clock()
+        s.add(Principal(id="pat", kind="person", display_name="Pat (platform admin)", created_at=now))
+        s.flush()
+        s.add(RoleBinding(principal_id="pat", role="platform_admin", project="*", created_at=now))
+        secret = issue_token(s, "pat", purpose="test", now=now, lifetime=timedelta(days=1)).secret
+    gw.policy.grant(PolicyBinding(principal="pat", role="platform_admin", project="*"))
+    api.tokens["pat"] = secret
+    return secret
+
+
+def test_quota_change_needs_a_second_platform_admin_and_is_ledgered_with_before_and_after(api: Api) -> None:
+    add_second_admin(api)
+    body = {"gpus": 8, "borrow_limit": 4, "lend_limit": 2, "users": {"alice": 6}, "reason": "Q3 budget for vision",
+            "effective_from": "2026-01-01T00:00:00Z"}
+    r = api.client.put("/v1/quotas/vision", headers=api.headers("erin"), json=body)
+    assert r.status_code == 202, r.text
+    approval_id = r.json()["approval_id"]
+    assert api.get("/v1/quotas", "erin").json()["quotas"] == []  # nothing changes before the second person
+    assert api.post(f"/v1/approvals/{approval_id}/approve", "erin", json={}).status_code == 403  # not herself
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "pat", json={"comment": "ok"})
+    assert r.status_code == 200, r.text
+    quotas = api.get("/v1/quotas", "alice").json()["quotas"]
+    assert [(q["project"], q["gpus"], q["borrow_limit"], q["lend_limit"], q["users"]) for q in quotas] == [
+        ("vision", 8, 4, 2, {"alice": 6})]
+    applied = [e["body"] for e in ledger_entries(api) if e["body"].get("action") == "quota.change"
+               and e["body"].get("result") == "applied"]
+    assert len(applied) == 1
+    assert applied[0]["before"] is None and applied[0]["after"]["gpus"] == 8
+    assert applied[0]["effective_from"].startswith("2026-01-01") and applied[0]["approved_by"] == ["pat"]
+
+
+def test_researcher_and_queue_admin_cannot_change_quotas(api: Api) -> None:
+    for who in ("alice", "carol"):
+        r = api.client.put("/v1/quotas/vision", headers=api.headers(who), json={"gpus": 64, "reason": "more please"})
+        assert r.status_code == 403, r.text
+        assert r.json()["type"].endswith("/policy-denied")
+
+
+def test_bad_quota_bodies_are_problems(api: Api) -> None:
+    r = api.client.put("/v1/quotas/vision", headers=api.headers("erin"), json={"gpus": -1, "reason": "neg"})
+    assert r.status_code == 422 and "gpus" in r.json()["detail"]
+    r = api.client.put("/v1/quotas/nope", headers=api.headers("erin"), json={"gpus": 1, "reason": "unknown"})
+    assert r.status_code == 422 and "unknown project" in r.json()["detail"]
+
+
+def test_admission_refuses_over_hard_quota_and_unregistered_mounts(api: Api) -> None:
+    bring_up_nodes(api)
+    set_quota(api, "vision", 4, borrow_limit=2, users={"bob": 2})
+    r = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8))
+    assert r.status_code == 422, r.text
+    assert "more than tenant vision may ever hold" in r.json()["detail"]
+    r = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=3))
+    assert r.status_code == 422 and "user quota of bob" in r.json()["detail"]
+    r = api.post("/v1/jobs", "alice", json=job_spec(mounts=["/scratch"], datasets=["imagenet"]))
+    assert r.status_code == 422, r.text
+    assert "mount '/scratch'" in r.json()["detail"] and "dataset 'imagenet'" in r.json()["detail"]
+    assert api.post("/v1/mounts", "alice", json={"name": "imagenet", "kind": "dataset"}).status_code == 403
+    r = api.post("/v1/mounts", "erin", json={"name": "imagenet", "kind": "dataset", "projects": ["speech"]})
+    assert r.status_code == 201, r.text
+    r = api.post("/v1/jobs", "alice", json=job_spec(datasets=["imagenet"]))
+    assert r.status_code == 422 and "not open to project vision" in r.json()["detail"]
+    api.post("/v1/mounts", "erin", json={"name": "imagenet", "kind": "dataset", "projects": ["*"]})
+    r = api.post("/v1/jobs", "alice", json=job_spec(datasets=["imagenet"]))
+    assert r.status_code == 201, r.text
+
+
+def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_requeued(api: Api) -> None:
+    bring_up_nodes(api)
+    set_quota(api, "vision", 8)
+    set_quota(api, "speech", 8, borrow_limit=8)
+    own = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name="own")).json()["id"]
+    lent = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name="lent")).json()["id"]
+    assert run_once(api.gateway) == 2
+    modes = {j: {p["quota"] for p in job(api, j)["placement"]} for j in (own, lent)}
+    assert modes == {own: {"owned"}, lent: {"borrowed"}}
+    for j in (own, lent):
+        report(api, job(api, j)["placement"][0]["node"], j, "started", pid=4242)
+    advance(api, 3600)  # past the victims' minimum runtime
+
+    mine = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name="lender")).json()["id"]
+    assert run_once(api.gateway) == 0
+    assert job(api, lent)["state"] == "stop_requested" and job(api, own)["state"] == "running"
+    assert job(api, lent)["stop_request"]["preemption"] == {"preemptor": mine, "kind": "reclaim"}
+    decisions = [e["body"] for e in ledger_entries(api) if e["kind"] == "decision"
+                 and e["body"]["actor"]["id"] == "scheduler"]
+    assert decisions[-1]["plan"]["victims"][0]["job_id"] == lent
+    assert decisions[-1]["decision"]["rules"] == ["Q5.reclaim_borrowed"]
+    q = api.get(f"/v1/jobs/{mine}/queue", "alice").json()
+    assert "reclaiming" in q["blocking_reason"] or "held for it" in q["blocking_reason"]
+    with api.gateway.db.transaction() as s:
+        notes = s.scalars(select(Notification).where(Notification.principal == "mallory")).all()
+        assert [n.kind for n in notes] == ["preempted"]
+        assert "checkpoint" in notes[0].body and notes[0].body["preemptor"] == mine
+        before = s.get(SchedJob, lent).priority
+
+    node = job(api, lent)["placement"][0]["node"]
+    report(api, node, lent, "stopping")
+    report(api, node, lent, "stopped", evidence={"outcome": "graceful", "exit_code": 0, "checkpoints": [
+        {"path": "checkpoints/last.ckpt", "size": 7, "sha256": "ab" * 32}]})
+    victim = job(api, lent)
+    assert victim["state"] == "pending", victim["history"][-1]
+    assert victim["placement"] == []
+    assert run_once(api.gateway) == 1
+    assert {p["quota"] for p in job(api, mine)["placement"]} == {"owned"}
+    q = api.get(f"/v1/jobs/{lent}/queue", "mallory").json()
+    assert q["position"] == 1 and q["wait_credit_s"] >= 0 and q["preemptions"] == 1
+    assert q["priority"]["effective"] >= before + 50 - 1e-6  # its priority kept, plus compensation
+    assert [h["basis"] for h in q["priority_history"]][:1] == ["submit"]
+    assert "compensation" in [h["basis"] for h in q["priority_history"]]
+    assert "quota" in q["blocking_reason"]
+    with api.gateway.db.transaction() as s:
+        row = s.scalars(select(PreemptionRow).where(PreemptionRow.victim == lent)).one()
+        assert row.state == "requeued" and row.checkpoint["outcome"] == "graceful" and round(row.gpu_hours_lost, 2) == 8.0
+        kinds = [n.kind for n in s.scalars(select(Notification).where(Notification.principal == "mallory")).all()]
+        assert kinds == ["preempted", "requeued"]
+    stats = api.get("/v1/stats/preemptions", "erin", params={"by": "tenant", "period": "quarter"}).json()
+    assert [(r["tenant"], r["count"], round(r["gpu_hours_lost"], 2)) for r in stats["rows"]] == [("speech", 1, 8.0)]
+    assert api.get("/v1/stats/preemptions", "alice").json()["rows"] == []  # vision cannot see speech's numbers
+    assert api.get("/v1/stats/preemptions", "erin", params={"period": "year"}).status_code == 422
+
+
+def test_urgent_job_preempts_the_lowest_priority_job_and_queue_explains_the_rest(api: Api) -> None:
+    bring_up_nodes(api)
+    ids = [api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name=f"n{i}")).json()["id"] for i in range(2)]
+    assert run_once(api.gateway) == 2
+    for j in ids:
+        report(api, job(api, j)["placement"][0]["node"], j, "started", pid=1)
+    with api.gateway.db.transaction() as s:
+        s.get(SchedJob, ids[1]).priority -= 5  # the second is the cheaper victim
+    advance(api, 3600)
+    waiting = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=4, runtime_limit_seconds=600)).json()["id"]
+    urgent = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=8, queue="urgent", name="u")).json()["id"]
+    run_once(api.gateway)
+    assert job(api, ids[1])["state"] == "stop_requested" and job(api, ids[0])["state"] == "running"
+    q = api.get(f"/v1/jobs/{waiting}/queue", "bob").json()
+    assert q["position"] == 1 and q["queue"] == "normal" and q["blocking_reason"]
+    assert q["estimated_start"] is not None
+    assert q["priority"]["parts"]["contribution"] == 10.0  # bob's contribution from policy data
+    queues = api.get("/v1/queues", "mallory").json()
+    assert queues["queues"]["urgent"]["jobs"][0]["id"] is None  # another tenant's job: priority only
+    assert queues["queues"]["urgent"]["jobs"][0]["priority"] >= 1000
+    assert queues["cluster"]["gpus"] == 16 and queues["cluster"]["in_use"] == 16
+    assert api.get(f"/v1/jobs/{urgent}/queue", "mallory").status_code == 403
+    with api.gateway.db.transaction() as s:
+        assert s.scalars(select(PriorityChange).where(PriorityChange.job_id == urgent)).first() is not None
+        assert s.get(Job, ids[1]).stop_request["preemption"]["kind"] == "priority"
