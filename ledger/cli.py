@@ -1,26 +1,31 @@
-"""`jobgate ledger ...`: offline verification and proofs for auditors.
+"""`jobgate ledger ...`: offline verification, export bundles, proofs, key rotation, PostgreSQL set-up.
 
-Exit codes: 0 intact, 1 verification failed, 2 bad input (one `error: ...` line, never a traceback).
+Exit codes: 0 intact / done, 1 verification failed (one `FAIL: seq N problem: ...` line),
+2 bad input (one `Error: ...` line on stderr, never a traceback).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import NoReturn
 
 import click
 
+from ledger.admin import init_db, rotate_key
+from ledger.bundle import export_bundle, open_bundle
 from ledger.errors import LedgerError
-from ledger.keys import VERIFIER_FILE, load_verifier
+from ledger.keys import VERIFIER_FILE, NoteVerifier, load_verifier
 from ledger.proofs import consistency, inclusion, tree_from_store
 from ledger.store import open_store
-from ledger.verify import verify_store
+from ledger.verify import Verdict, verify_material, verify_store
 
 
 def _error(msg: str) -> NoReturn:
-    click.echo(f"error: {msg}", err=True)
+    click.echo(f"Error: {msg.splitlines()[0] if msg else 'failed'}", err=True)
     sys.exit(2)
 
 
@@ -38,46 +43,162 @@ def _url(data_dir: Path | None, db: str | None) -> str:
     return db
 
 
+def _progress(label: str) -> Callable[[int, int], None] | None:
+    """A progress bar on stderr, only when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def draw(done: int, total: int) -> None:
+        frac = done / total if total else 1.0
+        bar = "#" * int(frac * 30)
+        click.echo(f"\r{label} [{bar:<30}] {frac:4.0%} {done}/{total}", err=True, nl=False)
+
+    return draw
+
+
+def _end_progress(p: Callable[[int, int], None] | None) -> None:
+    if p is not None:
+        click.echo("", err=True)
+
+
 _data_dir = click.option("--data-dir", type=click.Path(path_type=Path), help="jobgate data directory.")
 _db = click.option("--db", help="Ledger store URL (sqlite:///abs/path.db or postgresql://...).")
+_as_json = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
 @click.group("ledger")
 def ledger_group() -> None:
-    """Verify the audit ledger and produce Merkle proofs."""
+    """Verify the audit ledger offline, export bundles, produce Merkle proofs, rotate keys."""
 
 
-@ledger_group.command("verify")
-@_data_dir
-@_db
-@click.option("--public-key", type=click.Path(path_type=Path), help="Verifier key file (vkey).")
-@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
-@click.option("--deep", is_flag=True, help="Parse and re-canonicalise every entry (slower).")
-def verify_cmd(data_dir: Path | None, db: str | None, public_key: Path | None, as_json: bool, deep: bool) -> None:
-    """Re-hash every entry, check the chain, the tree, every checkpoint and every blob."""
-    url = _url(data_dir, db)
-    if public_key is None:
-        if data_dir is None:
-            _error("--public-key is required with --db")
-        public_key = data_dir / "keys" / VERIFIER_FILE
-    progress = None
-    if sys.stderr.isatty():
-
-        def progress(done: int, total: int) -> None:
-            click.echo(f"\rverifying {done}/{total}", err=True, nl=False)
-
+def _read_text(path: Path, what: str) -> str:
     try:
-        verifier = load_verifier(public_key)
-        verdict = verify_store(url, verifier, progress=progress, deep=deep)
-    except LedgerError as e:
-        _error(e.diagnostics())
-    if progress is not None:
-        click.echo("", err=True)
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        _error(f"cannot read {what} {path}: {getattr(e, 'strerror', None) or e}")
+
+
+def _print_verdict(verdict: Verdict, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(json.dumps(verdict.to_json(), sort_keys=True))
     else:
         click.echo(("OK: " if verdict.ok else "FAIL: ") + verdict.message)
     sys.exit(0 if verdict.ok else 1)
+
+
+@ledger_group.command("verify")
+@_data_dir
+@_db
+@click.option("--bundle", type=click.Path(path_type=Path), help="An export bundle (from `jobgate ledger export`).")
+@click.option("--public-key", type=click.Path(path_type=Path), help="The auditor's verifier key file (vkey).")
+@click.option(
+    "--trusted-checkpoint",
+    type=click.Path(path_type=Path),
+    help="A signed checkpoint saved earlier (e.g. from GET /v1/ledger/checkpoint); the ledger must extend it.",
+)
+@_as_json
+@click.option("--deep", is_flag=True, help="Parse and re-canonicalise every entry (slower).")
+def verify_cmd(
+    data_dir: Path | None,
+    db: str | None,
+    bundle: Path | None,
+    public_key: Path | None,
+    trusted_checkpoint: Path | None,
+    as_json: bool,
+    deep: bool,
+) -> None:
+    """Re-hash every entry; check the chain, the tree, every checkpoint signature, blobs and key history.
+
+    Exit 0 with one summary line if intact; 1 with the first bad seq and the problem (modified,
+    missing, reordered, inserted, truncated, bad_signature, unknown_key, blob_mismatch, malformed);
+    2 for unusable input.
+    """
+    sources = sum(x is not None for x in (data_dir, db, bundle))
+    if sources != 1:
+        _error("give exactly one of --bundle, --data-dir or --db")
+    if public_key is None:
+        if data_dir is None:
+            _error("--public-key is required with --bundle or --db")
+        public_key = data_dir / "keys" / VERIFIER_FILE
+    trusted = _read_text(trusted_checkpoint, "trusted checkpoint") if trusted_checkpoint is not None else None
+    progress = _progress("verifying")
+    try:
+        verifier = load_verifier(public_key)
+        if bundle is not None:
+            verdict = _verify_bundle(bundle, verifier, progress, deep, trusted)
+        else:
+            verdict = verify_store(_url(data_dir, db), verifier, progress=progress, deep=deep, trusted=trusted)
+    except LedgerError as e:
+        _end_progress(progress)
+        _error(e.diagnostics())
+    _end_progress(progress)
+    _print_verdict(verdict, as_json)
+
+
+def _verify_bundle(
+    path: Path, verifier: NoteVerifier, progress: Callable[[int, int], None] | None, deep: bool, trusted: str | None
+) -> Verdict:
+    header, material, f = open_bundle(path)
+    try:
+        if header.origin != verifier.name:
+            _error(f"bundle is from ledger {header.origin!r}, but the public key is for {verifier.name!r}")
+        return verify_material(material, verifier, progress=progress, deep=deep, trusted=trusted)
+    finally:
+        f.close()
+
+
+@ledger_group.command("export")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Bundle file to write.")
+@click.option("--from-seq", type=int, default=0, show_default=True, help="First entry.")
+@click.option("--to-seq", type=int, default=None, help="Last entry (default: the last signed one).")
+@_data_dir
+@_db
+@click.option("--public-key", type=click.Path(path_type=Path), help="Key to list in the bundle (default: data dir's).")
+@_as_json
+def export_cmd(
+    out: Path,
+    from_seq: int,
+    to_seq: int | None,
+    data_dir: Path | None,
+    db: str | None,
+    public_key: Path | None,
+    as_json: bool,
+) -> None:
+    """Write one self-contained bundle: entries, blobs, checkpoints, key history (and proofs for a range).
+
+    The format is documented in ledger/bundle.py (JSON-lines with a header and a trailer).
+    Verify it anywhere with `jobgate ledger verify --bundle FILE --public-key ledger.vkey`.
+    """
+    url = _url(data_dir, db)
+    if public_key is None and data_dir is not None and (data_dir / "keys" / VERIFIER_FILE).is_file():
+        public_key = data_dir / "keys" / VERIFIER_FILE
+    progress = _progress("exporting")
+    try:
+        keys = [load_verifier(public_key).vkey] if public_key is not None else []
+        store = open_store(url, create=False)
+        try:
+            summary = export_bundle(
+                store,
+                out,
+                from_seq=from_seq,
+                to_seq=to_seq,
+                keys=keys,
+                exported_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                progress=progress,
+            )
+        finally:
+            store.close()
+    except LedgerError as e:
+        _end_progress(progress)
+        _error(e.diagnostics())
+    _end_progress(progress)
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), sort_keys=True))
+    else:
+        click.echo(
+            f"Wrote {summary.path}: entries {summary.from_seq}..{summary.to_seq} of {summary.tree_size},"
+            f" {summary.checkpoints} checkpoints, {summary.blobs} blobs, {summary.keys} keys"
+        )
 
 
 @ledger_group.command("prove")
@@ -116,3 +237,60 @@ def consistency_cmd(old: int, new: int | None, data_dir: Path | None, db: str | 
     except LedgerError as e:
         _error(e.diagnostics())
     click.echo(json.dumps(proof.to_json()))
+
+
+@ledger_group.command("rotate-key")
+@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="jobgate data directory.")
+@click.option("--db", help="Ledger store URL if not the data dir's SQLite file (e.g. postgresql://...).")
+@_as_json
+def rotate_key_cmd(data_dir: Path, db: str | None, as_json: bool) -> None:
+    """Replace the ledger signing key (run with the gateway stopped).
+
+    The new key is announced in a ledger entry signed under the old key; verifiers follow the key
+    history, and keys/ledger.vkeys lists every public key. Safe to re-run after a crash.
+    """
+    url = db if db is not None else _url(data_dir, None)
+    try:
+        res = rotate_key(data_dir / "keys", url)
+    except LedgerError as e:
+        _error(e.diagnostics())
+    if as_json:
+        click.echo(json.dumps(res.__dict__, sort_keys=True))
+    else:
+        where = f"announced at seq {res.seq}" if res.seq >= 0 else "announcement already in the ledger"
+        click.echo(f"Rotated ledger key to {res.vkey} ({where}); auditors may keep their old key.")
+
+
+@ledger_group.command("init-db")
+@click.option("--url", required=True, help="postgresql:// URL of the ledger database, as its owner.")
+@click.option("--gateway-role", default=None, help="Create (or update) this login role with INSERT and SELECT only.")
+@click.option("--gateway-password", default=None, help="Password of the gateway role.")
+@_as_json
+def init_db_cmd(url: str, gateway_role: str | None, gateway_password: str | None, as_json: bool) -> None:
+    """Create the ledger tables on PostgreSQL, with triggers refusing UPDATE, DELETE and TRUNCATE.
+
+    With --gateway-role, also an append-only login role for the gateway; run the gateway with the
+    printed URL as JOBGATE_LEDGER_URL.
+    """
+    if gateway_password is not None and gateway_role is None:
+        _error("--gateway-password needs --gateway-role")
+    try:
+        res = init_db(url, role=gateway_role, password=gateway_password)
+    except LedgerError as e:
+        _error(e.diagnostics())
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "database": res.database,
+                    "tables": list(res.tables),
+                    "role": res.role,
+                    "gateway_url": res.gateway_url,
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        click.echo(f"Ledger tables ready in {res.database} (append-only triggers on {', '.join(res.tables)}).")
+        if res.gateway_url:
+            click.echo(f"JOBGATE_LEDGER_URL={res.gateway_url}")

@@ -22,6 +22,8 @@ from ledger.errors import KeyFormatError, KeyMismatch
 ALG_ED25519 = 0x01
 SIGNER_FILE = "ledger.key"
 VERIFIER_FILE = "ledger.vkey"
+NEXT_SIGNER_FILE = "ledger.key.next"  # a rotation in progress
+HISTORY_FILE = "ledger.vkeys"  # every verifier key the ledger has used, oldest first
 
 # Key names must be non-empty, without Unicode spaces or "+" (C2SP signed-note §Format).
 _BAD_NAME = re.compile(r"[\s+]")
@@ -192,3 +194,55 @@ def load_verifier(path: Path) -> NoteVerifier:
     except (OSError, UnicodeDecodeError) as e:
         raise KeyFormatError(f"cannot read public key {path}: {e}") from e
     return NoteVerifier.from_vkey(text)
+
+
+def write_signer(path: Path, signer: NoteSigner) -> None:
+    """Write a private key file (mode 0600, fsynced); raises KeyFormatError on I/O errors."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(signer.skey + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise KeyFormatError(f"cannot write key {path}: {e.strerror}") from e
+
+
+def load_signer(path: Path) -> NoteSigner:
+    """Read a private key file; raises KeyFormatError."""
+    try:
+        return NoteSigner.from_skey(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise KeyFormatError(f"cannot read signing key {path}: {e}") from e
+
+
+def install_rotated(keys_dir: Path, old: NoteSigner, new: NoteSigner) -> None:
+    """After the rotation entry is durable: make new the signer, publish its vkey, extend the history.
+
+    The old private key is overwritten (by the atomic rename); its public key stays in the history.
+    Raises KeyFormatError on I/O errors.
+    """
+    keys_dir = Path(keys_dir)
+    hist = keys_dir / HISTORY_FILE
+    try:
+        known = hist.read_text(encoding="utf-8").split() if hist.exists() else []
+        if not known:
+            known = [old.vkey]
+        if new.vkey not in known:
+            known.append(new.vkey)
+        for name, text, mode in (
+            (HISTORY_FILE, "\n".join(known) + "\n", 0o644),
+            (VERIFIER_FILE, new.vkey + "\n", 0o644),
+        ):
+            tmp = keys_dir / (name + ".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.chmod(mode)
+            tmp.replace(keys_dir / name)
+        os.replace(keys_dir / NEXT_SIGNER_FILE, keys_dir / SIGNER_FILE)
+        dfd = os.open(keys_dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise KeyFormatError(f"cannot install the rotated key in {keys_dir}: {e.strerror}") from e

@@ -42,6 +42,23 @@ def sign_checkpoint(cp: Checkpoint, signer: NoteSigner) -> str:
     return sign_note(cp.text(), signer)
 
 
+def cosign(note: str, signer: NoteSigner) -> str:
+    """Add signer's signature line to an already signed note (C2SP notes may carry several)."""
+    split = note.rfind("\n\n")
+    if split < 0 or not note.endswith("\n"):
+        raise MalformedNote("cannot cosign: not a signed note")
+    sig = signer.key_id + signer.sign(note[: split + 1].encode("utf-8"))
+    return f"{note}{_SIG_PREFIX}{signer.name} {base64.b64encode(sig).decode()}\n"
+
+
+def peek_checkpoint(note: str) -> Checkpoint:
+    """Parse a signed checkpoint's text WITHOUT checking any signature (to choose the key)."""
+    split = note.rfind("\n\n")
+    if split < 0:
+        raise MalformedNote("note has no blank line before its signatures")
+    return parse_checkpoint(note[: split + 1])
+
+
 def open_note(note: str, verifier: NoteVerifier) -> str:
     """Return the note text if verifier's key signed it.
 

@@ -21,6 +21,8 @@ from typing import Any
 from ledger.entry import ZERO_HASH, PreparedEntry, encode, format_time, prepare
 from ledger.errors import (
     EntryNotFound,
+    InvalidEntry,
+    KeyMismatch,
     LedgerClosed,
     LedgerCorrupted,
     LedgerError,
@@ -29,8 +31,16 @@ from ledger.errors import (
 )
 from ledger.keys import NoteSigner
 from ledger.merkle import MerkleTree, leaf_hash
-from ledger.note import Checkpoint, parse_checkpoint, sign_checkpoint
+from ledger.note import Checkpoint, cosign, parse_checkpoint, sign_checkpoint
 from ledger.proofs import ConsistencyProof, InclusionProof
+from ledger.rotation import (
+    ROTATION_KIND,
+    ROTATION_MARK,
+    Rotation,
+    RotationError,
+    rotation_body,
+    rotation_in,
+)
 from ledger.store import LedgerStore, Row, open_store
 
 MAX_BATCH = 1024
@@ -64,13 +74,14 @@ class LedgerStats:
 
 
 class _Pending:
-    __slots__ = ("error", "event", "prep", "result")
+    __slots__ = ("error", "event", "prep", "result", "rotate")
 
-    def __init__(self, prep: PreparedEntry) -> None:
+    def __init__(self, prep: PreparedEntry, rotate: NoteSigner | None = None) -> None:
         self.prep = prep
         self.event = threading.Event()
         self.result: AppendResult | None = None
         self.error: LedgerError | None = None
+        self.rotate = rotate  # a key-rotation entry: the batch ends here and the signer changes
 
 
 def _utcnow() -> datetime:
@@ -105,6 +116,7 @@ class Ledger:
         self._queue: list[_Pending] = []
         self._closed = False
         self._writer: threading.Thread | None = None
+        self._rotating = threading.Lock()
 
     @classmethod
     def open(cls, url: str, *, signer: NoteSigner, clock: Callable[[], datetime] | None = None) -> Ledger:
@@ -135,12 +147,24 @@ class Ledger:
     def _load(self) -> None:
         leaves = bytearray()
         last: Row | None = None
+        rotation: Rotation | None = None
         sha = hashlib.sha256
         for expect, row in enumerate(self._store.iter_entries(0)):
             if row[0] != expect:
                 raise LedgerCorrupted(f"ledger store has a gap at seq {expect}")
             leaves += sha(b"\x00" + row[2]).digest()
+            if ROTATION_MARK in row[2]:
+                try:
+                    rotation = rotation_in(row[0], row[2]) or rotation
+                except RotationError as e:
+                    raise LedgerCorrupted(e.diagnostics()) from e
             last = row
+        if rotation is not None and rotation.new.vkey != self._signer.vkey:
+            # Signing on under another key would make every later checkpoint fail verification.
+            raise KeyMismatch(
+                f"the ledger announced signing key {rotation.new.key_id.hex()} at seq {rotation.seq}, but the"
+                f" signer is {self._signer.key_id.hex()}; finish the rotation with `jobgate ledger rotate-key`"
+            )
         tree = MerkleTree.from_leaf_hashes(leaves)
         if last is not None and hashlib.sha256(last[2]).hexdigest() != last[1]:
             raise LedgerCorrupted(f"seq {last[0]}: stored hash does not match its bytes")
@@ -170,7 +194,26 @@ class Ledger:
 
         Raises InvalidEntry for a body that is not I-JSON, LedgerUnavailable if the write failed.
         """
-        p = _Pending(prepare(kind, body, blobs))
+        if kind == ROTATION_KIND:
+            raise InvalidEntry("key rotations are appended by rotate_key() only")
+        return self._submit(_Pending(prepare(kind, body, blobs)))
+
+    def rotate_key(self, new: NoteSigner) -> AppendResult:
+        """Announce new as the signing key in an entry signed under the current key, then switch.
+
+        The announcement ends its batch; that checkpoint is signed by the old key and cosigned by
+        the new one; later checkpoints by the new key only. Raises RotationError, LedgerUnavailable.
+        """
+        with self._rotating:
+            body = rotation_body(self._signer.verifier(), new.verifier())
+            return self._submit(_Pending(prepare(ROTATION_KIND, body, None), rotate=new))
+
+    @property
+    def vkey(self) -> str:
+        """The current signing key's verifier key."""
+        return self._signer.vkey
+
+    def _submit(self, p: _Pending) -> AppendResult:
         with self._cv:
             if self._closed:
                 raise LedgerClosed("ledger is closed")
@@ -189,8 +232,13 @@ class Ledger:
                     self._cv.wait()
                 if not self._queue:
                     return
-                batch = self._queue[:MAX_BATCH]
-                del self._queue[:MAX_BATCH]
+                n = min(len(self._queue), MAX_BATCH)
+                for i in range(n):
+                    if self._queue[i].rotate is not None:
+                        n = i + 1
+                        break
+                batch = self._queue[:n]
+                del self._queue[:n]
             self._commit(batch)
 
     def _commit(self, batch: list[_Pending]) -> None:
@@ -213,6 +261,9 @@ class Ledger:
                     self._tree.append(leaf_hash(r[2]))
                 root = self._tree.root(end)
             note = sign_checkpoint(Checkpoint(self._signer.name, end, root), self._signer)
+            new_signer = batch[-1].rotate
+            if new_signer is not None:
+                note = cosign(note, new_signer)
             self._store.write_batch(rows, blobs, (end, note))
         except Exception as e:  # the writer must survive anything; callers get a LedgerError
             err = LedgerUnavailable(f"ledger write failed: {e}")
@@ -221,6 +272,8 @@ class Ledger:
             return
         with self._state:
             self._size, self._last_hash, self._checkpoint = end, prev, note
+            if new_signer is not None:
+                self._signer = new_signer
         self._record(len(batch))
         for p, res in zip(batch, results, strict=True):
             p.result = res
@@ -247,6 +300,9 @@ class Ledger:
                         self._tree.append(leaf_hash(r[2]))
                     self._size, self._last_hash = start + len(rows), rows[-1][1]
                     self._checkpoint = cp[1] if cp else self._checkpoint
+                    rotated = batch[-1].rotate
+                    if rotated is not None:
+                        self._signer = rotated
                 self._record(len(batch))
                 for p, r in zip(batch, rows, strict=True):
                     p.result = AppendResult(r[0], r[1], json.loads(r[2])["time"], dict(p.prep.blob_refs))

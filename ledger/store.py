@@ -224,18 +224,18 @@ class PostgresStore:
             self._w = psycopg.connect(url, autocommit=True)
             self._r = psycopg.connect(url, autocommit=True)
             self._w.execute("SET synchronous_commit = on")
-            if create:
+            row = self._r.execute(
+                "SELECT to_regclass('ledger_entries'), to_regclass('ledger_checkpoints'), to_regclass('ledger_blobs')"
+            ).fetchone()
+            have = row is not None and all(x is not None for x in row)
+            if create and not have:
                 # Serialise concurrent first starts: CREATE ... IF NOT EXISTS races in PostgreSQL.
+                # Skipped when the tables exist: the gateway's append-only role (init-db) may not run DDL.
                 with self._w.transaction():
                     self._w.execute("SELECT pg_advisory_xact_lock(7305614)")
                     self._w.execute(_PG_SCHEMA)
-            else:
-                row = self._r.execute(
-                    "SELECT to_regclass('ledger_entries'), to_regclass('ledger_checkpoints'),"
-                    " to_regclass('ledger_blobs')"
-                ).fetchone()
-                if row is None or any(x is None for x in row):
-                    raise StoreError("database has no ledger tables")
+            elif not have:
+                raise StoreError("database has no ledger tables")
         except psycopg.Error as e:
             raise StoreError(f"cannot open ledger database: {e}") from e
         self._wlock = threading.Lock()

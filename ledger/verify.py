@@ -1,15 +1,22 @@
-"""Offline ledger verifier (DESIGN.md "Ledger format" → Verifier).
+"""Offline ledger verifier (DESIGN.md "Ledger format" → Verifier), over a store or an export bundle.
 
 Steps, in order; the first failure is reported with its seq and problem code:
-1. Entries in seq order: no gaps (missing), SHA-256 of the bytes equals the stored hash (modified),
-   fields match the position: seq (reordered / inserted), prev chain (modified), field syntax
-   (malformed). A byte-level fast path checks prev/seq/time without parsing JSON; entries with
-   blobs, anything unusual, and every entry under deep=True are parsed and checked in full.
+1. Entries in seq order: no gaps (missing), SHA-256 of the bytes equals the recorded hash
+   (modified), fields match the position: seq (reordered / inserted), prev chain (modified), field
+   syntax (malformed). A byte-level fast path checks prev/seq/time without parsing JSON; entries
+   with blobs, key rotations, anything unusual, and every entry under deep=True are parsed in full.
 2. Every referenced blob exists and hashes to its digest (blob_mismatch).
-3. The RFC 6962 tree is rebuilt; every stored checkpoint must be signed by the verifier's key
-   (bad_signature / unknown_key), be no larger than the log (truncated) and carry the root of the
-   rebuilt tree at its size (modified). Entries past the last checkpoint were never committed
-   by the ledger (inserted).
+3. The key schedule is rebuilt from the key-rotation entries (ledger/rotation.py); the auditor's
+   key must be in it (unknown_key).
+4. The RFC 6962 tree is rebuilt (for a partial bundle: from the compact ranges left and right of
+   its entries). Every checkpoint must be signed by the key of its epoch (bad_signature /
+   unknown_key); those inside the held range must carry the rebuilt root at their size
+   (modified); those outside it must be consistent with the anchor checkpoint by an RFC 9162
+   consistency proof (modified). Entries past the anchor checkpoint were never committed by the
+   ledger (inserted); an anchor beyond the held entries without the hashes to reach it means
+   entries were cut off (truncated).
+5. Optionally the auditor's earlier saved checkpoint: the ledger must still contain it (truncated)
+   with the same root (modified) — this catches a history rewritten and re-signed.
 """
 
 from __future__ import annotations
@@ -17,18 +24,20 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import rfc8785
 
-from ledger.entry import ZERO_HASH, field_problem
-from ledger.errors import BadSignature, LedgerError, MalformedNote, UnknownKey
+from ledger.compact import Frontier, compact_range
+from ledger.entry import HEX64_RE, ZERO_HASH, field_problem
+from ledger.errors import BadSignature, LedgerError, MalformedNote, ProofError, UnknownKey
 from ledger.keys import NoteVerifier
-from ledger.merkle import MerkleTree
-from ledger.note import open_checkpoint
-from ledger.store import LedgerStore, open_store
+from ledger.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
+from ledger.note import Checkpoint, open_checkpoint, peek_checkpoint
+from ledger.rotation import ROTATION_MARK, KeySchedule, Rotation, RotationError, parse_rotation, rotation_in
+from ledger.store import LedgerStore, Row, open_store
 
 PROBLEMS = (
     "modified",
@@ -43,7 +52,12 @@ PROBLEMS = (
 )
 _TIME = re.compile(rb"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
 _TIME_LEN = 27
-_PROGRESS_EVERY = 8192
+_PROGRESS_EVERY = 16384
+_EMPTY_HEAD = b'{"blobs":{},"body":{'
+
+
+class TrustedCheckpointError(LedgerError):
+    """The auditor's saved checkpoint is unusable (malformed, other origin, wrong key, no proof)."""
 
 
 @dataclass(frozen=True)
@@ -55,9 +69,43 @@ class Verdict:
     message: str
     checkpoints: int = 0
     origin: str = ""
+    start: int = 0
+    keys: int = 1
+    trusted_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class CheckpointRecord:
+    size: int
+    note: str
+    consistency: list[bytes] | None = None  # to the anchor, for checkpoints outside the held range
+
+
+@dataclass
+class KeyHistoryItem:
+    """A rotation entry outside the held range, with its inclusion proof in the anchor tree."""
+
+    seq: int
+    raw: bytes
+    inclusion: list[bytes]
+
+
+@dataclass
+class Material:
+    """Everything the verifier checks, from a store or a bundle."""
+
+    entries: Iterable[Row]
+    total: int
+    checkpoints: list[CheckpointRecord]
+    blob_problem: Callable[[str], str | None]  # None if the blob is present and intact
+    start: int = 0
+    left: list[bytes] = field(default_factory=list)
+    anchor: int | None = None  # tree size of the anchor checkpoint; None = the largest checkpoint
+    right: list[bytes] = field(default_factory=list)
+    key_history: list[KeyHistoryItem] = field(default_factory=list)
 
 
 class _Fail(Exception):
@@ -72,17 +120,33 @@ def verify_store(
     *,
     progress: Callable[[int, int], None] | None = None,
     deep: bool = False,
+    trusted: str | None = None,
 ) -> Verdict:
     """Verify the ledger at url against verifier's public key.
 
-    Integrity problems come back as a Verdict with ok=False; only an unusable store or URL raises
-    (StoreError, a LedgerError).
+    Integrity problems come back as a Verdict with ok=False; only an unusable store or URL, or an
+    unusable trusted checkpoint, raises (StoreError, TrustedCheckpointError: LedgerErrors).
     """
     store = open_store(url, create=False)
     try:
-        return verify(store, verifier, progress=progress, deep=deep)
+        return verify(store, verifier, progress=progress, deep=deep, trusted=trusted)
     finally:
         store.close()
+
+
+def store_material(store: LedgerStore) -> Material:
+    def blob_problem(digest: str) -> str | None:
+        data = store.get_blob(digest)
+        if data is None:
+            return "is missing"
+        return None if hashlib.sha256(data).hexdigest() == digest else "does not match its digest"
+
+    return Material(
+        entries=store.iter_entries(0),
+        total=store.count(),
+        checkpoints=[CheckpointRecord(s, n) for s, n in store.checkpoints()],
+        blob_problem=blob_problem,
+    )
 
 
 def verify(
@@ -91,30 +155,68 @@ def verify(
     *,
     progress: Callable[[int, int], None] | None = None,
     deep: bool = False,
+    trusted: str | None = None,
 ) -> Verdict:
     """verify_store() over an already open store."""
-    size = 0
+    return verify_material(store_material(store), verifier, progress=progress, deep=deep, trusted=trusted)
+
+
+def verify_material(
+    m: Material,
+    verifier: NoteVerifier,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    deep: bool = False,
+    trusted: str | None = None,
+) -> Verdict:
+    """Run steps 1-5 over m. Raises TrustedCheckpointError for an unusable trusted checkpoint."""
+    state = _State(m.start)
     try:
-        total = store.count()
-        leaves, size, blob_refs = _scan_entries(store, total, progress, deep)
-        _check_blobs(store, blob_refs)
-        tree = MerkleTree.from_leaf_hashes(leaves)
-        n_cp = _check_checkpoints(store, verifier, tree)
-    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        leaves, rotations, blob_refs = _scan_entries(m, state, progress, deep)
+        _check_blobs(m, blob_refs)
+        schedule = _schedule(m, verifier, leaves, rotations)
+        roots = _Roots(m, leaves, state.end)
+        n_cp = _check_checkpoints(m, schedule, roots)
+        if trusted is not None:
+            t_size = _check_trusted(trusted, schedule, roots, verifier)
+            state.trusted_size = t_size
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, ProofError) as e:
         # Safety net: a verifier must report, never crash, on whatever bytes it is handed.
-        return Verdict(
-            False,
-            size,
-            None,
-            "malformed",
-            f"malformed: unexpected data ({type(e).__name__}: {e})",
-            origin=verifier.name,
-        )
+        return _verdict_fail(state, verifier, None, "malformed", f"unexpected data ({type(e).__name__}: {e})")
     except _Fail as f:
-        where = f"seq {f.seq} " if f.seq is not None else ""
-        return Verdict(False, size, f.seq, f.problem, f"{where}{f.problem}: {f.message}", origin=verifier.name)
-    msg = f"{size} entries, chain and tree intact, {n_cp} checkpoints verified (origin {verifier.name})"
-    return Verdict(True, size, None, None, msg, checkpoints=n_cp, origin=verifier.name)
+        return _verdict_fail(state, verifier, f.seq, f.problem, f.message)
+    span = f"seqs {m.start}..{state.end - 1} of {roots.anchor}" if m.start or state.end != roots.anchor else ""
+    what = f"{state.end - m.start} entries" + (f" ({span})" if span else "")
+    keys = len(schedule.keys)
+    msg = (
+        f"{what}, chain and tree intact, {n_cp} checkpoints verified"
+        + (f", {keys} keys" if keys > 1 else "")
+        + (f", consistent with trusted checkpoint at size {state.trusted_size}" if trusted is not None else "")
+        + f" (origin {verifier.name})"
+    )
+    return Verdict(
+        True,
+        state.end,
+        None,
+        None,
+        msg,
+        checkpoints=n_cp,
+        origin=verifier.name,
+        start=m.start,
+        keys=keys,
+        trusted_size=state.trusted_size,
+    )
+
+
+class _State:
+    def __init__(self, start: int) -> None:
+        self.end = start
+        self.trusted_size: int | None = None
+
+
+def _verdict_fail(state: _State, v: NoteVerifier, seq: int | None, problem: str, message: str) -> Verdict:
+    where = f"seq {seq} " if seq is not None else ""
+    return Verdict(False, state.end, seq, problem, f"{where}{problem}: {message}", origin=v.name)
 
 
 def _parse(data: bytes, seq: int) -> Any:
@@ -125,90 +227,265 @@ def _parse(data: bytes, seq: int) -> Any:
 
 
 def _scan_entries(
-    store: LedgerStore, total: int, progress: Callable[[int, int], None] | None, deep: bool
-) -> tuple[bytearray, int, list[tuple[int, str, str]]]:
+    m: Material, state: _State, progress: Callable[[int, int], None] | None, deep: bool
+) -> tuple[bytearray, list[Rotation], list[tuple[int, str, str]]]:
     sha = hashlib.sha256
-    time_re = _TIME
+    time_match = _TIME.fullmatch
+    mark = ROTATION_MARK
+    total = m.total
     leaves = bytearray()
+    rotations: list[Rotation] = []
     blob_refs: list[tuple[int, str, str]] = []
-    prev = ZERO_HASH
-    prev_b = prev.encode()
-    n = 0
-    for seq, stored_hash, data in store.iter_entries(0):
-        if seq != n:
-            raise _Fail(n, "missing", f"entry {n} is missing (the next stored entry is {seq})")
+    seq = m.start
+    prev: str | None = ZERO_HASH if seq == 0 else None  # a partial range takes its first prev on trust
+    prev_b = prev.encode() if prev else b""
+    leaf0 = sha(b"\x00")
+    next_report = _PROGRESS_EVERY
+    for got, stored_hash, data in m.entries:
+        if got != seq:
+            state.end = seq
+            raise _Fail(seq, "missing", f"entry {seq} is missing (the next stored entry is {got})")
         digest = sha(data).hexdigest()
         if digest != stored_hash:
+            state.end = seq
             raise _Fail(seq, "modified", "stored hash does not match its bytes")
         # Fast path: the canonical tail is ,"prev":"<64 hex>","seq":<n>,"time":"<27 chars>"}
-        tail = b',"prev":"' + prev_b + b'","seq":' + str(seq).encode() + b',"time":"'
         end = len(data) - _TIME_LEN - 2
-        fast = (
-            data.startswith(b'{"blobs":{},"body":{')
-            and data[end - len(tail) : end] == tail
-            and data.endswith(b'"}')
-            and time_re.fullmatch(data, end, end + _TIME_LEN) is not None
-        )
-        if not fast or deep:
-            value = _parse(data, seq)
-            problem = field_problem(value, seq, prev)
-            if problem is not None:
-                raise _Fail(seq, *problem)
-            try:
-                canonical = rfc8785.dumps(value)
-            except (rfc8785.CanonicalizationError, ValueError, TypeError) as e:
-                raise _Fail(seq, "malformed", "entry is not I-JSON") from e
-            if canonical != data:
-                raise _Fail(seq, "malformed", "entry bytes are not RFC 8785 canonical JSON")
-            blob_refs.extend((seq, name, d) for name, d in sorted(value["blobs"].items()))
-        lh = sha(b"\x00")
+        tail = b',"prev":"' + prev_b + b'","seq":' + str(seq).encode() + b',"time":"'
+        if (
+            deep
+            or prev is None
+            or not data.startswith(_EMPTY_HEAD)
+            or data[end - len(tail) : end] != tail
+            or not data.endswith(b'"}')
+            or time_match(data, end, end + _TIME_LEN) is None
+            or mark in data
+        ):
+            _slow_entry(data, seq, prev, rotations, blob_refs, state)
+        lh = leaf0.copy()
         lh.update(data)
         leaves += lh.digest()
         prev, prev_b = digest, digest.encode()
-        n += 1
-        if progress is not None and n % _PROGRESS_EVERY == 0:
-            progress(n, total)
+        seq += 1
+        if progress is not None and seq - m.start >= next_report:
+            next_report += _PROGRESS_EVERY
+            progress(seq - m.start, total)
+    state.end = seq
     if progress is not None:
-        progress(n, total)
-    return leaves, n, blob_refs
+        progress(seq - m.start, total)
+    return leaves, rotations, blob_refs
 
 
-def _check_blobs(store: LedgerStore, refs: list[tuple[int, str, str]]) -> None:
+def _slow_entry(
+    data: bytes,
+    seq: int,
+    prev: str | None,
+    rotations: list[Rotation],
+    blob_refs: list[tuple[int, str, str]],
+    state: _State,
+) -> None:
+    state.end = seq
+    value = _parse(data, seq)
+    if prev is None:
+        p = value.get("prev") if isinstance(value, dict) else None
+        prev = p if isinstance(p, str) and HEX64_RE.fullmatch(p) else ZERO_HASH
+    problem = field_problem(value, seq, prev)
+    if problem is not None:
+        raise _Fail(seq, *problem)
+    try:
+        canonical = rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, ValueError, TypeError) as e:
+        raise _Fail(seq, "malformed", "entry is not I-JSON") from e
+    if canonical != data:
+        raise _Fail(seq, "malformed", "entry bytes are not RFC 8785 canonical JSON")
+    blob_refs.extend((seq, name, d) for name, d in sorted(value["blobs"].items()))
+    try:
+        rot = parse_rotation(seq, value)
+    except RotationError as e:
+        raise _Fail(seq, "malformed", e.diagnostics()) from e
+    if rot is not None:
+        rotations.append(rot)
+
+
+def _check_blobs(m: Material, refs: list[tuple[int, str, str]]) -> None:
     for seq, name, digest in refs:
-        data = store.get_blob(digest)
-        if data is None:
-            raise _Fail(seq, "blob_mismatch", f"blob {name!r} ({digest[:12]}…) is missing")
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise _Fail(seq, "blob_mismatch", f"blob {name!r} ({digest[:12]}…) does not match its digest")
+        problem = m.blob_problem(digest)
+        if problem is not None:
+            raise _Fail(seq, "blob_mismatch", f"blob {name!r} ({digest[:12]}…) {problem}")
 
 
-def _check_checkpoints(store: LedgerStore, verifier: NoteVerifier, tree: MerkleTree) -> int:
-    n = tree.size
-    good = 0  # size of the last checkpoint that verified
-    count = 0
-    for size, note in store.checkpoints():
+class _Roots:
+    """Tree roots at the sizes the checks need: inside the held range, and at the anchor."""
+
+    def __init__(self, m: Material, leaves: bytearray, end: int) -> None:
+        self.start, self.end = m.start, end
+        sizes = sorted({c.size for c in m.checkpoints if m.start <= c.size <= end})
+        largest = max((c.size for c in m.checkpoints), default=0)
+        self.anchor = m.anchor if m.anchor is not None else largest
+        self._at: dict[int, bytes] = {}
+        self._tree: MerkleTree | None = None
+        if m.start == 0:
+            self._tree = MerkleTree.from_leaf_hashes(leaves)
+            frontier: Frontier | None = None
+        else:
+            frontier = Frontier(m.start, m.left)
+            want = iter(sizes)
+            nxt = next(want, None)
+            if nxt == m.start:
+                self._at[nxt] = frontier.root()
+                nxt = next(want, None)
+            mv = memoryview(leaves)
+            for i in range(0, len(leaves), 32):
+                frontier.append_leaf(bytes(mv[i : i + 32]))
+                if frontier.size == nxt:
+                    self._at[nxt] = frontier.root()
+                    nxt = next(want, None)
+            mv.release()
+        self.anchor_root: bytes | None = None
+        if self.anchor <= end:
+            return
+        # The anchor lies beyond the held entries: the right compact range must bridge the gap.
+        if frontier is None:
+            assert self._tree is not None
+            frontier = Frontier(end, _prefix_nodes(self._tree, end))
         try:
-            cp = open_checkpoint(note, verifier)
-        except BadSignature as e:
-            raise _Fail(None, "bad_signature", f"checkpoint at size {size}: {e.diagnostics()}") from e
-        except UnknownKey as e:
-            raise _Fail(None, "unknown_key", f"checkpoint at size {size}: {e.diagnostics()}") from e
-        except MalformedNote as e:
-            raise _Fail(None, "malformed", f"checkpoint at size {size}: {e.diagnostics()}") from e
-        except LedgerError as e:
-            raise _Fail(None, "malformed", f"checkpoint at size {size}: {e.diagnostics()}") from e
-        if cp.size != size:
-            raise _Fail(None, "malformed", f"checkpoint stored under size {size} is for size {cp.size}")
-        if size > n:
-            raise _Fail(n, "truncated", f"a signed checkpoint covers {size} entries but only {n} are stored")
-        if cp.root != tree.root(size):
+            frontier.extend(end, self.anchor, m.right)
+        except ProofError as e:
             raise _Fail(
-                good if good < n else None,
-                "modified",
-                f"entries after seq {good - 1} do not match the signed checkpoint at size {size}",
-            )
-        good = size
-        count += 1
-    if good < n:
-        raise _Fail(good, "inserted", f"entries from seq {good} on are not covered by any signed checkpoint")
-    return count
+                end, "truncated", f"a signed checkpoint covers {self.anchor} entries but only {end} are present"
+            ) from e
+        self.anchor_root = frontier.root()
+
+    def held(self, size: int) -> bool:
+        return self.start <= size <= self.end
+
+    def at(self, size: int) -> bytes:
+        if self._tree is not None:
+            return self._tree.root(size)
+        return self._at[size]
+
+
+def _prefix_nodes(tree: MerkleTree, size: int) -> list[bytes]:
+    return compact_range(tree, 0, size)
+
+
+def _schedule(m: Material, anchor_key: NoteVerifier, leaves: bytearray, held: list[Rotation]) -> KeySchedule:
+    rotations = list(held)
+    for item in m.key_history:
+        try:
+            rot = rotation_in(item.seq, item.raw)
+        except RotationError as e:
+            raise _Fail(item.seq, "malformed", e.diagnostics()) from e
+        if rot is None:
+            raise _Fail(item.seq, "malformed", "key history item is not a key rotation entry")
+        if m.start <= item.seq < m.start + len(leaves) // 32:
+            # Inside the held range it must be the held entry itself.
+            i = (item.seq - m.start) * 32
+            if leaf_hash(item.raw) != bytes(leaves[i : i + 32]):
+                raise _Fail(item.seq, "modified", "key history entry differs from the held entry")
+            continue
+        rotations.append(rot)
+    rotations.sort(key=lambda r: r.seq)
+    try:
+        schedule = KeySchedule.build(anchor_key, rotations)
+    except RotationError as e:
+        raise _Fail(None, "unknown_key", e.diagnostics()) from e
+    if not schedule.holds(anchor_key):
+        raise _Fail(None, "unknown_key", f"public key {anchor_key.key_id.hex()} is not in this ledger's key history")
+    return schedule
+
+
+def _open(note: str, key: NoteVerifier, size: int) -> Checkpoint:
+    try:
+        return open_checkpoint(note, key)
+    except BadSignature as e:
+        raise _Fail(None, "bad_signature", f"checkpoint at size {size}: {e.diagnostics()}") from e
+    except UnknownKey as e:
+        raise _Fail(None, "unknown_key", f"checkpoint at size {size}: {e.diagnostics()}") from e
+    except (MalformedNote, LedgerError) as e:
+        raise _Fail(None, "malformed", f"checkpoint at size {size}: {e.diagnostics()}") from e
+
+
+def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots) -> int:
+    end, anchor = roots.end, roots.anchor
+    # 1. Signatures, each under the key of its epoch.
+    opened: list[tuple[int, Checkpoint, list[bytes] | None]] = []
+    for rec in sorted(m.checkpoints, key=lambda c: c.size):
+        cp = _open(rec.note, schedule.key_for(rec.size), rec.size)
+        if cp.size != rec.size:
+            raise _Fail(None, "malformed", f"checkpoint stored under size {rec.size} is for size {cp.size}")
+        opened.append((rec.size, cp, rec.consistency))
+    sizes = {s for s, _, _ in opened}
+    # 2. Every rotation is endorsed by the previous key at exactly seq + 1.
+    for b in schedule.bounds:
+        if b not in sizes:
+            raise _Fail(b - 1, "unknown_key", "key rotation is not covered by a checkpoint of the previous key")
+    if anchor and anchor not in sizes:
+        raise _Fail(None, "malformed", f"no checkpoint at the anchor size {anchor}")
+    anchor_root = roots.anchor_root
+    if anchor_root is None and anchor:
+        anchor_root = roots.at(anchor)
+    # 3. Roots: rebuilt inside the held range, by consistency proof outside it.
+    good = roots.start
+    for size, cp, proof in opened:
+        if size == anchor and roots.anchor_root is not None:
+            if cp.root != anchor_root:
+                raise _Fail(None, "modified", f"the held entries and hashes do not give the root signed at size {size}")
+        elif roots.held(size):
+            if cp.root != roots.at(size):
+                raise _Fail(
+                    good if good < end else None,
+                    "modified",
+                    f"entries after seq {good - 1} do not match the signed checkpoint at size {size}",
+                )
+            good = size
+        else:
+            assert anchor_root is not None
+            if proof is None or not verify_consistency(size, anchor, proof, cp.root, anchor_root):
+                raise _Fail(None, "modified", f"checkpoint at size {size} is not consistent with size {anchor}")
+    if end > anchor:
+        raise _Fail(anchor, "inserted", f"entries from seq {anchor} on are not covered by any signed checkpoint")
+    # 4. Key history items outside the range are leaves of the anchor tree.
+    for item in m.key_history:
+        if roots.held(item.seq) and item.seq < end:
+            continue
+        assert anchor_root is not None
+        if not verify_inclusion(item.seq, anchor, leaf_hash(item.raw), item.inclusion, anchor_root):
+            raise _Fail(item.seq, "modified", "key rotation entry is not in the signed tree")
+    return len(opened)
+
+
+def _check_trusted(note: str, schedule: KeySchedule, roots: _Roots, v: NoteVerifier) -> int:
+    try:
+        cp = peek_checkpoint(note)
+    except LedgerError as e:
+        raise TrustedCheckpointError(f"trusted checkpoint is malformed: {e.diagnostics()}") from e
+    if cp.origin != v.name:
+        raise TrustedCheckpointError(f"trusted checkpoint is from ledger {cp.origin!r}, not {v.name!r}")
+    try:
+        open_checkpoint(note, schedule.key_for(cp.size))
+    except LedgerError as e:
+        raise TrustedCheckpointError(
+            f"trusted checkpoint at size {cp.size} is not signed by this ledger's key for that size: {e.diagnostics()}"
+        ) from e
+    anchor = roots.anchor
+    if cp.size > anchor:
+        raise _Fail(
+            anchor, "truncated", f"the trusted checkpoint covers {cp.size} entries but the ledger now has {anchor}"
+        )
+    if cp.size == anchor:
+        have = roots.anchor_root if roots.anchor_root is not None else roots.at(anchor)
+    elif roots.held(cp.size):
+        have = roots.at(cp.size)
+    elif cp.size == 0:
+        have = cp.root
+    else:
+        raise TrustedCheckpointError(
+            f"trusted checkpoint (size {cp.size}) lies before this bundle's entries (from seq {roots.start});"
+            f" export from --from-seq {max(cp.size - 1, 0)} or earlier"
+        )
+    if have != cp.root:
+        raise _Fail(
+            None, "modified", f"history rewritten: the tree at size {cp.size} differs from the trusted checkpoint"
+        )
+    return cp.size

@@ -77,14 +77,14 @@ def test_verify_tampered_exits_1_naming_the_seq(data_dir: Path) -> None:
 def test_bad_input_exits_2_with_one_line(args: list[str]) -> None:
     code, out, err = run(*args)
     assert code == 2
-    assert err.startswith("error: ") and err.count("\n") == 1
+    assert err.startswith("Error: ") and err.count("\n") == 1
     assert "Traceback" not in err and out == ""
 
 
 def test_wrong_key_format_exits_2(data_dir: Path) -> None:
     (data_dir / "keys/ledger.vkey").write_text("not-a-key\n")
     code, _, err = run("verify", "--data-dir", str(data_dir))
-    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    assert code == 2 and err.startswith("Error: ") and err.count("\n") == 1
 
 
 def test_prove_and_consistency_print_verifiable_json(data_dir: Path) -> None:
@@ -105,4 +105,4 @@ def test_prove_and_consistency_print_verifiable_json(data_dir: Path) -> None:
     assert (c["old_size"], c["new_size"]) == (7, 20)
     assert verify_consistency(7, 20, [base64.b64decode(h) for h in c["hashes"]], root7, root)
     code, _, err = run("prove", "--seq", "50", "--data-dir", str(data_dir))
-    assert code == 2 and err.startswith("error: ")
+    assert code == 2 and err.startswith("Error: ")
