@@ -208,7 +208,7 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     rec = decide(gw, session, _requester(session, approval), approval.action, targets=live, project=approval.project,
                  params=approval.params, reason=approval.reason, ticket=approval.ticket,
                  granularity=approval.granularity, approvals=approvals,
-                 context={"approval_id": approval.id, "approver": caller.to_json()})
+                 context={"approval_id": approval.id, "approver": caller.to_json()}, rate_limited=False)
     effect = rec.decision.effect
     missing_before = int(approval.required.get("count", 1))
     missing_now = int(rec.decision.approvals_required.get("count", 0)) if effect == "needs_approval" else 0

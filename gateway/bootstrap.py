@@ -7,6 +7,7 @@ from gateway.db import Database
 from gateway.keys import load_or_create_command_key
 from gateway.policy.engine import EmbeddedEngine
 from gateway.policy.loader import load_policy_set
+from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
 from ledger.keys import load_or_create_signer
 from ledger.service import Ledger
@@ -30,4 +31,5 @@ def open_gateway(settings: Settings) -> Gateway:
         policy_set=policy_set,
         policy=engine,
         command_key=load_or_create_command_key(settings.keys_dir),
+        limiter=RateLimiter(settings.rate_limit_storage, policy_set.data.get("limits", {})),
     )

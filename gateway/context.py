@@ -17,6 +17,7 @@ from gateway.db import Database
 from gateway.models import RoleBinding as RoleBindingRow
 from gateway.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.policy.loader import PolicySet
+from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
 from ledger.service import Ledger
 
@@ -36,6 +37,7 @@ class Gateway:
     bus: CommandBus = field(default_factory=CommandBus)
     clock: Callable[[], datetime] = utcnow
     scheduler_kick: threading.Event = field(default_factory=threading.Event)
+    limiter: RateLimiter | None = None
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

@@ -67,6 +67,12 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
     return {"pending": jobs, "pending_by_queue": dict(sorted(by_queue.items()))}
 
 
+def _refused(gw: Gateway, reason: str, rule: str) -> Decision:
+    """A deny decided before the policy engine (token scope, rate limit); recorded like any other."""
+    return Decision(effect="deny", reasons=(reason,), rules=(rule,), approvals_required={}, obligations=(),
+                    policy_hash=gw.policy.policy_hash)
+
+
 @dataclass(frozen=True)
 class Recorded:
     request_id: str
@@ -90,10 +96,13 @@ def decide(
     approvals: Sequence[Mapping[str, Any]] = (),
     context: Mapping[str, Any] | None = None,
     record: bool = True,
+    rate_limited: bool = True,
 ) -> Recorded:
     """Decide one request and (unless record=False, for reads) append the decision to the ledger.
 
     `context` adds facts to the ledger entry that are not policy input (e.g. the approval being approved).
+    Recorded calls on existing jobs count against the caller's and the projects' rate limits unless
+    `rate_limited` is False (an approval executing an earlier, already counted request).
 
     Raises LedgerUnavailable when the decision cannot be made durable.
     """
@@ -113,18 +122,15 @@ def decide(
         "now": now.isoformat(),
     }
     projects = sorted({f["project"] for f in facts} | ({project} if project else set()))
+    # H2 rate limits guard actions on existing jobs (a runaway script stopping a queue), not submissions.
+    limited = record and rate_limited and bool(targets) and gw.limiter is not None
+    breach = gw.limiter.hit(caller.real_identity, projects) if limited and gw.limiter else None
     try:
         caller.check_scope(action, projects)
-        decision = gw.policy.decide(decision_input)
+        decision = gw.policy.decide(decision_input) if breach is None else _refused(gw, breach.sentence(),
+                                                                                     "H2.rate_limit")
     except Forbidden as e:
-        decision = Decision(
-            effect="deny",
-            reasons=(e.detail,),
-            rules=("token_scope",),
-            approvals_required={},
-            obligations=(),
-            policy_hash=gw.policy.policy_hash,
-        )
+        decision = _refused(gw, e.detail, "token_scope")
     if not record:
         return Recorded(request_id, decision, -1, decision_input)
     body = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Queue = Literal["urgent", "normal", "batch"]
 Environment = Literal["research", "staging", "production"]
@@ -52,6 +52,38 @@ class StopRequest(BaseModel):
 
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
     ticket: str | None = Field(None, max_length=200, description="Linked ticket or incident id.")
+
+
+class Selector(BaseModel):
+    """Which jobs a batch means. Every field narrows; labels must all match."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str | None = None
+    queue: Queue | None = None
+    environment: Environment | None = None
+    workload: str | None = None
+    owner: str | None = None
+    state: str | None = Field(None, description="Default: every job that can still be stopped.")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class BatchStopRequest(BaseModel):
+    """Stop several jobs as one decision: by explicit ids or by a selector, never both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[str] | None = Field(None, min_length=1, max_length=10000)
+    selector: Selector | None = None
+    reason: str = Field(min_length=3, max_length=2000)
+    ticket: str | None = Field(None, max_length=200)
+    dry_run: bool = Field(False, description="Return the exact targets and blast radius; change nothing.")
+
+    @model_validator(mode="after")
+    def _one_way_to_select(self) -> BatchStopRequest:
+        if (self.ids is None) == (self.selector is None):
+            raise ValueError("give exactly one of `ids` or `selector`")
+        return self
 
 
 class DecisionOut(BaseModel):
@@ -114,7 +146,7 @@ class AgentReport(BaseModel):
 
     job_id: str
     nonce: str | None = None
-    event: Literal["started", "stopping", "stopped", "exited", "rejected", "unknown"]
+    event: Literal["started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted"]
     at: float
     pid: int | None = None
     detail: str = ""

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = Field(1.0, gt=0)
     max_long_poll_s: float = Field(30.0, gt=0)
     service_token_max_days: int = Field(90, gt=0)
+    rate_limit_storage: str = Field(
+        "memory://", description="`limits` storage URI; redis://host:6379 shares counts across replicas."
+    )
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'jobgate.db').resolve()}"

@@ -1,0 +1,23 @@
+"""/v1/jobs:stop — batch stops by ids or selector, with dry run and blast radius (H2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, status
+
+from gateway import batch
+from gateway.api.deps import Ctx
+from gateway.schemas import BatchStopRequest
+
+router = APIRouter(tags=["jobs"])
+
+
+@router.post("/v1/jobs:stop", status_code=status.HTTP_202_ACCEPTED, summary="Stop many jobs as one decision")
+def stop_many(body: BatchStopRequest, ctx: Ctx) -> dict[str, Any]:
+    """The selector is resolved to an exact, sorted id list first. `dry_run` returns that list and the blast
+    radius (jobs, projects, GPUs, GPU-hours at stake) and changes nothing. Limits from policy data (jobs,
+    projects, GPUs per call; calls per minute) refuse the whole call, naming the limit, its value and what
+    was asked; a cross-project batch needs an extra approval."""
+    with ctx.gw.transaction() as session:
+        return batch.stop_many(ctx.gw, session, ctx.caller(session), body)

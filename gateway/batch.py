@@ -1,0 +1,92 @@
+"""Batch operations by explicit ids or a selector, with a dry run and the blast radius (H2).
+
+A selector is resolved to a concrete, sorted id list before anything is decided; that exact list is what
+the policy judges, what the ledger records and what an approval is bound to — so a wrong label selector
+shows its blast radius instead of emptying a queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.approvals import open_request
+from gateway.auth import Caller
+from gateway.context import Gateway
+from gateway.errors import Invalid
+from gateway.jobs import decision_out, execute_stop, refuse_unless_allowed, visible_projects
+from gateway.models import Job, Project
+from gateway.pipeline import decide
+from gateway.schemas import BatchStopRequest, Selector
+from gateway.states import ACTIVE_STATES, PENDING_STATES
+
+STOPPABLE_STATES = PENDING_STATES + ACTIVE_STATES
+
+
+def resolve(gw: Gateway, session: Session, caller: Caller, ids: Sequence[str] | None,
+            selector: Selector | None) -> list[Job]:
+    """Explicit ids (all must exist) or a selector over the projects the caller may see. Raises Invalid."""
+    if ids is not None:
+        wanted = sorted(set(ids))
+        if len(wanted) != len(ids):
+            raise Invalid("the same job id is named more than once")
+        jobs = list(session.scalars(select(Job).where(Job.id.in_(wanted)).order_by(Job.id)).all())
+        missing = sorted(set(wanted) - {j.id for j in jobs})
+        if missing:
+            raise Invalid(f"no such job(s): {', '.join(missing)}", missing=missing)
+        return jobs
+    assert selector is not None
+    projects = [selector.project] if selector.project else list(session.scalars(select(Project.id)).all())
+    allowed = visible_projects(gw, session, caller, projects)
+    stmt = select(Job).where(Job.project.in_(sorted(allowed)))
+    stmt = stmt.where(Job.state.in_([selector.state] if selector.state else STOPPABLE_STATES))
+    for column, value in (("queue", selector.queue), ("environment", selector.environment),
+                          ("workload", selector.workload), ("owner", selector.owner)):
+        if value is not None:
+            stmt = stmt.where(getattr(Job, column) == value)
+    jobs = list(session.scalars(stmt.order_by(Job.id)).all())
+    # Labels are JSON; matching in Python keeps SQLite and PostgreSQL identical.
+    return [j for j in jobs if all(j.labels.get(k) == v for k, v in selector.labels.items())]
+
+
+def blast_radius(jobs: Sequence[Job], now: datetime) -> dict[str, Any]:
+    """What a batch puts at stake: jobs, projects, GPUs, and GPU-hours of work already running."""
+    gpus = sum(j.gpus_per_node * j.nodes for j in jobs)
+    hours = sum(j.gpus_per_node * j.nodes * (now - j.started_at).total_seconds() / 3600
+                for j in jobs if j.started_at and j.state in ACTIVE_STATES)
+    return {"jobs": len(jobs), "projects": sorted({j.project for j in jobs}), "gpus": gpus,
+            "gpu_hours_at_stake": round(hours, 3), "running": sum(1 for j in jobs if j.state in ACTIVE_STATES)}
+
+
+def stop_many(gw: Gateway, session: Session, caller: Caller, req: BatchStopRequest) -> dict[str, Any]:
+    """Decide one batch stop as one request. Raises Invalid, PolicyDenied, LedgerUnavailable."""
+    jobs = resolve(gw, session, caller, req.ids, req.selector)
+    radius = blast_radius(jobs, gw.clock())
+    ids = [j.id for j in jobs]
+    out: dict[str, Any] = {"dry_run": req.dry_run, "targets": ids, "blast_radius": radius}
+    if not jobs:
+        raise Invalid("the selection matches no job; nothing to stop", **out)
+    project = jobs[0].project if len(radius["projects"]) == 1 else None
+    granularity = "job" if len(jobs) == 1 else "workload"
+    rec = decide(gw, session, caller, "job.stop", targets=jobs, project=project, reason=req.reason,
+                 ticket=req.ticket, granularity=granularity, params={"blast_radius": radius},
+                 record=not req.dry_run)
+    out["decision"] = decision_out(rec).model_dump()
+    if req.dry_run:
+        return out
+    refuse_unless_allowed(rec)
+    if rec.decision.effect == "needs_approval":
+        approval = open_request(gw, session, caller, rec, action="job.stop", target_ids=ids, project=project,
+                                reason=req.reason, ticket=req.ticket, granularity=granularity,
+                                blast_radius=radius)
+        out["approval_id"] = approval.id
+        return out
+    for job in jobs:
+        execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
+                     reason=req.reason, ticket=req.ticket)
+    out["states"] = {j.id: j.state for j in jobs}
+    return out

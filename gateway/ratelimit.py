@@ -1,0 +1,46 @@
+"""Calls-per-minute limits per principal and per project (H2), shared across replicas through Redis.
+
+Uses the `limits` library's moving window; storage is in-memory by default and Redis when
+JOBGATE_RATE_LIMIT_STORAGE=redis://... is set, so the counts hold across gateway replicas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from limits import RateLimitItemPerMinute, storage, strategies
+
+DEFAULT_PER_PRINCIPAL = 60
+DEFAULT_PER_PROJECT = 300
+
+
+@dataclass(frozen=True)
+class RateBreach:
+    limit: str  # calls_per_minute_per_principal | calls_per_minute_per_project
+    key: str
+    value: int
+    observed: int
+
+    def sentence(self) -> str:
+        scope = "principal" if self.limit.endswith("principal") else "project"
+        return (f"rate limit {self.limit}: {scope} {self.key} may make {self.value} mutating calls per minute;"
+                f" this would be call {self.observed}")
+
+
+class RateLimiter:
+    def __init__(self, uri: str, numbers: Mapping[str, Any]) -> None:
+        self._limiter = strategies.MovingWindowRateLimiter(storage.storage_from_string(uri))
+        self.per_principal = int(numbers.get("calls_per_minute_per_principal", DEFAULT_PER_PRINCIPAL))
+        self.per_project = int(numbers.get("calls_per_minute_per_project", DEFAULT_PER_PROJECT))
+
+    def hit(self, principal: str, projects: Iterable[str]) -> RateBreach | None:
+        """Count one mutating call; return the first limit it breaks (the call is then refused)."""
+        checks = [("calls_per_minute_per_principal", "principal", principal, self.per_principal)]
+        checks += [("calls_per_minute_per_project", "project", p, self.per_project) for p in sorted(set(projects))]
+        for name, kind, key, value in checks:
+            item = RateLimitItemPerMinute(value)
+            if not self._limiter.hit(item, "jobgate", kind, key):
+                return RateBreach(name, key, value, value + 1)
+        return None
