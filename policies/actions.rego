@@ -16,14 +16,14 @@ project_capability := {
 }
 
 # A7: changing or borrowing quota needs a platform admin plus a second platform admin.
-project_finding := grant(
+project_finding := project_grant(
 	"A7.second_person",
 	sprintf("%s changes the quota of project %s; a second platform admin must confirm", [actor, request_project]),
 	request_project, 1, {"roles": ["platform_admin"], "principals": [], "projects": ["*"]}, [],
 ) if {
 	input.action == "quota.change"
 	holds(request_project, "quota.change")
-} else := grant(
+} else := project_grant(
 	action_rule[input.action],
 	sprintf("%s holds %s in project %s", [actor, project_capability[input.action], request_project]),
 	request_project, 0, nobody, [],

@@ -6,6 +6,9 @@ import rego.v1
 
 mutating if input.action != "job.view"
 
+# Each guard starts with its cheapest test, so the common single-job request leaves most of them
+# after one comparison (batch-wide counts are computed only for batches).
+
 # H1: node agents report; they never change jobs through the gateway.
 denials contains {"rule": "H1.node_cannot_act", "reason": sprintf("%s is a node identity; nodes cannot request job actions", [actor])} if {
 	input.actor.kind == "node"
@@ -32,32 +35,40 @@ denials contains {
 	"rule": "H2.jobs_per_batch",
 	"reason": sprintf("the request names %d jobs; at most %d per batch", [count(targets), data.limits.jobs_per_batch]),
 } if {
-	mutating
 	count(targets) > data.limits.jobs_per_batch
+	mutating
+	not input.action in unbatched_actions
 }
 
 denials contains {
 	"rule": "H2.projects_per_batch",
 	"reason": sprintf("the request spans %d projects; at most %d per batch", [count(target_projects), data.limits.projects_per_batch]),
 } if {
-	mutating
+	# A batch cannot span more projects than it has jobs.
+	count(targets) > data.limits.projects_per_batch
 	count(target_projects) > data.limits.projects_per_batch
+	mutating
+	not input.action in unbatched_actions
 }
 
 denials contains {
 	"rule": "H2.gpus_per_call",
 	"reason": sprintf("the request affects %d GPUs; at most %d per call", [gpus_at_stake, data.limits.gpus_per_call]),
 } if {
-	mutating
 	gpus_at_stake > data.limits.gpus_per_call
+	mutating
+	not input.action in unbatched_actions
 }
 
 target_projects := {t.project | some t in targets}
 
-gpus_at_stake := sum([object.get(t, "gpus", 0) | some t in targets])
+gpus_at_stake := object.get(targets[0], "gpus", 0) if {
+	count(targets) == 1
+} else := sum([object.get(t, "gpus", 0) | some t in targets])
 
 # R1: one job named twice is a malformed selection; refuse rather than guess.
 denials contains {"rule": "R1.duplicate_target", "reason": "the request names the same job more than once"} if {
+	count(targets) > 1
 	count({t.id | some t in targets}) != count(targets)
 }
 
@@ -66,8 +77,10 @@ denials contains {
 	"rule": "R3.reason_required",
 	"reason": sprintf("job %s uses data of external rights holder %s: a written reason is required to %s it", [t.id, t.rights_holder, verb]),
 } if {
-	input.action in {"job.stop", "job.pause", "job.delete"}
 	some t in targets
 	t.external_rights == true
+	input.action in reason_actions
 	not reason_given
 }
+
+reason_actions := {"job.stop", "job.pause", "job.delete"}

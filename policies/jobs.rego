@@ -4,18 +4,10 @@ package jobgate.authz
 
 import rego.v1
 
-job_finding(t) := stop_finding(t) if input.action == "job.stop"
-
-job_finding(t) := priority_finding(t) if input.action == "job.priority"
-
-job_finding(t) := pause_finding(t) if input.action == "job.pause"
-
-job_finding(t) := delete_finding(t) if input.action == "job.delete"
-
 # A1: members of the job's project (any role there, or a global role) may view it. External-rights
 # jobs are sensitive, so their reads are logged as such.
 view_finding(t) := grant(
-	"A1.member", sprintf("%s is a member of project %s", [actor, t.project]), t.id, 0, nobody,
+	"A1.member", sprintf("%s is a member of project %s", [actor, t.project]), t, 0, nobody,
 	[{"kind": "log_read", "job": t.id, "sensitivity": sensitivity(t)}],
 ) if {
 	holds(t.project, "job.view")
@@ -29,7 +21,7 @@ sensitivity(t) := "external_rights" if {
 # 1. R4: the system reclaims a job past its validity period; nothing else may act as the system.
 stop_finding(t) := grant(
 	"R4.reclaim_expired", sprintf("job %s is past its validity period and is reclaimed by the system", [t.id]),
-	t.id, 0, nobody, [notify_owner(t)],
+	t, 0, nobody, [notify_owner(t)],
 ) if {
 	input.actor.kind == "system"
 	t.expired == true
@@ -40,14 +32,14 @@ stop_finding(t) := grant(
 	input.actor.kind == "system"
 } else := grant(
 	# 2. The creator or owner stops their own job.
-	"A4.own_job", sprintf("%s stops their own job %s", [actor, t.id]), t.id, 0, nobody, [],
+	"A4.own_job", sprintf("%s stops their own job %s", [actor, t.id]), t, 0, nobody, [],
 ) if {
 	owns(t)
 	holds(t.project, "job.stop.own")
 } else := grant(
 	# 3. A8: a job a service account started is stopped by on-call, with a second person.
 	"A8.service_job", sprintf("%s stops job %s started by service account %s; a second person must confirm", [actor, t.id, t.creator]),
-	t.id, 1, second_person(t), [notify_owner(t)],
+	t, 1, second_person(t), [notify_owner(t)],
 ) if {
 	t.creator_kind == "service"
 	holds(t.project, "job.stop.service")
@@ -60,14 +52,14 @@ stop_finding(t) := grant(
 } else := grant(
 	# 4. A4: a queue admin (own project) or on-call stops another's job, with a second person.
 	"A4.second_person", sprintf("%s stops %s's job %s; a second person must confirm", [actor, t.owner, t.id]),
-	t.id, 1, second_person(t), others_job_obligations(t),
+	t, 1, second_person(t), others_job_obligations(t),
 ) if {
 	holds(t.project, "job.stop.any")
 } else := grant(
 	# 5. A4 cross-project: a queue admin of another project needs the job owner's consent.
 	"A4.cross_project_owner_consent",
 	sprintf("%s may stop others' jobs in another project but not in project %s; the job owner %s must consent", [actor, t.project, t.owner]),
-	t.id, 1, {"roles": [], "principals": [t.owner], "projects": []}, others_job_obligations(t),
+	t, 1, {"roles": [], "principals": [t.owner], "projects": []}, others_job_obligations(t),
 ) if {
 	count(stop_any_projects) > 0
 } else := refuse("A4.no_capability", missing_capability(t.project, own_or_any(t)), t.id)
@@ -85,26 +77,26 @@ others_job_obligations(t) := [notify_owner(t)] if {
 
 # Priority / queue position (A2 own, A3 another's with a second person).
 priority_finding(t) := grant(
-	"A2.own", sprintf("%s changes the priority of their own job %s", [actor, t.id]), t.id, 0, nobody, [],
+	"A2.own", sprintf("%s changes the priority of their own job %s", [actor, t.id]), t, 0, nobody, [],
 ) if {
 	owns(t)
 	holds(t.project, "job.priority.own")
 } else := grant(
 	"A3.second_person", sprintf("%s changes the priority of %s's job %s; a second person must confirm", [actor, t.owner, t.id]),
-	t.id, 1, second_person(t), others_job_obligations(t),
+	t, 1, second_person(t), others_job_obligations(t),
 ) if {
 	holds(t.project, "job.priority.any")
 } else := refuse("A3.no_capability", missing_capability(t.project, own_or_any(t)), t.id)
 
 # Pause keeping a checkpoint (A5): own jobs freely; others' jobs by on-call, telling the owner.
 pause_finding(t) := grant(
-	"A5.own", sprintf("%s pauses their own job %s", [actor, t.id]), t.id, 0, nobody,
+	"A5.own", sprintf("%s pauses their own job %s", [actor, t.id]), t, 0, nobody,
 	[{"kind": "keep_checkpoint", "job": t.id}],
 ) if {
 	owns(t)
 	holds(t.project, "job.pause.own")
 } else := grant(
-	"A5.notify_owner", sprintf("%s pauses %s's job %s; the owner is notified", [actor, t.owner, t.id]), t.id, 0, nobody,
+	"A5.notify_owner", sprintf("%s pauses %s's job %s; the owner is notified", [actor, t.owner, t.id]), t, 0, nobody,
 	[{"kind": "keep_checkpoint", "job": t.id}, notify_owner(t)],
 ) if {
 	holds(t.project, "job.pause.any")
@@ -115,7 +107,7 @@ pause_finding(t) := grant(
 delete_finding(t) := grant(
 	"A6.rights_holder_consent",
 	sprintf("%s deletes job %s; the rights holder %s must consent", [actor, t.id, t.rights_holder]),
-	t.id, 1, {"roles": ["queue_admin"], "principals": [], "projects": [t.rights_holder]},
+	t, 1, {"roles": ["queue_admin"], "principals": [], "projects": [t.rights_holder]},
 	[{"kind": "recovery_window", "job": t.id}],
 ) if {
 	t.owner == actor

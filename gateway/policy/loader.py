@@ -46,6 +46,8 @@ CAPABILITIES = frozenset(
         "policy.reload",
         "ledger.read",
         "approval.grant",
+        "emergency.stop",
+        "job.confirm_stopped",
     }
 )
 
