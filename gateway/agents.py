@@ -1,22 +1,33 @@
-"""The gateway side of the node-agent channel: heartbeats, command delivery, reports of process events."""
+"""The gateway side of the node-agent channel: heartbeats, command delivery, reports of process events.
+
+Delivery is at-least-once: a command counts as delivered only when a report carrying its nonce comes back
+(an agent's `rejected: replayed` counts too, since it proves the agent holds the nonce). Until then the very
+same signed envelope is handed out again, so an agent that died between fetching and obeying gets it
+after restart, and its nonce store keeps it from running twice.
+"""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import rfc8785
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from gateway import stops
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Forbidden, NotFound
-from gateway.jobs import transition
 from gateway.models import Allocation, Job, Node, NodeCommand
 from gateway.pipeline import record_outcome
 from gateway.schemas import AgentReport, Heartbeat
-from gateway.states import ENDED_STATES
+from gateway.stop_tables import CommandAck
+
+# An unacknowledged envelope is handed out again after this long (same nonce, same signature).
+RESEND_AFTER_S = 3.0
+# States a node's `stopped` evidence may still finish: the stop path, and a stop a person is waiting on.
+_STOP_FINISHABLE = ("stop_requested", "stopping", "stop_failed", "lost")
 
 
 def require_node(caller: Caller, node_id: str) -> None:
@@ -25,33 +36,62 @@ def require_node(caller: Caller, node_id: str) -> None:
         raise Forbidden(f"only the agent of node {node_id!r} may use this endpoint")
 
 
-def heartbeat(gw: Gateway, session: Session, node_id: str, beat: Heartbeat) -> None:
+def heartbeat(gw: Gateway, session: Session, node_id: str, beat: Heartbeat, instance: str = "") -> None:
+    """Record the beat; a node coming back (or an agent restarted) gets a `reconcile` command."""
     now = gw.clock()
     node = session.get(Node, node_id)
     if node is None:
-        node = Node(id=node_id, gpus=beat.gpus, state="alive", last_heartbeat=now, running=beat.running)
+        node = Node(id=node_id, gpus=beat.gpus, state="registered", last_heartbeat=now, running=beat.running)
         session.add(node)
-        gw.scheduler_kick.set()
-        return
+        session.flush()
+    was = node.state
     if node.state != "alive" or node.gpus != beat.gpus:
         gw.scheduler_kick.set()
     node.gpus = beat.gpus
     node.state = "alive"
     node.last_heartbeat = now
     node.running = beat.running
+    stops.on_heartbeat(gw, session, node, was, instance, beat.running, now)
 
 
 def take_commands(gw: Gateway, session: Session, node_id: str) -> list[dict[str, Any]]:
-    """Hand out the node's undelivered, unexpired commands in the order they were issued."""
+    """Hand out the node's unacknowledged, unexpired commands in issue order (new ones, and old ones due again)."""
     now = gw.clock()
+    due = now - timedelta(seconds=RESEND_AFTER_S)
     rows = session.scalars(
         select(NodeCommand)
-        .where(NodeCommand.node == node_id, NodeCommand.delivered_at.is_(None), NodeCommand.expires_at > now)
+        .outerjoin(CommandAck, CommandAck.nonce == NodeCommand.nonce)
+        .where(NodeCommand.node == node_id, NodeCommand.expires_at > now, CommandAck.nonce.is_(None),
+               or_(NodeCommand.delivered_at.is_(None), NodeCommand.delivered_at < due))
         .order_by(NodeCommand.created_at, NodeCommand.nonce)
     ).all()
     for row in rows:
         row.delivered_at = now
     return [row.envelope for row in rows]
+
+
+def has_unacked(gw: Gateway, session: Session, node_id: str) -> bool:
+    """Whether some delivered command still waits for its acknowledgement (the long poll then wakes to resend)."""
+    now = gw.clock()
+    found = session.scalars(
+        select(NodeCommand.nonce)
+        .outerjoin(CommandAck, CommandAck.nonce == NodeCommand.nonce)
+        .where(and_(NodeCommand.node == node_id, NodeCommand.expires_at > now, CommandAck.nonce.is_(None),
+                    NodeCommand.delivered_at.is_not(None)))
+        .limit(1)
+    ).first()
+    return found is not None
+
+
+def _acknowledge(session: Session, node_id: str, report: AgentReport, now: datetime) -> None:
+    if not report.nonce:
+        return
+    cmd = session.get(NodeCommand, report.nonce)
+    if cmd is None or cmd.node != node_id or session.get(CommandAck, report.nonce) is not None:
+        return
+    session.add(CommandAck(nonce=report.nonce, node=node_id, acked_at=now, event=report.event,
+                           detail=report.detail[:500]))
+    session.flush()
 
 
 def _job_state_from_parts(parts: list[Allocation]) -> str | None:
@@ -70,50 +110,119 @@ def _job_state_from_parts(parts: list[Allocation]) -> str | None:
 
 
 def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentReport) -> None:
-    """Fold one agent report into the job's state; ledger every transition it causes (C3)."""
+    """Fold one agent report into allocation and job state; ledger every transition it causes (C3).
+
+    GPUs are released only on the node's evidence that the process group is gone.
+    """
     now = gw.clock()
-    job = session.get(Job, report.job_id)
-    if job is None:
-        record_outcome(gw, "agent_report", {"node": node_id, "job_id": report.job_id, "event": report.event,
-                                            "detail": report.detail, "known_job": False})
+    _acknowledge(session, node_id, report, now)
+    if report.event == "rejected":
+        _rejected(gw, session, node_id, report, now)
+        return
+    if report.event == "deleted":
+        _deleted(gw, session, node_id, report, now)
+        return
+    job = session.get(Job, report.job_id) if report.job_id else None
+    if job is None or report.event == "unknown":
+        _unknown(gw, session, node_id, report, job, now)
         return
     part = session.scalars(
         select(Allocation).where(Allocation.job_id == job.id, Allocation.node == node_id)
     ).first()
-    if report.event == "rejected" or part is None:
+    if part is None:
         record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
-                                            "detail": report.detail, "nonce": report.nonce})
+                                            "detail": report.detail, "nonce": report.nonce, "known_part": False})
         return
     before = job.state
+    group_survived = False
     if report.event == "started":
         part.state, part.pid = "running", report.pid
     elif report.event == "stopping":
-        part.state = "stopping"
+        if part.state not in stops.PART_DONE:
+            part.state = "stopping"
     elif report.event in ("stopped", "exited"):
-        ev = report.evidence or {}
+        ev = dict(report.evidence or {})
+        if report.evidence is None:
+            # The agent has no such process (it keeps a record of every group it runs): nothing left there.
+            ev = {"process_group_gone": True, "note": report.detail or "not running on this node",
+                  "exit_code": None}
         part.evidence = ev
         part.exit_code = ev.get("exit_code")
-        part.released = True
-        if report.event == "stopped":
-            part.state = "stopped"
+        if ev.get("process_group_gone") is False:
+            group_survived = True
+            part.state = "stopping"
         else:
-            part.state = "exited" if ev.get("exit_code") == 0 else "failed"
+            part.released = True
+            if report.event == "stopped":
+                part.state = "stopped"
+            else:
+                part.state = "exited" if ev.get("exit_code") == 0 else "failed"
     parts = list(session.scalars(select(Allocation).where(Allocation.job_id == job.id)).all())
-    if job.state in ENDED_STATES:
+    if group_survived:
+        record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
+                                            "alert": "process group survived SIGKILL; GPUs withheld"},
+                       blobs={"evidence": rfc8785.dumps(part.evidence)})
+        if job.state in _STOP_FINISHABLE and job.state != "stop_failed":
+            stops.escalate(gw, session, job, now, f"process group on {node_id} is still alive after SIGKILL",
+                           unreachable=False)
         return
     if report.event == "stopping" and job.state == "stop_requested":
-        transition(job, "stopping", now, by=f"node:{node_id}", reason="prepare signal delivered")
+        stops.ledger_transition(gw, job, "stopping", now, by=f"node:{node_id}", reason="prepare signal delivered",
+                                node=node_id, nonce=report.nonce, evidence=report.evidence or {})
     target = _job_state_from_parts(parts)
     if target == "running" and job.state == "starting":
         job.started_at = datetime.fromtimestamp(report.at, UTC)
-        transition(job, "running", now, by=f"node:{node_id}", reason="all gang members started")
-    elif target in ("stopped", "exited", "failed") and job.state != target:
+        stops.ledger_transition(gw, job, "running", now, by=f"node:{node_id}", reason="all gang members started",
+                                node=node_id)
+    elif target in ("stopped", "exited", "failed") and _may_finish(job, target):
         _finish(gw, job, parts, target, now, node_id)
-    if job.state != before:
-        record_outcome(gw, "transition", {"job_id": job.id, "state_before": before, "state_after": job.state,
-                                          "node": node_id, "event": report.event})
+    elif report.event in ("stopped", "exited") and job.state == before and job.state not in _STOP_FINISHABLE \
+            and job.state not in ("starting", "running"):
+        # Evidence for a job that already ended (e.g. confirmed by on-call while its node was lost).
+        record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
+                                            "late_evidence": True, "job_state": job.state},
+                       blobs={"evidence": rfc8785.dumps(part.evidence)})
     if part.released:
         gw.scheduler_kick.set()
+
+
+def _may_finish(job: Job, target: str) -> bool:
+    return job.state in ("starting", "running") or job.state in _STOP_FINISHABLE
+
+
+def _rejected(gw: Gateway, session: Session, node_id: str, report: AgentReport, now: datetime) -> None:
+    # `replayed` is the agent telling us it already has this nonce: an acknowledgement, not an attack.
+    replay = report.detail.startswith("replayed")
+    record_outcome(gw, "agent_report", {"node": node_id, "job_id": report.job_id or None, "event": "rejected",
+                                        "detail": report.detail, "nonce": report.nonce,
+                                        "acknowledgement": replay, "at": now.isoformat()})
+    if not replay:
+        stops.alert(gw, session, now, "command_rejected",
+                    {"node": node_id, "job_id": report.job_id or None, "nonce": report.nonce,
+                     "detail": report.detail})
+
+
+def _deleted(gw: Gateway, session: Session, node_id: str, report: AgentReport, now: datetime) -> None:
+    """The node removed artifacts (retention cleanup or a job delete): ledger every object."""
+    from gateway import lifecycle, retention  # late: both import this module's neighbours
+
+    ev = report.evidence or {}
+    objects = [dict(o) for o in ev.get("deleted") or [] if isinstance(o, dict)]
+    reason = str(ev.get("reason") or "")
+    retention.record_deleted(gw, session, node_id, report.job_id, objects, reason, now)
+    lifecycle.purge_reported(gw, session, report.job_id, node_id, objects, now)
+
+
+def _unknown(gw: Gateway, session: Session, node_id: str, report: AgentReport, job: Job | None,
+             now: datetime) -> None:
+    """A process the gateway does not expect on that node: reported and alerted, never stopped unasked (H1)."""
+    record_outcome(gw, "agent_report", {"node": node_id, "job_id": report.job_id or None, "event": report.event,
+                                        "detail": report.detail, "nonce": report.nonce, "known_job": job is not None,
+                                        "job_state": job.state if job else None, "pid": report.pid})
+    if report.event == "unknown":
+        stops.alert(gw, session, now, "unknown_process",
+                    {"node": node_id, "job_id": report.job_id, "pid": report.pid,
+                     "known_job": job is not None, "detail": report.detail})
 
 
 def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: datetime, node_id: str) -> None:
@@ -124,22 +233,29 @@ def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: da
         return
     evidence = {p.node: p.evidence for p in parts}
     outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
-    if target == "stopped":
-        job.outcome = "forced" if "forced" in outcomes else "graceful"
-        state = "stopped"
+    paused = bool(job.stop_request.get("pause"))
+    if target == "stopped" or job.state in ("stop_requested", "stopping", "stop_failed"):
+        job.outcome = "forced" if "forced" in outcomes else "graceful" if "graceful" in outcomes else "exited"
+        state = "paused" if paused else "stopped"
     else:
         job.outcome = None
         state = "succeeded" if target == "exited" else "failed"
     codes = [p.exit_code for p in parts if p.exit_code is not None]
     job.exit_code = max(codes, key=abs) if codes else None
     job.ended_at = now
-    job.evidence = {"nodes": evidence, "gpus_released": all(p.released for p in parts)}
-    transition(job, state, now, by=f"node:{node_id}", reason=job.outcome or f"exit code {job.exit_code}")
+    job.evidence = {"nodes": evidence, "gpus_released": all(p.released for p in parts),
+                    "process_groups_gone": all(p.evidence.get("process_group_gone") is not False for p in parts)}
+    action = "job.pause" if paused else "job.stop" if state == "stopped" else "job.exit"
+    stops.ledger_transition(gw, job, state, now, by=f"node:{node_id}",
+                            reason=job.outcome or f"exit code {job.exit_code}", node=node_id)
     blob = rfc8785.dumps(job.evidence)
-    record_outcome(gw, "outcome", {"action": "job.stop" if state == "stopped" else "job.exit", "job_id": job.id,
-                                   "result": state, "outcome": job.outcome, "exit_code": job.exit_code,
-                                   "stop_request": job.stop_request},
+    record_outcome(gw, "outcome", {"action": action, "job_id": job.id, "result": state, "outcome": job.outcome,
+                                   "exit_code": job.exit_code, "stop_request": job.stop_request},
                    blobs={"evidence": blob})
+    if state in ("stopped", "paused"):
+        from gateway import retention  # imported late: retention imports the agent channel's helpers
+
+        retention.keep_checkpoints(gw, job, now)
 
 
 def node_or_404(session: Session, node_id: str) -> Node:

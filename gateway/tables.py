@@ -8,6 +8,7 @@ from __future__ import annotations
 import gateway.approvals
 import gateway.models
 import gateway.notifications
+import gateway.stop_tables
 import gateway.scheduler_tables
 from gateway.models import Base
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any
 import nacl.signing
 
 from nodeagent import protocol
-from nodeagent.commands import ReconcileParams, StartParams, StopParams
+from nodeagent.commands import DeleteParams, ReconcileParams, StartParams, StopParams
 from nodeagent.errors import GatewayError, InvalidCommand
 from nodeagent.runner import Runner, RunnerEvent, check_job_id
 from nodeagent.state import NonceStore, Outbox, ProcessStore
@@ -91,6 +92,8 @@ class Agent:
         self._handling = threading.Lock()
         self._accepting = True
         self.shutdown = threading.Event()
+        # A new id per agent process: the gateway reconciles when it sees a new one (restart).
+        self.instance = secrets.token_hex(8)
         self.runner = Runner(config.work_dir, self._on_event, subreaper=subreaper)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -181,8 +184,25 @@ class Agent:
             self.runner.stop(
                 command.job_id, stop.grace_seconds, stop.stop_signal, nonce=command.nonce, reason=stop.reason
             )
+        elif command.kind == "delete_artifacts":
+            self._delete(command, DeleteParams.parse(command.params))
         else:
             self._reconcile(command, ReconcileParams.parse(command.params))
+
+    def _delete(self, command: protocol.Command, params: DeleteParams) -> None:
+        # Artifacts of a running job are never touched: deleting is for stopped, paused or deleted jobs.
+        check_job_id(command.job_id)
+        if self.runner.get(command.job_id) is not None:
+            raise InvalidCommand("conflict", f"job {command.job_id} still runs here; artifacts are kept")
+        deleted = self.runner.delete_artifacts(command.job_id, everything=params.what == "all")
+        self._report(
+            command.job_id,
+            "deleted",
+            command.nonce,
+            pid=None,
+            detail=f"{len(deleted)} files deleted",
+            evidence={"deleted": deleted, "what": params.what, "reason": params.reason},
+        )
 
     def _reconcile(self, command: protocol.Command, params: ReconcileParams) -> None:
         # 1. Stop what the gateway wants stopped (a job no longer here is reported stopped at once).
@@ -273,7 +293,7 @@ class Agent:
             {"job_id": r.job_id, "pid": r.pid, "gpus": list(r.gpus)}
             for r in sorted(self.runner.running(), key=lambda r: r.job_id)
         ]
-        return {"gpus": self.config.gpus, "running": running, "version": VERSION}
+        return {"gpus": self.config.gpus, "running": running, "version": VERSION, "instance": self.instance}
 
     def _heartbeat_loop(self) -> None:
         while not self.shutdown.is_set():

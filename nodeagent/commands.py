@@ -104,3 +104,17 @@ class ReconcileParams:
     def parse(cls, params: Mapping[str, Any]) -> ReconcileParams:
         """Raises InvalidCommand unless `expected` and `stop` are lists of job ids."""
         return cls(frozenset(_str_list(params, "expected")), tuple(dict.fromkeys(_str_list(params, "stop"))))
+
+
+@dataclass(frozen=True)
+class DeleteParams:
+    what: str
+    reason: str
+
+    @classmethod
+    def parse(cls, params: Mapping[str, Any]) -> DeleteParams:
+        """Raises InvalidCommand unless `what` is "checkpoints" or "all"."""
+        what = params.get("what", "checkpoints")
+        if what not in ("checkpoints", "all"):
+            raise InvalidCommand("invalid", f"what must be 'checkpoints' or 'all', got {what!r}")
+        return cls(str(what), str(params.get("reason") or ""))

@@ -22,11 +22,11 @@ import nacl.exceptions
 import nacl.signing
 import rfc8785
 
-CommandKind = Literal["start", "stop", "reconcile"]
-COMMAND_KINDS: tuple[str, ...] = ("start", "stop", "reconcile")
+CommandKind = Literal["start", "stop", "reconcile", "delete_artifacts"]
+COMMAND_KINDS: tuple[str, ...] = ("start", "stop", "reconcile", "delete_artifacts")
 
-# Events an agent reports back about a job's process group.
-EVENT_KINDS: tuple[str, ...] = ("started", "stopping", "stopped", "exited", "rejected", "unknown")
+# Events an agent reports back about a job's process group (and `deleted` for removed artifacts).
+EVENT_KINDS: tuple[str, ...] = ("started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted")
 
 
 class CommandRejected(Exception):
@@ -44,6 +44,8 @@ class Command:
 
     start: argv (list[str]), gpus (list[int]), grace_seconds (float), stop_signal (str), env (dict)
     stop:  grace_seconds (float), stop_signal (str), reason (str)
+    reconcile: expected (list[str]), stop (list[str])
+    delete_artifacts: what ("checkpoints" | "all"), reason (str) — only for a job not running here
     """
 
     kind: str

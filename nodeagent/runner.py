@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -332,6 +333,21 @@ class Runner:
             self._stop_threads.append(thread)
         thread.start()
         return thread
+
+    def delete_artifacts(self, job_id: str, *, everything: bool = False) -> list[dict[str, Any]]:
+        """Delete a finished job's checkpoints (or, with `everything`, its whole job directory); return a
+        record (path, size, mtime, sha256) of every file removed. Raises InvalidCommand if the job runs."""
+        job_dir = self.job_dir(job_id)
+        with self._lock:
+            if job_id in self._jobs:
+                raise InvalidCommand("conflict", f"job {job_id} still runs on this node")
+        root = job_dir if everything else job_dir / "checkpoints"
+        records = evidence.scan_files(root, job_dir)
+        for record in records:
+            (job_dir / str(record["path"])).unlink(missing_ok=True)
+        if everything and job_dir.is_dir():
+            shutil.rmtree(job_dir, ignore_errors=True)
+        return records
 
     def join_stops(self, timeout: float | None = None) -> bool:
         """Wait for in-flight stops; True if none is left running."""

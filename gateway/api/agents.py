@@ -6,6 +6,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from pydantic import Field
 
 from gateway import agents
 from gateway.api.deps import Ctx
@@ -14,11 +15,19 @@ from gateway.schemas import AgentReports, Heartbeat
 router = APIRouter(prefix="/v1/agents", tags=["node agents"])
 
 
+class AgentHeartbeat(Heartbeat):
+    """A heartbeat; `instance` changes whenever the agent process restarts (the gateway then reconciles)."""
+
+    instance: str = Field("", max_length=64)
+
+
 @router.post("/{node_id}/heartbeat", summary="Agent heartbeat")
-def heartbeat(node_id: str, beat: Heartbeat, ctx: Ctx) -> dict[str, bool]:
+def heartbeat(node_id: str, beat: AgentHeartbeat, ctx: Ctx) -> dict[str, bool]:
+    """Liveness and the jobs running there. A node back from `lost`, or a restarted agent, gets a signed
+    `reconcile` command listing the jobs the gateway expects there and the ones to stop."""
     with ctx.gw.transaction() as session:
         agents.require_node(ctx.caller(session), node_id)
-        agents.heartbeat(ctx.gw, session, node_id, beat)
+        agents.heartbeat(ctx.gw, session, node_id, beat, beat.instance)
     return {"ok": True}
 
 
@@ -35,10 +44,12 @@ def commands(
         seen = gw.bus.version(node_id)
         with gw.transaction() as session:
             found = agents.take_commands(gw, session, node_id)
+            unacked = not found and agents.has_unacked(gw, session, node_id)
         remaining = end - time.monotonic()
         if found or remaining <= 0:
             return {"commands": found}
-        gw.bus.wait(node_id, seen, remaining)
+        # Unacknowledged envelopes come due again; wake in time to hand them out.
+        gw.bus.wait(node_id, seen, min(remaining, agents.RESEND_AFTER_S) if unacked else remaining)
 
 
 @router.post("/{node_id}/reports", summary="Report process events and evidence")

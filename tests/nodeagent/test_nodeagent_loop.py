@@ -31,7 +31,10 @@ def test_start_then_stop_reports_started_stopping_stopped(
 ) -> None:
     agent_process.start()
     wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
-    assert gateway.heartbeats[0] == {"gpus": 8, "running": [], "version": "0.1.0"}
+    first = dict(gateway.heartbeats[0])
+    # A fresh instance id per agent process lets the gateway notice a restart and reconcile.
+    assert len(first.pop("instance")) == 16
+    assert first == {"gpus": 8, "running": [], "version": "0.1.0"}
 
     start = command(signing_key, "start", "train-1", argv=CHECKPOINTING_JOB, gpus=[2, 5], grace_seconds=10)
     gateway.push(start)

@@ -1,0 +1,131 @@
+"""Checkpoint retention by tier (P1) and auto-offline of expired jobs (R4); both ledgered, both through agents.
+
+Tiers (the job's `retention` label, or `external` for external-rights data):
+  normal     kept until the next job on the same quota (project) starts;
+  important  kept IMPORTANT_RETENTION_DAYS days;
+  external   kept until the date the rights holder confirmed (label `rights_confirmed_until`, else valid_until).
+
+Cleanup never deletes on the gateway's side: it sends a signed `delete_artifacts` command to the node,
+which lists every file it removed; each removal is ledgered when the report comes back.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.auth import Caller
+from gateway.commands import enqueue
+from gateway.context import Gateway
+from gateway.models import Job
+from gateway.pipeline import decide, record_outcome
+from gateway.stop_tables import CheckpointRetention
+
+IMPORTANT_RETENTION_DAYS = 14
+TIERS = ("normal", "important", "external")
+SYSTEM = Caller(id="system", kind="system", token_id="", token_projects=("*",), token_actions=("*",))
+
+
+def tier_of(job: Job) -> str:
+    if job.external_rights:
+        return "external"
+    tier = str(job.labels.get("retention", "normal"))
+    return tier if tier in TIERS else "normal"
+
+
+def keep_until(job: Job, tier: str, now: datetime) -> datetime | None:
+    """None means: until the next job on the same quota starts (normal tier)."""
+    if tier == "important":
+        return now + timedelta(days=IMPORTANT_RETENTION_DAYS)
+    if tier == "external":
+        confirmed = job.labels.get("rights_confirmed_until")
+        if confirmed:
+            try:
+                when = datetime.fromisoformat(str(confirmed))
+                return when if when.tzinfo else when.replace(tzinfo=now.tzinfo)
+            except ValueError:
+                pass
+        # Unconfirmed rights: keep as long as the job was valid, and never less than now.
+        return job.valid_until or now
+    return None
+
+
+def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
+    """Put a stopped or paused job's checkpoints under its tier's retention (ledgered)."""
+    from sqlalchemy.orm import object_session
+
+    session = object_session(job)
+    if session is None:
+        return
+    tier = tier_of(job)
+    until = keep_until(job, tier, now)
+    row = session.get(CheckpointRetention, job.id)
+    if row is None:
+        row = CheckpointRetention(job_id=job.id, tier=tier, quota=job.project, kept_since=now, keep_until=until)
+        session.add(row)
+    else:
+        row.tier, row.kept_since, row.keep_until, row.state = tier, now, until, "kept"
+    record_outcome(gw, "retention", {"job_id": job.id, "tier": tier, "kept_since": now.isoformat(),
+                                     "keep_until": until.isoformat() if until else "until the next job on quota "
+                                     + job.project + " starts"})
+
+
+def expired(session: Session, row: CheckpointRetention, now: datetime) -> str | None:
+    """Why the row's checkpoints may go now, or None."""
+    if row.state != "kept":
+        return None
+    if row.keep_until is not None:
+        return f"{row.tier} retention ended {row.keep_until.isoformat()}" if row.keep_until <= now else None
+    successor = session.scalars(select(Job.id).where(
+        Job.project == row.quota, Job.id != row.job_id, Job.started_at.is_not(None),
+        Job.started_at > row.kept_since).limit(1)).first()
+    return f"job {successor} started on quota {row.quota}" if successor else None
+
+
+def cleanup(gw: Gateway, session: Session, now: datetime) -> list[str]:
+    """Send `delete_artifacts` for every expired retention; returns the job ids being cleaned."""
+    cleaning = []
+    for row in session.scalars(select(CheckpointRetention).where(CheckpointRetention.state == "kept")).all():
+        why = expired(session, row, now)
+        job = session.get(Job, row.job_id)
+        if why is None or job is None:
+            continue
+        row.state = "cleaning"
+        nonces = [enqueue(gw, session, p["node"], job.id, "delete_artifacts",
+                          {"what": "checkpoints", "reason": f"retention: {why}"}) for p in job.placement]
+        record_outcome(gw, "retention", {"job_id": job.id, "action": "cleanup", "tier": row.tier, "why": why,
+                                         "nonces": nonces, "at": now.isoformat()})
+        cleaning.append(job.id)
+    return cleaning
+
+
+def record_deleted(gw: Gateway, session: Session, node: str, job_id: str, objects: list[dict[str, Any]],
+                   reason: str, now: datetime) -> None:
+    """Ledger every object a node deleted (one entry per object), and close the retention row."""
+    for obj in objects:
+        record_outcome(gw, "deletion", {"job_id": job_id, "node": node, "object": obj, "reason": reason,
+                                        "at": now.isoformat()})
+    row = session.get(CheckpointRetention, job_id)
+    if row is not None and row.state == "cleaning" and reason.startswith("retention"):
+        row.state, row.cleaned_at = "cleaned", now
+
+
+def auto_offline(gw: Gateway, session: Session, now: datetime) -> list[str]:
+    """R4: the system reclaims running or queued jobs past valid_until that asked for auto-offline."""
+    from gateway.jobs import execute_stop
+
+    done = []
+    for job in session.scalars(select(Job).where(
+            Job.auto_offline.is_(True), Job.valid_until.is_not(None), Job.valid_until <= now,
+            Job.state.in_(("pending", "starting", "running")))).all():
+        rec = decide(gw, session, SYSTEM, "job.stop", targets=[job], project=job.project,
+                     reason="validity period ended; auto-offline (R4)")
+        if rec.decision.effect != "allow":
+            continue
+        execute_stop(gw, session, job, by="system", request_id=rec.request_id, decision_seq=rec.seq,
+                     reason="validity period ended; auto-offline (R4)", ticket=None)
+        done.append(job.id)
+    return done

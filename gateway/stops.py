@@ -1,0 +1,221 @@
+"""The stop state machine (C3) and node health: every step timestamped in the job's history AND ledgered.
+
+    running → stop_requested → stopping → stopped      (evidence: group gone, exit status, GPUs released)
+                                        ↘ stop_failed  (unconfirmed within grace + margin, node unreachable,
+                                                        or the group survived SIGKILL) → alert → a person
+    running → lost (node missed heartbeats; GPUs withheld) → running (node back, process still there)
+                                                            → stop_failed / stopped (via reconcile or on-call)
+
+Nothing here retries on its own: a stop that did not take effect waits for a person
+(`confirm_stopped`) or for the node's own evidence after it returns and reconciles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.auth import Caller
+from gateway.commands import enqueue
+from gateway.context import Gateway
+from gateway.errors import Conflict
+from gateway.jobs import load_job, refuse_unless_allowed, transition
+from gateway.models import Allocation, Job, Node, RoleBinding
+from gateway.notifications import notify
+from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.stop_tables import AgentSession
+
+log = logging.getLogger("jobgate.stops")
+
+# A stop not confirmed within the job's grace window plus this margin is escalated (C3).
+STOP_CONFIRM_MARGIN_S = 30.0
+STOPPING_STATES = ("stop_requested", "stopping")
+# States in which a job still holds (or may hold) processes and GPUs on its nodes.
+HOLDING_STATES = ("starting", "running", "lost", "stop_requested", "stopping", "stop_failed")
+# Allocation states the node itself confirmed as over; anything else may still have a process.
+PART_DONE = ("stopped", "exited", "failed")
+ONCALL_ROLE = "oncall"
+
+
+def ledger_transition(gw: Gateway, job: Job, state: str, now: datetime, *, by: str, reason: str,
+                      **extra: Any) -> int:
+    """Move `job` to `state`, keep the step in its history and append it to the ledger. Raises LedgerUnavailable."""
+    before = job.state
+    transition(job, state, now, by=by, reason=reason)
+    return record_outcome(gw, "transition", {"job_id": job.id, "state_before": before, "state_after": state,
+                                             "by": by, "reason": reason, "at": now.isoformat(), **extra})
+
+
+def oncall_people(session: Session) -> list[str]:
+    return sorted(set(session.scalars(select(RoleBinding.principal_id).where(RoleBinding.role == ONCALL_ROLE))))
+
+
+def alert(gw: Gateway, session: Session, now: datetime, kind: str, body: dict[str, Any],
+          *, also: Iterable[str] = ()) -> None:
+    """Escalate to people: one structured log line, a notification per on-call engineer (and `also`)."""
+    log.warning(json.dumps({"alert": kind, "at": now.isoformat(), **body}, sort_keys=True, default=str))
+    for who in sorted(set(oncall_people(session)) | set(also)):
+        notify(session, who, kind, body, now)
+
+
+def escalate(gw: Gateway, session: Session, job: Job, now: datetime, why: str, *, unreachable: bool) -> None:
+    """stop_failed: ledgered, alerted, and left for a person (`POST /v1/jobs/{id}/confirm-stopped`)."""
+    reason = f"{why}; waiting for on-call to confirm"
+    ledger_transition(gw, job, "stop_failed", now, by="system", reason=reason,
+                      alert="stop_failed", unreachable=unreachable)
+    job.stop_request = {**job.stop_request, "failed_at": now.isoformat(), "unreachable": unreachable,
+                        "failure": why}
+    alert(gw, session, now, "stop_failed",
+          {"job_id": job.id, "why": why, "unreachable": unreachable, "nodes": [p["node"] for p in job.placement],
+           "action": f"POST /v1/jobs/{job.id}/confirm-stopped"}, also=[job.owner])
+
+
+def escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> int:
+    """Escalate stops not confirmed within grace + margin, or whose node is unreachable. Returns how many."""
+    lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
+    count = 0
+    for job in session.scalars(select(Job).where(Job.state.in_(STOPPING_STATES))).all():
+        asked = datetime.fromisoformat(job.stop_request["at"]) if job.stop_request.get("at") else job.submitted_at
+        waiting = unconfirmed_nodes(session, job)
+        if waiting & lost:
+            escalate(gw, session, job, now, f"node {', '.join(sorted(waiting & lost))} is unreachable",
+                     unreachable=True)
+            count += 1
+        elif now - asked > timedelta(seconds=job.grace_seconds + STOP_CONFIRM_MARGIN_S):
+            window = f"{job.grace_seconds:g}s grace + {STOP_CONFIRM_MARGIN_S:g}s margin"
+            escalate(gw, session, job, now, f"stop not confirmed within {window}", unreachable=False)
+            count += 1
+    return count
+
+
+def unconfirmed_nodes(session: Session, job: Job) -> set[str]:
+    return set(session.scalars(select(Allocation.node).where(
+        Allocation.job_id == job.id, Allocation.state.not_in(PART_DONE))).all())
+
+
+def mark_lost_nodes(gw: Gateway, session: Session, now: datetime) -> list[str]:
+    """Nodes silent past the heartbeat timeout become `lost`; their running jobs become `lost` with GPUs
+    withheld, their stopping jobs `stop_failed` (unreachable). Returns the node ids marked now."""
+    cutoff = now - timedelta(seconds=gw.settings.node_heartbeat_timeout_s)
+    marked = []
+    for node in session.scalars(select(Node).where(Node.state == "alive")).all():
+        if node.last_heartbeat is not None and node.last_heartbeat >= cutoff:
+            continue
+        node.state = "lost"
+        marked.append(node.id)
+        seen = node.last_heartbeat.isoformat() if node.last_heartbeat else None
+        record_outcome(gw, "node", {"node": node.id, "state_before": "alive", "state_after": "lost",
+                                    "last_heartbeat": seen, "at": now.isoformat()})
+        jobs = jobs_on_node(session, node.id)
+        alert(gw, session, now, "node_lost", {"node": node.id, "last_heartbeat": seen,
+                                              "jobs": [j.id for j in jobs]})
+        for job in jobs:
+            if job.state in ("starting", "running"):
+                ledger_transition(gw, job, "lost", now, by="system",
+                                  reason=f"node {node.id} missed heartbeats; GPUs withheld until it returns "
+                                         "or on-call confirms", node=node.id)
+            elif job.state in STOPPING_STATES:
+                escalate(gw, session, job, now, f"node {node.id} is unreachable", unreachable=True)
+    return marked
+
+
+def jobs_on_node(session: Session, node_id: str) -> list[Job]:
+    """Jobs with a part on the node that the node has not confirmed as over."""
+    ids = session.scalars(select(Allocation.job_id).where(
+        Allocation.node == node_id, Allocation.state.not_in(PART_DONE))).all()
+    if not ids:
+        return []
+    return list(session.scalars(select(Job).where(Job.id.in_(sorted(set(ids)))).order_by(Job.id)).all())
+
+
+def reconcile_params(session: Session, node_id: str) -> dict[str, list[str]]:
+    """What the node should run (`expected`) and what it must stop (`stop`): every job with an unconfirmed part
+    there that the gateway no longer wants running."""
+    expected, stop = [], []
+    for job in jobs_on_node(session, node_id):
+        (expected if job.state in ("starting", "running", "lost") else stop).append(job.id)
+    return {"expected": expected, "stop": stop}
+
+
+def send_reconcile(gw: Gateway, session: Session, node_id: str, now: datetime, why: str) -> str:
+    params = reconcile_params(session, node_id)
+    nonce = enqueue(gw, session, node_id, "", "reconcile", params)
+    row = session.get(AgentSession, node_id)
+    if row is not None:
+        row.last_reconcile_nonce = nonce
+    record_outcome(gw, "node", {"node": node_id, "action": "reconcile", "why": why, "nonce": nonce,
+                                "at": now.isoformat(), **params})
+    return nonce
+
+
+def on_heartbeat(gw: Gateway, session: Session, node: Node, was: str, instance: str,
+                 running: list[dict[str, Any]], now: datetime) -> None:
+    """A heartbeat from a node that was lost, new, or whose agent restarted: fold and reconcile."""
+    row = session.get(AgentSession, node.id)
+    restarted = row is not None and bool(instance) and row.instance != instance
+    if row is None:
+        row = AgentSession(node=node.id, instance=instance, since=now)
+        session.add(row)
+        session.flush()
+    elif restarted:
+        row.instance, row.since = instance, now
+    if was == "alive" and not restarted:
+        return
+    if was == "lost":
+        record_outcome(gw, "node", {"node": node.id, "state_before": "lost", "state_after": "alive",
+                                    "at": now.isoformat()})
+        here = {str(r.get("job_id")) for r in running}
+        alive = set(session.scalars(select(Node.id).where(Node.state == "alive")).all()) | {node.id}
+        for job in jobs_on_node(session, node.id):
+            if job.state == "lost" and job.id in here and {p["node"] for p in job.placement} <= alive:
+                ledger_transition(gw, job, "running", now, by=f"node:{node.id}",
+                                  reason=f"node {node.id} returned and the process still runs")
+    why = {"lost": "node returned", "registered": "agent started"}.get(was, "agent restarted")
+    if was == "alive" and restarted:
+        why = "agent restarted"
+    send_reconcile(gw, session, node.id, now, why)
+
+
+def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
+                    ticket: str | None) -> tuple[Job, Recorded]:
+    """On-call vouches that a stop_failed or lost job no longer runs: stopped, GPUs released, ledgered.
+
+    Raises NotFound, PolicyDenied, Conflict (the job is not waiting for a person), LedgerUnavailable.
+    """
+    job = load_job(session, job_id, for_update=True)
+    rec = decide(gw, session, caller, "job.confirm_stopped", targets=[job], project=job.project,
+                 reason=reason, ticket=ticket)
+    refuse_unless_allowed(rec)
+    if job.state not in ("stop_failed", "lost"):
+        raise Conflict(f"job {job.id} is {job.state}; only stop_failed or lost jobs wait for a person",
+                       state=job.state)
+    now = gw.clock()
+    parts = list(session.scalars(select(Allocation).where(Allocation.job_id == job.id)).all())
+    withheld = [{"node": p.node, "gpus": list(p.gpus)} for p in parts if not p.released]
+    for p in parts:
+        p.released = True
+    job.outcome = "confirmed"
+    job.ended_at = now
+    job.evidence = {**job.evidence, "confirmed_by": caller.real_identity, "confirm_reason": reason,
+                    "gpus_released_by_person": withheld,
+                    "nodes": {p.node: p.evidence for p in parts}}
+    ledger_transition(gw, job, "stopped", now, by=caller.real_identity, reason=f"confirmed by on-call: {reason}",
+                      request_id=rec.request_id, decision_seq=rec.seq, gpus_released=withheld)
+    gw.scheduler_kick.set()
+    return job, rec
+
+
+def housekeeping(gw: Gateway, session: Session, now: datetime) -> None:
+    """Called once per scheduler cycle, in its transaction: node health, stop escalation, retention, R4."""
+    from gateway import retention
+
+    mark_lost_nodes(gw, session, now)
+    escalate_unconfirmed_stops(gw, session, now)
+    retention.auto_offline(gw, session, now)
+    retention.cleanup(gw, session, now)
