@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from gateway.api.routes import ROUTERS
 from gateway.bootstrap import open_gateway
 from gateway.errors import install_error_handlers
+from gateway.housekeeping import HousekeepingLoop
 from gateway.scheduling import SchedulerLoop
 from gateway.settings import Settings
 
@@ -35,13 +36,15 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
         anyio.to_thread.current_default_thread_limiter().total_tokens = 200
         gw = open_gateway(settings)
         app.state.gateway = gw
-        loop = SchedulerLoop(gw) if run_scheduler else None
-        if loop:
+        loops: list[SchedulerLoop | HousekeepingLoop] = []
+        if run_scheduler:
+            loops = [SchedulerLoop(gw), HousekeepingLoop(gw)]
+        for loop in loops:
             loop.start()
         try:
             yield
         finally:
-            if loop:
+            for loop in loops:
                 loop.stop()
             gw.close()
 

@@ -232,7 +232,10 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
                                        "result": "approval_recorded", "missing": missing_now})
         return approval
     # Project-level actions (quota.change) have no target jobs and still execute once (A7).
-    result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if live or not approval.target_ids else {}
+    # The executor carries out the final decision's obligations (e.g. notify the owner first).
+    approval.resolution = {"obligations": [dict(o) for o in rec.decision.obligations]}
+    runs = bool(live) or not approval.target_ids
+    result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if runs else {}
     approval.state = "executed"
     approval.resolved_at = now
     approval.resolved_by = caller.real_identity

@@ -87,6 +87,6 @@ def stop_many(gw: Gateway, session: Session, caller: Caller, req: BatchStopReque
         return out
     for job in jobs:
         execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
-                     reason=req.reason, ticket=req.ticket)
+                     reason=req.reason, ticket=req.ticket, obligations=rec.decision.obligations)
     out["states"] = {j.id: j.state for j in jobs}
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,6 +16,7 @@ from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict, Invalid, NotFound, PolicyDenied
 from gateway.models import Job, Node, Principal, Project
+from gateway.obligations import notify_owners
 from gateway.pipeline import Recorded, decide, record_outcome
 from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
@@ -226,7 +228,7 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
                                 project=job.project, reason=req.reason, ticket=req.ticket)
         return job, rec, approval
     execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
-                 reason=req.reason, ticket=req.ticket)
+                 reason=req.reason, ticket=req.ticket, obligations=rec.decision.obligations)
     return job, rec, None
 
 
@@ -236,17 +238,24 @@ def _stop_after_approval(gw: Gateway, session: Session, approval: Approval, targ
     for job in targets:
         execute_stop(gw, session, job, by=approval.requester, request_id=approval.id,
                      decision_seq=approval.decision_seq, reason=approval.reason or "", ticket=approval.ticket,
-                     approved_by=[a["by"] for a in approval.approvals])
+                     approved_by=[a["by"] for a in approval.approvals],
+                     obligations=approval.resolution.get("obligations", ()))
     return {"stopping": [j.id for j in targets]}
 
 
 def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id: str, decision_seq: int,
-                 reason: str, ticket: str | None, approved_by: list[str] | None = None) -> None:
-    """Carry out an allowed stop: cancel a queued job, or send signed stop commands to its nodes."""
+                 reason: str, ticket: str | None, approved_by: list[str] | None = None,
+                 obligations: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Carry out an allowed stop: cancel a queued job, or send signed stop commands to its nodes.
+
+    Owners the policy says must be told (notify_owner obligations) get a notice asking for a receipt
+    before the stop goes out; the outcome entry records who was notified. Raises Conflict.
+    """
     now = gw.clock()
     if job.state in ENDED_STATES:
         raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
     before = job.state
+    notified = notify_owners(gw, session, obligations, job=job, actor=by, action="job.stop", reason=reason)
     job.stop_request = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(),
                         "request_id": request_id, "decision_seq": decision_seq, "approved_by": approved_by or []}
     if job.state == "pending":
@@ -261,7 +270,7 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
                     {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
     record_outcome(gw, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
                                    "job_id": job.id, "result": job.state, "state_before": before,
-                                   "state_after": job.state})
+                                   "state_after": job.state, "owner_notified": notified})
 
 
 def stop_evidence_summary(job: Job) -> dict[str, Any]:

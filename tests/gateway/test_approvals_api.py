@@ -161,3 +161,37 @@ def test_two_approvers_racing_execute_once(api: Api) -> None:
         commands = [e for e in entries if e["kind"] == "outcome" and e["body"].get("job_id") == job_id
                     and e["body"].get("state_after") == "stop_requested"]
         assert len(commands) == 1
+
+
+def test_owner_is_notified_before_the_stop_and_the_receipt_is_ledgered(api: Api) -> None:
+    from datetime import timedelta
+
+    from gateway.notifications import Notification
+    from gateway.obligations import RECEIPT_TIMEOUT, sweep_timed_out_receipts
+
+    job_id = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    assert api.post(f"/v1/approvals/{approval_id}/approve", "dave").json()["state"] == "executed"
+    outcome = next(e for e in ledger_entries(api) if e["body"].get("job_id") == job_id
+                   and e["body"].get("state_after") == "stop_requested")
+    (notified,) = outcome["body"]["owner_notified"]
+    assert notified["owner"] == "alice" and notified["receipt"] == "pending"
+    notes = api.get("/v1/notifications", "alice").json()["notifications"]
+    note = next(n for n in notes if n["id"] == notified["notification_id"])
+    assert note["receipt"] == "pending" and note["body"]["job_id"] == job_id
+    assert api.post(f"/v1/notifications/{note['id']}/ack", "bob").status_code == 404
+    assert api.post(f"/v1/notifications/{note['id']}/ack", "alice").json()["receipt"] == "acknowledged"
+    receipt = [e for e in ledger_entries(api) if e["kind"] == "receipt"][-1]["body"]
+    assert receipt == {**receipt, "notification_id": note["id"], "receipt": "acknowledged", "job_id": job_id}
+
+    # A second stop whose owner never answers: the sweep records the receipt as timed out.
+    other = running_job(api)
+    approval_id = ask_stop(api, "carol", other)["approval_id"]
+    api.post(f"/v1/approvals/{approval_id}/approve", "dave")
+    with api.gateway.transaction() as s:
+        for n in s.query(Notification).filter(Notification.receipt_required.is_(True)).all():
+            n.created_at -= RECEIPT_TIMEOUT + timedelta(seconds=1)
+    with api.gateway.transaction() as s:
+        assert sweep_timed_out_receipts(api.gateway, s) == 1
+    timed_out = [e for e in ledger_entries(api) if e["kind"] == "receipt"][-1]["body"]
+    assert timed_out["receipt"] == "timed_out" and timed_out["job_id"] == other
