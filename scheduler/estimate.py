@@ -30,19 +30,19 @@ def estimate_starts(snapshot: Snapshot, order: Sequence[PendingJob], *, now: dat
     for r, f in enumerate(free):
         buckets[f].append(r)
     size_count = [0] * (top + 2)
-    for n in alive:
-        size_count[n.gpus] += 1
+    for node in alive:
+        size_count[node.gpus] += 1
     heap: list[tuple[float, int, int]] = []  # (seconds from now, rank, gpus)
-    for job in snapshot.running:
-        if job.stop_by is not None:
-            end = job.stop_by
+    for held in snapshot.running:
+        if held.stop_by is not None:
+            end = held.stop_by
         else:
-            end = job.started_at + timedelta(seconds=job.runtime_limit_s or config.default_runtime_s)
+            end = held.started_at + timedelta(seconds=held.runtime_limit_s or config.default_runtime_s)
         at = max(0.0, (end - now).total_seconds())
-        for p in job.placement:
-            r = rank.get(p.node)
-            if r is not None:
-                heap.append((at, r, len(p.gpus)))
+        for p in held.placement:
+            node_rank = rank.get(p.node)
+            if node_rank is not None:
+                heap.append((at, node_rank, len(p.gpus)))
     heapq.heapify(heap)
 
     def move(r: int, delta: int) -> None:
@@ -57,11 +57,11 @@ def estimate_starts(snapshot: Snapshot, order: Sequence[PendingJob], *, now: dat
     out: dict[JobId, datetime | None] = {}
     t = 0.0
     for job in order:
-        g, n = job.gpus_per_node, job.nodes
-        if g > top or sum(size_count[g:]) < n:
+        g, need = job.gpus_per_node, job.nodes
+        if g > top or sum(size_count[g:]) < need:
             out[job.id] = None
             continue
-        while fitting(g) < n and heap:
+        while fitting(g) < need and heap:
             at, r, gpus = heapq.heappop(heap)
             t = max(t, at)
             move(r, gpus)
@@ -69,7 +69,7 @@ def estimate_starts(snapshot: Snapshot, order: Sequence[PendingJob], *, now: dat
             while heap and heap[0][0] <= t:
                 _, r2, gpus2 = heapq.heappop(heap)
                 move(r2, gpus2)
-        if fitting(g) < n:
+        if fitting(g) < need:
             out[job.id] = None
             continue
         out[job.id] = now + timedelta(seconds=t)
@@ -77,9 +77,9 @@ def estimate_starts(snapshot: Snapshot, order: Sequence[PendingJob], *, now: dat
         for k in range(g, top + 1):
             for r in buckets[k]:
                 chosen.append(r)
-                if len(chosen) == n:
+                if len(chosen) == need:
                     break
-            if len(chosen) == n:
+            if len(chosen) == need:
                 break
         ends = t + (job.runtime_limit_s or config.default_runtime_s)
         for r in chosen:

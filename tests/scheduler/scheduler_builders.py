@@ -7,7 +7,17 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from scheduler.cycle import CycleResult
-from scheduler.model import JobId, NodeId, NodeState, PendingJob, Placement, ProjectId, RunningJob, Snapshot
+from scheduler.model import (
+    JobId,
+    NodeId,
+    NodeState,
+    PendingJob,
+    Placement,
+    ProjectId,
+    Quotas,
+    RunningJob,
+    Snapshot,
+)
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 HOUR = 3600.0
@@ -29,6 +39,8 @@ class JobBuilder:
         self._submitted = NOW
         self._priority = 0.0
         self._limit: float | None = None
+        self._credit = 0.0
+        self._compensation = 0.0
 
     def gpus(self, n: int) -> JobBuilder:
         self._gpus = n
@@ -58,10 +70,17 @@ class JobBuilder:
         self._limit = hours * HOUR
         return self
 
+    def requeued(self, waited_before_h: float, compensation: float) -> JobBuilder:
+        """A job back in the queue after a preemption: earlier wait carried over, plus compensation."""
+        self._credit = waited_before_h * HOUR
+        self._compensation = compensation
+        return self
+
     def build(self) -> PendingJob:
         return PendingJob(id=self._id, project=self._project, user=self._user, queue=self._queue,
                           gpus_per_node=self._gpus, nodes=self._nodes, submitted_at=self._submitted,
-                          base_priority=self._priority, runtime_limit_s=self._limit)
+                          base_priority=self._priority, runtime_limit_s=self._limit,
+                          wait_credit_s=self._credit, compensation=self._compensation)
 
 
 def job(job_id: str, project: str = "vision", user: str = "ada") -> JobBuilder:
@@ -74,15 +93,17 @@ def node(node_id: str, gpus: int = 8, *, busy: Iterable[int] = (), alive: bool =
 
 
 def running(job_id: str, on: dict[str, Iterable[int]], *, started: datetime = NOW,
-            limit_h: float | None = None, queue: str = "normal") -> RunningJob:
-    return RunningJob(id=JobId(job_id), project=ProjectId("vision"), user="ada", queue=queue, priority=0.0,
+            limit_h: float | None = None, queue: str = "normal", project: str = "vision", user: str = "ada",
+            priority: float = 0.0, borrowed: bool = False, stop_by: datetime | None = None) -> RunningJob:
+    return RunningJob(id=JobId(job_id), project=ProjectId(project), user=user, queue=queue, priority=priority,
                       started_at=started,
                       placement=tuple(Placement(NodeId(n), tuple(g)) for n, g in on.items()),
-                      runtime_limit_s=None if limit_h is None else limit_h * HOUR)
+                      runtime_limit_s=None if limit_h is None else limit_h * HOUR, borrowed=borrowed,
+                      stop_by=stop_by)
 
 
 def snap(nodes: Iterable[NodeState], pending: Iterable[JobBuilder | PendingJob] = (),
-         run: Iterable[RunningJob] = ()) -> Snapshot:
+         run: Iterable[RunningJob] = (), quotas: Quotas | None = None) -> Snapshot:
     """A consistent snapshot: GPUs of running jobs are taken out of their nodes' free sets."""
     run = tuple(run)
     used: dict[str, set[int]] = defaultdict(set)
@@ -93,6 +114,7 @@ def snap(nodes: Iterable[NodeState], pending: Iterable[JobBuilder | PendingJob] 
         nodes=tuple(NodeState(n.id, n.gpus, n.free - used[n.id], n.alive) for n in nodes),
         pending=tuple(j.build() if isinstance(j, JobBuilder) else j for j in pending),
         running=run,
+        quotas=quotas,
     )
 
 

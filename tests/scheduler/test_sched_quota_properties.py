@@ -1,0 +1,111 @@
+"""Properties over random clusters with quotas: after any cycles, no quota tier and no node is exceeded,
+and every gang is whole (Q4, Q5, Q6)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scheduler_builders import NOW
+
+from scheduler.cycle import run_cycle
+from scheduler.model import (
+    JobId,
+    NodeId,
+    NodeState,
+    PendingJob,
+    ProjectId,
+    Quotas,
+    RunningJob,
+    Snapshot,
+    TenantQuota,
+)
+
+TENANTS = [ProjectId("t0"), ProjectId("t1"), ProjectId("t2")]
+USERS = ["u0", "u1", "u2", "u3"]
+LIMIT = st.one_of(st.none(), st.integers(0, 24))
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[list[NodeState], Quotas, list[list[PendingJob]]]:
+    nodes = [NodeState(NodeId(f"n{i}"), g, frozenset(range(g)))
+             for i, g in enumerate(draw(st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=6)))]
+    tenants = {t: TenantQuota(draw(st.integers(0, 16)), borrow_limit=draw(LIMIT), lend_limit=draw(LIMIT))
+               for t in TENANTS if draw(st.booleans())}
+    users = {u: draw(st.integers(0, 16)) for u in USERS if draw(st.booleans())}
+    quotas = Quotas(cluster_gpus=draw(st.one_of(st.none(), st.integers(0, 48))), tenants=tenants, users=users)
+    waves = []
+    k = 0
+    for _ in range(draw(st.integers(1, 3))):
+        wave = []
+        for _ in range(draw(st.integers(0, 8))):
+            wave.append(PendingJob(JobId(f"j{k}"), draw(st.sampled_from(TENANTS)), draw(st.sampled_from(USERS)),
+                                   draw(st.sampled_from(["urgent", "normal", "batch"])),
+                                   gpus_per_node=draw(st.sampled_from([1, 2, 4, 8])), nodes=draw(st.integers(1, 2)),
+                                   submitted_at=NOW - timedelta(minutes=draw(st.integers(0, 600)))))
+            k += 1
+        waves.append(wave)
+    return nodes, quotas, waves
+
+
+def _check(nodes: list[NodeState], quotas: Quotas, run: list[RunningJob]) -> None:
+    owned: dict[str, int] = defaultdict(int)
+    borrowed: dict[str, int] = defaultdict(int)
+    users: dict[str, int] = defaultdict(int)
+    per_node: dict[str, set[int]] = defaultdict(set)
+    for r in run:
+        (borrowed if r.borrowed else owned)[r.project] += r.gpus
+        users[r.user] += r.gpus
+        for p in r.placement:
+            assert not per_node[p.node] & set(p.gpus), "a GPU given twice"
+            per_node[p.node] |= set(p.gpus)
+    capacity = {n.id: n.gpus for n in nodes}
+    for node_id, gpus in per_node.items():
+        assert max(gpus) < capacity[node_id]
+    total = sum(owned.values()) + sum(borrowed.values())
+    if quotas.cluster_gpus is not None:
+        assert total <= quotas.cluster_gpus
+    for t in TENANTS:
+        q = quotas.tenant(t)
+        assert owned[t] <= q.gpus
+        if q.borrow_limit is not None:
+            assert borrowed[t] <= q.borrow_limit
+    for u, limit in quotas.users.items():
+        assert users[u] <= limit
+    # Borrowed GPUs come from idle owned quota within lend caps, or from capacity nobody owns.
+    owned_quota = sum(q.gpus for q in quotas.tenants.values())
+    cluster = sum(capacity.values()) if quotas.cluster_gpus is None else min(sum(capacity.values()),
+                                                                              quotas.cluster_gpus)
+    pool = max(0, cluster - owned_quota) + sum(
+        min(q.gpus, q.lend_limit) if q.lend_limit is not None else q.gpus for q in quotas.tenants.values())
+    assert sum(borrowed.values()) <= pool
+
+
+@settings(max_examples=300, deadline=None)
+@given(worlds())
+def test_no_tier_or_node_is_ever_exceeded_and_gangs_are_whole(world: tuple[list[NodeState], Quotas,
+                                                                             list[list[PendingJob]]]) -> None:
+    nodes, quotas, waves = world
+    run: list[RunningJob] = []
+    pending: list[PendingJob] = []
+    for wave in waves:
+        pending += wave
+        used: dict[str, set[int]] = defaultdict(set)
+        for r in run:
+            for p in r.placement:
+                used[p.node] |= set(p.gpus)
+        snapshot = Snapshot(tuple(NodeState(n.id, n.gpus, n.free - used[n.id]) for n in nodes), tuple(pending),
+                            tuple(run), quotas=quotas)
+        result = run_cycle(snapshot, now=NOW)
+        by_id = {j.id: j for j in pending}
+        for a in result.admits:
+            j = by_id[a.job_id]
+            assert len(a.placement) == j.nodes and len({p.node for p in a.placement}) == j.nodes
+            assert all(len(p.gpus) == j.gpus_per_node for p in a.placement)
+            run.append(RunningJob(j.id, j.project, j.user, j.queue, a.priority.total, NOW, a.placement,
+                                  borrowed=a.borrowed))
+        admitted = {a.job_id for a in result.admits}
+        pending = [j for j in pending if j.id not in admitted]
+        _check(nodes, quotas, run)
