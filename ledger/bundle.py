@@ -293,7 +293,11 @@ def open_bundle(path: Path) -> tuple[BundleHeader, Material, IO[bytes]]:
 
 def _open(f: IO[bytes]) -> tuple[BundleHeader, Material, IO[bytes]]:
     try:
-        trailer = _json_line(_read_trailer(f), "trailer")
+        last = _read_trailer(f)
+        try:
+            trailer = _json_line(last, "trailer")
+        except BundleError as e:
+            raise BundleError("bundle is truncated or corrupt (its last line is not the trailer)") from e
         f.seek(0)
         first = f.readline(1 << 20)
     except OSError as e:

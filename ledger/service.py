@@ -31,7 +31,7 @@ from ledger.errors import (
 )
 from ledger.keys import NoteSigner
 from ledger.merkle import MerkleTree, leaf_hash
-from ledger.note import Checkpoint, cosign, parse_checkpoint, sign_checkpoint
+from ledger.note import Checkpoint, cosign, open_note, parse_checkpoint, sign_checkpoint
 from ledger.proofs import ConsistencyProof, InclusionProof
 from ledger.rotation import (
     ROTATION_KIND,
@@ -179,6 +179,14 @@ class Ledger:
                 raise LedgerCorrupted(f"latest checkpoint is for size {size} but the store holds {tree.size}")
             if checkpoint.root != tree.root(size):
                 raise LedgerCorrupted(f"latest checkpoint root does not match the entries (size {size})")
+            try:
+                open_note(note, self._signer.verifier())
+            except LedgerError as e:
+                # Signing on with a key nobody announced would fail every verification (unknown_key).
+                raise KeyMismatch(
+                    f"the latest checkpoint is not signed by key {self._signer.key_id.hex()}: restore the ledger's"
+                    " signing key (keys/ledger.key) or finish a rotation with `jobgate ledger rotate-key`"
+                ) from e
             self._checkpoint = note
         elif tree.size:
             raise LedgerCorrupted("ledger has entries but no checkpoint")

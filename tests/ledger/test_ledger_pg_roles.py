@@ -1,0 +1,122 @@
+"""`jobgate ledger init-db` on real PostgreSQL: the gateway role can append and read, nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from urllib.parse import urlparse
+
+import pytest
+from ledger_bundle_kit import ORIGIN, run
+
+from ledger.admin import init_db
+from ledger.keys import NoteSigner
+from ledger.service import Ledger
+from ledger.verify import verify_store
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def role(pg_url: str) -> Iterator[str]:
+    """A unique role name; the role is dropped after the test (roles are cluster-wide)."""
+    import psycopg
+
+    name = f"jobgate_ledger_gw_{secrets.token_hex(4)}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
+        conn.execute(f'DROP OWNED BY "{name}"')
+    base = os.environ["JOBGATE_TEST_PG_URL"]
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP ROLE IF EXISTS "{name}"')
+
+
+@pytest.fixture
+def gateway_url(pg_url: str, role: str) -> str:
+    res = init_db(pg_url, role=role, password="s3cret pass")
+    assert res.gateway_url is not None and res.role == role
+    assert urlparse(res.gateway_url).username == role
+    return res.gateway_url
+
+
+def test_gateway_role_appends_reads_and_verifies(gateway_url: str) -> None:
+    signer = NoteSigner.generate(ORIGIN)
+    with Ledger.open(gateway_url, signer=signer) as led:
+        for i in range(5):
+            led.append("decision", {"i": i}, blobs={"s": b"snap"} if i == 2 else None)
+        assert led.entry(3).value["body"] == {"i": 3}
+    with Ledger.open(gateway_url, signer=signer) as led:  # reopen: no DDL needed
+        led.append("decision", {"i": 5})
+    v = verify_store(gateway_url, signer.verifier())
+    assert v.ok and v.size == 6, v.message
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE ledger_entries SET hash = 'x' WHERE seq = 0",
+        "DELETE FROM ledger_entries WHERE seq = 0",
+        "TRUNCATE ledger_entries",
+        "UPDATE ledger_checkpoints SET note = 'x'",
+        "DELETE FROM ledger_checkpoints",
+        "TRUNCATE ledger_checkpoints",
+        "UPDATE ledger_blobs SET data = 'x'",
+        "DELETE FROM ledger_blobs",
+        "TRUNCATE ledger_blobs",
+        "ALTER TABLE ledger_entries DISABLE TRIGGER ALL",
+        "DROP TRIGGER ledger_entries_append_only ON ledger_entries",
+        "DROP TABLE ledger_entries",
+        "CREATE TABLE ledger_shadow (x int)",
+    ],
+)
+def test_gateway_role_cannot_change_history(gateway_url: str, statement: str) -> None:
+    import psycopg
+
+    signer = NoteSigner.generate(ORIGIN)
+    with Ledger.open(gateway_url, signer=signer) as led:
+        led.append("decision", {"i": 0}, blobs={"s": b"snap"})
+    with psycopg.connect(gateway_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(statement)
+        assert conn.execute("SELECT count(*) FROM ledger_entries").fetchone() == (1,)
+
+
+@pytest.mark.parametrize("table", ["ledger_entries", "ledger_checkpoints", "ledger_blobs"])
+def test_triggers_refuse_even_the_owner(pg_url: str, gateway_url: str, table: str) -> None:
+    import psycopg
+
+    with Ledger.open(gateway_url, signer=NoteSigner.generate(ORIGIN)) as led:
+        led.append("decision", {"i": 0}, blobs={"s": b"snap"})
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        column = "note" if table == "ledger_checkpoints" else "data"
+        for stmt in (f"UPDATE {table} SET {column} = {column}", f"DELETE FROM {table}", f"TRUNCATE {table}"):
+            with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+                conn.execute(stmt)
+
+
+def test_init_db_cli(pg_url: str, role: str) -> None:
+    code, out, err = run("init-db", "--url", pg_url, "--gateway-role", role, "--gateway-password", "pw", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert res["role"] == role and res["tables"] == ["ledger_entries", "ledger_checkpoints", "ledger_blobs"]
+    # Idempotent: a second run updates the role and leaves the tables.
+    code, out, err = run("init-db", "--url", pg_url, "--gateway-role", role, "--gateway-password", "pw2")
+    assert code == 0 and f"JOBGATE_LEDGER_URL=postgresql://{role}:pw2@" in out, err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--url", "sqlite:///tmp/x.db"],
+        ["--url", "postgresql://nobody@127.0.0.1:1/none"],
+        ["--url", "postgresql://x@127.0.0.1/x", "--gateway-password", "pw"],
+        ["--url", "postgresql://x@127.0.0.1/x", "--gateway-role", "bad;name"],
+    ],
+    ids=["sqlite", "unreachable", "password-without-role", "bad-role"],
+)
+def test_init_db_bad_input(args: list[str]) -> None:
+    code, _, err = run("init-db", *args)
+    assert code == 2 and err.startswith("Error: ") and err.count("\n") == 1 and "Traceback" not in err, err
