@@ -10,21 +10,24 @@
 from __future__ import annotations
 
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from gateway import priority_history
+from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
+from gateway.errors import Conflict, PolicyDenied
 from gateway.jobs import transition
 from gateway.models import Allocation, Job
 from gateway.notifications import notify
-from gateway.pipeline import record_outcome
-from gateway.scheduler_tables import PreemptionRow
-from scheduler.model import Snapshot
+from gateway.pipeline import decide, record_outcome
+from gateway.scheduler_tables import PreemptionRow, SchedJob
+from scheduler.model import SchedulerConfig, Snapshot
+from scheduler.occupancy import occupancy
 from scheduler.preemption import Preempt
 
 RULES = {"reclaim": "Q5.reclaim_borrowed", "priority": "Q8.priority_preemption"}
@@ -50,33 +53,119 @@ def execute(gw: Gateway, session: Session, plan: Preempt, snapshot: Snapshot, no
     seq = record_outcome(gw, "decision", body)
     preemptor = session.get(Job, plan.job_id)
     for job in victims:
-        row = priority_history.ensure(session, job)
-        ran_h = max(0.0, (now - (job.started_at or now)).total_seconds()) / 3600.0
-        gpus = job.gpus_per_node * job.nodes
-        reason = (f"preempted by job {plan.job_id} ({'reclaim of lent GPUs' if plan.kind == 'reclaim' else 'urgent'}"
-                  f"); graceful window {job.grace_seconds:g} s to checkpoint, then requeued")
-        before = job.state
-        job.stop_request = {"by": "scheduler", "reason": reason, "ticket": None, "at": now.isoformat(),
-                            "request_id": request_id, "decision_seq": seq,
-                            "preemption": {"preemptor": plan.job_id, "kind": plan.kind}}
-        transition(job, "stop_requested", now, by="scheduler", reason=reason)
-        for part in job.placement:
-            enqueue(gw, session, part["node"], job.id, "stop",
-                    {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
-        session.add(PreemptionRow(victim=job.id, preemptor=plan.job_id, kind=plan.kind, project=job.project,
-                                  owner=job.owner, gpus=gpus, borrowed=row.borrowed, priority_before=row.priority,
-                                  gpu_hours_lost=gpus * ran_h, state="stopping", at=now, ledger_seq=seq))
-        notify(session, job.owner, "preempted", {
-            "job_id": job.id, "reason": reason, "preemptor": plan.job_id,
-            "preemptor_project": preemptor.project if preemptor else None,
-            "expected_restart": "back in the queue once stopped, keeping its priority and wait; "
-                                f"see GET /v1/jobs/{job.id}/queue for the estimate",
-            "checkpoint": f"prepare signal {job.stop_signal}, {job.grace_seconds:g} s to write a checkpoint "
-                          "into $JOBGATE_CHECKPOINT_DIR"}, now)
-        record_outcome(gw, "outcome", {"request_id": request_id, "decision_seq": seq, "action": "job.preempt",
-                                       "job_id": job.id, "result": job.state, "state_before": before,
-                                       "state_after": job.state, "preemptor": plan.job_id})
+        why = "reclaim of lent GPUs" if plan.kind == "reclaim" else "urgent"
+        reason = (f"preempted by job {plan.job_id} ({why}); graceful window {job.grace_seconds:g} s to checkpoint, "
+                  "then requeued")
+        _stop_and_requeue_later(gw, session, job, request_id=request_id, seq=seq, preemptor=plan.job_id,
+                                preemptor_project=preemptor.project if preemptor else None, kind=plan.kind,
+                                reason=reason, now=now)
     return seq
+
+
+def _stop_and_requeue_later(gw: Gateway, session: Session, job: Job, *, request_id: str, seq: int,
+                            preemptor: str | None, preemptor_project: str | None, kind: str, reason: str,
+                            now: datetime) -> None:
+    row = priority_history.ensure(session, job)
+    ran_h = max(0.0, (now - (job.started_at or now)).total_seconds()) / 3600.0
+    gpus = job.gpus_per_node * job.nodes
+    before = job.state
+    job.stop_request = {"by": "scheduler", "reason": reason, "ticket": None, "at": now.isoformat(),
+                        "request_id": request_id, "decision_seq": seq,
+                        "preemption": {"preemptor": preemptor, "kind": kind}}
+    transition(job, "stop_requested", now, by="scheduler", reason=reason)
+    for part in job.placement:
+        enqueue(gw, session, part["node"], job.id, "stop",
+                {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
+    session.add(PreemptionRow(victim=job.id, preemptor=preemptor or "", kind=kind, project=job.project,
+                              owner=job.owner, gpus=gpus, borrowed=row.borrowed, priority_before=row.priority,
+                              gpu_hours_lost=gpus * ran_h, state="stopping", at=now, ledger_seq=seq))
+    notify(session, job.owner, "preempted", {
+        "job_id": job.id, "reason": reason, "kind": kind, "preemptor": preemptor,
+        "preemptor_project": preemptor_project,
+        "expected_restart": "back in the queue once stopped, keeping its priority and wait; "
+                            f"see GET /v1/jobs/{job.id}/queue for the estimate",
+        "checkpoint": f"prepare signal {job.stop_signal}, {job.grace_seconds:g} s to write a checkpoint "
+                      "into $JOBGATE_CHECKPOINT_DIR"}, now)
+    record_outcome(gw, "outcome", {"request_id": request_id, "decision_seq": seq, "action": "job.preempt",
+                                   "job_id": job.id, "result": job.state, "state_before": before,
+                                   "state_after": job.state, "preemptor": preemptor, "kind": kind})
+
+
+def occupancy_since(job: Job, row: SchedJob) -> datetime:
+    """Start of the current occupancy period: the last renewal, else the job's start."""
+    if row.renewals:
+        return datetime.fromisoformat(row.renewals[-1]["at"])
+    return job.started_at or job.submitted_at
+
+
+def check_occupancy(gw: Gateway, session: Session, now: datetime, config: SchedulerConfig) -> None:
+    """P3: mark running jobs past their maximum occupancy renewal-due (owner notified); stop and requeue
+    those whose renewal window passed without a renewal (ledgered as a system decision)."""
+    if config.max_occupancy_s is None:
+        return
+    rows = session.execute(select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id)
+                           .where(Job.state == "running")).all()
+    for job, row in rows:
+        verdict = occupancy(occupancy_since(job, row), now, config)
+        if verdict.state == "renewal_due" and row.renewal_due_at is None:
+            assert verdict.renew_by is not None
+            row.renewal_due_at = verdict.limit_at
+            job.state_reason = (f"renewal due: past its maximum continuous occupancy; renew by "
+                                f"{verdict.renew_by.isoformat()} or it is stopped and requeued")
+            record_outcome(gw, "transition", {"job_id": job.id, "renewal_due": True,
+                                              "renew_by": verdict.renew_by.isoformat()})
+            notify(session, job.owner, "renewal_due", {"job_id": job.id, "renew_by": verdict.renew_by.isoformat(),
+                                                       "how": f"jobgate job renew {job.id} --progress ... "
+                                                              "--remaining SECONDS"}, now)
+        elif verdict.state == "expired":
+            request_id = "req-" + secrets.token_hex(8)
+            reason = ("maximum continuous occupancy reached and not renewed in time; graceful stop, "
+                      "then requeued")
+            seq = record_outcome(gw, "decision", {
+                "request_id": request_id,
+                "actor": {"id": "scheduler", "kind": "system", "real_identity": "scheduler"},
+                "input": {"action": "job.preempt", "kind": "occupancy", "targets": [job.id]},
+                "decision": {"effect": "allow", "reasons": [reason], "rules": ["P3.occupancy_not_renewed"]},
+                "plan": {"kind": "occupancy", "victims": [{"job_id": job.id}],
+                         "renew_by": verdict.renew_by.isoformat() if verdict.renew_by else None}})
+            _stop_and_requeue_later(gw, session, job, request_id=request_id, seq=seq, preemptor=None,
+                                    preemptor_project=None, kind="occupancy", reason=reason, now=now)
+
+
+def renew(gw: Gateway, session: Session, caller: Caller, job_id: str, progress: str,
+          remaining_s: float) -> dict[str, Any]:
+    """P3: the owner confirms progress and the expected remaining time; a new occupancy period starts.
+
+    Decided by policy as a reprioritisation of one's own job and ledgered. Raises NotFound, Conflict,
+    PolicyDenied, LedgerUnavailable.
+    """
+    from gateway.jobs import load_job, refuse_unless_allowed
+    from gateway.scheduling import scheduler_config
+
+    job = load_job(session, job_id, for_update=True)
+    if job.state != "running":
+        raise Conflict(f"job {job.id} is {job.state}; only a running job can be renewed", state=job.state)
+    params = {"renew": {"progress": progress, "expected_remaining_seconds": remaining_s}}
+    rec = decide(gw, session, caller, "job.priority", targets=[job], project=job.project, params=params,
+                 reason=progress)
+    refuse_unless_allowed(rec)
+    if rec.decision.effect != "allow" or caller.real_identity != job.owner:
+        raise PolicyDenied(f"only the owner of job {job.id} ({job.owner}) may renew it", ledger_seq=rec.seq,
+                           reasons=list(rec.decision.reasons), rules=list(rec.decision.rules))
+    now = gw.clock()
+    row = priority_history.ensure(session, job)
+    row.renewals = [*row.renewals, {"at": now.isoformat(), "by": caller.real_identity, "progress": progress,
+                                    "expected_remaining_s": remaining_s, "decision_seq": rec.seq}]
+    row.renewal_due_at = None
+    config = scheduler_config(gw)
+    until = (now + timedelta(seconds=config.max_occupancy_s)) if config.max_occupancy_s else None
+    if job.state_reason.startswith("renewal due"):
+        job.state_reason = f"renewed by {caller.real_identity}"
+    record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": "job.renew",
+                                   "job_id": job.id, "result": "renewed", "progress": progress,
+                                   "expected_remaining_s": remaining_s,
+                                   "occupancy_until": until.isoformat() if until else None})
+    return {"job_id": job.id, "renewals": len(row.renewals), "occupancy_until": until.isoformat() if until else None}
 
 
 def is_preempted(job: Job) -> bool:

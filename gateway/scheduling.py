@@ -114,6 +114,7 @@ def run_once(gw: Gateway) -> int:
         housekeeping(gw, session, now)  # node health, stop escalation, retention, R4 (gateway/stops.py)
         config = scheduler_config(gw)
         decay_usage(session, now, config.fairshare_half_life_s)
+        preemption.check_occupancy(gw, session, now, config)  # P3
         snapshot = build_snapshot(session, now)
         result = run_cycle(snapshot, now=now, config=config)
         _admit(gw, session, result, now)

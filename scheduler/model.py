@@ -191,6 +191,9 @@ class SchedulerConfig:
     default_runtime_s: float = 86400.0
     # Q3: half-life of the decayed usage behind fair share (applied by whoever keeps the usage).
     fairshare_half_life_s: float = 7 * 86400.0
+    # P3: maximum continuous occupancy (None: unlimited) and how long the owner then has to renew.
+    max_occupancy_s: float | None = None
+    renewal_window_s: float = 3600.0
 
     def __post_init__(self) -> None:
         """Raises InvalidConfig for a missing or unknown queue, a negative rate or cap, or a bad limit."""
@@ -213,6 +216,10 @@ class SchedulerConfig:
         for name in ("preemption_compensation", "fairshare_weight"):
             if getattr(self, name) < 0:
                 raise InvalidConfig(name, "must not be negative")
+        if self.max_occupancy_s is not None and not self.max_occupancy_s > 0:
+            raise InvalidConfig("max_occupancy_s", f"must be positive, got {self.max_occupancy_s}")
+        if not self.renewal_window_s > 0:
+            raise InvalidConfig("renewal_window_s", f"must be positive, got {self.renewal_window_s}")
         if not self.fairshare_half_life_s > 0:
             raise InvalidConfig("fairshare_half_life_s", f"must be positive, got {self.fairshare_half_life_s}")
         if not self.default_runtime_s > 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from gateway import jobs, preemption, priority_history
@@ -17,6 +18,22 @@ from gateway.scheduler_tables import SchedJob
 from scheduler.model import QUEUES
 
 router = APIRouter(tags=["queues"])
+
+
+class RenewBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    progress: str = Field(min_length=3, max_length=2000, description="Progress so far; kept in the ledger.")
+    expected_remaining_seconds: float = Field(gt=0, description="How much longer the job expects to run.")
+
+
+@router.post("/v1/jobs/{job_id}/renew", summary="Renew a long job's occupancy (P3, owner only)")
+def renew_job(job_id: str, body: RenewBody, ctx: Ctx) -> dict[str, Any]:
+    """Past its maximum continuous occupancy a job must be renewed by its owner, confirming progress and the
+    expected remaining time; otherwise it is gracefully stopped and requeued when the window ends."""
+    with ctx.gw.transaction() as session:
+        return preemption.renew(ctx.gw, session, ctx.caller(session), job_id, body.progress,
+                                body.expected_remaining_seconds)
 
 
 def _queue_rows(session: Any, queue: str) -> list[tuple[Job, SchedJob | None]]:
@@ -47,6 +64,8 @@ def job_queue(job_id: str, ctx: Ctx) -> dict[str, Any]:
             "quota": ("borrowed" if row and row.borrowed else "owned") if job.state != "pending" else None,
             "preemptions": row.preemptions if row else 0,
             "wait_credit_s": row.wait_credit_s if row else 0.0,
+            "renewal_due_at": row.renewal_due_at.isoformat() if row and row.renewal_due_at else None,
+            "renewals": list(row.renewals) if row else [],
             "others_in_queue": others,
             "priority_history": priority_history.history(session, job.id),
         }

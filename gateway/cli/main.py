@@ -7,6 +7,7 @@ import click
 from gateway.cli.approvals import approvals_group, approve, reject
 from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
+from gateway.cli.queue import queue_cmd, quota_group, stats_group
 from gateway.cli.up import demo_token, up
 from ledger.cli import ledger_group
 
@@ -24,6 +25,9 @@ def cli() -> None:
 cli.add_command(up)
 cli.add_command(demo_token)
 cli.add_command(job_group)
+cli.add_command(queue_cmd)
+cli.add_command(stats_group)
+cli.add_command(quota_group)
 cli.add_command(ledger_group)
 cli.add_command(approvals_group)
 cli.add_command(approve)

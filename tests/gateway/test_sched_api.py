@@ -170,7 +170,8 @@ def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_re
     assert "quota" in q["blocking_reason"]
     with api.gateway.db.transaction() as s:
         row = s.scalars(select(PreemptionRow).where(PreemptionRow.victim == lent)).one()
-        assert row.state == "requeued" and row.checkpoint["outcome"] == "graceful" and round(row.gpu_hours_lost, 2) == 8.0
+        assert row.state == "requeued" and row.checkpoint["outcome"] == "graceful"
+        assert round(row.gpu_hours_lost, 2) == 8.0
         kinds = [n.kind for n in s.scalars(select(Notification).where(Notification.principal == "mallory")).all()]
         assert kinds == ["preempted", "requeued"]
     stats = api.get("/v1/stats/preemptions", "erin", params={"by": "tenant", "period": "quarter"}).json()
@@ -204,3 +205,38 @@ def test_urgent_job_preempts_the_lowest_priority_job_and_queue_explains_the_rest
     with api.gateway.db.transaction() as s:
         assert s.scalars(select(PriorityChange).where(PriorityChange.job_id == urgent)).first() is not None
         assert s.get(Job, ids[1]).stop_request["preemption"]["kind"] == "priority"
+
+
+def test_occupancy_limit_asks_for_renewal_then_stops_and_requeues(api: Api) -> None:
+    from scheduler.model import SchedulerConfig
+
+    api.gateway.scheduler_config = SchedulerConfig(max_occupancy_s=3600, renewal_window_s=600)
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    other = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name="renewed")).json()["id"]
+    run_once(api.gateway)
+    for x in (j, other):
+        report(api, job(api, x)["placement"][0]["node"], x, "started", pid=7)
+    assert api.post(f"/v1/jobs/{j}/renew", "alice", json={"progress": "epoch 3", "expected_remaining_seconds": 60}
+                    ).status_code == 200  # renewing early is allowed and starts a new period
+    advance(api, 3600 + 60)
+    run_once(api.gateway)
+    q = api.get(f"/v1/jobs/{other}/queue", "alice").json()
+    assert q["renewal_due_at"] is not None and job(api, other)["state"] == "running"
+    assert job(api, other)["state_reason"].startswith("renewal due")
+    r = api.post(f"/v1/jobs/{other}/renew", "bob", json={"progress": "not mine", "expected_remaining_seconds": 5})
+    assert r.status_code == 403, r.text
+    r = api.post(f"/v1/jobs/{other}/renew", "alice", json={"progress": "loss 0.3, epoch 9",
+                                                           "expected_remaining_seconds": 1800})
+    assert r.status_code == 200, r.text
+    assert api.get(f"/v1/jobs/{other}/queue", "alice").json()["renewal_due_at"] is None
+    advance(api, 600)  # now t0+1h11: j (renewed at t0) was due at t0+1h and its window ended at t0+1h10
+    run_once(api.gateway)
+    assert job(api, j)["state"] == "stop_requested"
+    assert job(api, j)["stop_request"]["preemption"]["kind"] == "occupancy"
+    assert job(api, other)["state"] == "running"  # renewed at t0+1h01: still inside its new period
+    renewals = [e["body"] for e in ledger_entries(api) if e["body"].get("action") == "job.renew"]
+    assert [r["progress"] for r in renewals] == ["epoch 3", "loss 0.3, epoch 9"]
+    node = job(api, j)["placement"][0]["node"]
+    report(api, node, j, "stopped", evidence={"outcome": "graceful", "exit_code": 0})
+    assert job(api, j)["state"] == "pending"

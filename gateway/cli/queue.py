@@ -1,0 +1,165 @@
+"""`jobgate job why`, `jobgate job renew`, `jobgate queue`, `jobgate stats preemptions`, `jobgate quota`:
+what the scheduler thinks, for the person waiting (Q9, Q10) and the admin (A7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from gateway.cli.client import Client, client_options, emit_json, fail, table
+from gateway.cli.jobs import job_group
+
+
+def _parts(parts: dict[str, Any]) -> str:
+    keys = ("baseline", "contribution", "aging", "fairshare", "compensation", "manual")
+    return " + ".join(f"{k} {float(parts[k]):g}" for k in keys if parts.get(k))
+
+
+def describe_why(q: dict[str, Any]) -> str:
+    lines = [f"{q['job_id']}  [{q['state']}]  queue {q['queue']}"]
+    if q["position"] is not None:
+        lines.append(f"  position {q['position']} of {q['queue_length']} waiting in {q['queue']}")
+    pr = q["priority"]
+    if pr["effective"] is not None:
+        lines.append(f"  effective priority {pr['effective']:.1f} = {_parts(pr['parts']) or '0'}")
+    if q["blocking_reason"]:
+        lines.append(f"  waiting because: {q['blocking_reason']}")
+    if q["state"] == "pending":
+        est = q["estimated_start"]
+        lines.append(f"  estimated start: {est or 'unknown (no fitting nodes, or no runtime limits ahead)'}"
+                     + (f" (as of {q['estimated_at']})" if q["estimated_at"] else ""))
+    if q.get("quota"):
+        lines.append(f"  running on {q['quota']} quota")
+    if q["preemptions"]:
+        lines.append(f"  preempted {q['preemptions']} time(s); wait carried over {q['wait_credit_s']:.0f} s")
+    others = [o for o in q["others_in_queue"] if not o["this_job"]]
+    if others:
+        shown = ", ".join(f"#{o['position']} {o['priority']}" for o in others[:10])
+        lines.append(f"  others in {q['queue']}: {shown}" + (" ..." if len(others) > 10 else ""))
+    for h in q["priority_history"][-5:]:
+        lines.append(f"  {h['at']}  {h['basis']}: {h['before'] if h['before'] is not None else '-'} -> "
+                     f"{h['after']:.1f}" + (f"  ({h['note']})" if h["note"] else ""))
+    return "\n".join(lines)
+
+
+@job_group.command("why")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the full explanation as JSON.")
+@click.pass_obj
+def why(client: Client, job_id: str, as_json: bool) -> None:
+    """Why JOB_ID waits: queue position, priority and its parts, blocking reason, estimated start."""
+    q = client.request("GET", f"/v1/jobs/{job_id}/queue")
+    emit_json(q) if as_json else click.echo(describe_why(q))
+
+
+@job_group.command("renew")
+@click.argument("job_id")
+@click.option("--progress", required=True, help="What the job has achieved so far (kept in the ledger).")
+@click.option("--remaining", "remaining_s", type=float, required=True, help="Expected remaining seconds.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def renew(client: Client, job_id: str, progress: str, remaining_s: float, as_json: bool) -> None:
+    """Renew a long job past its maximum continuous occupancy (P3); without it, it is stopped and requeued."""
+    r = client.request("POST", f"/v1/jobs/{job_id}/renew",
+                       json={"progress": progress, "expected_remaining_seconds": remaining_s})
+    emit_json(r) if as_json else click.echo(f"{job_id}: renewed until {r['occupancy_until']}")
+
+
+@click.command("queue")
+@client_options
+@click.option("--json", "as_json", is_flag=True)
+def queue_cmd(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
+    """The queues: waiting jobs' priorities (ids only where you may see them) and cluster usage."""
+    data = Client(gateway, token, trigger).request("GET", "/v1/queues")
+    if as_json:
+        emit_json(data)
+        return
+    c = data["cluster"]
+    click.echo(f"cluster: {c['in_use']} of {c['gpus']} GPUs in use, {c['free']} free")
+    for tenant, use in sorted(c["by_tenant"].items()):
+        click.echo(f"  {tenant}: {use['owned']} owned, {use['borrowed']} borrowed")
+    for name, q in data["queues"].items():
+        click.echo(f"\n{name}: {q['waiting']} waiting")
+        if q["jobs"]:
+            click.echo(table(q["jobs"][:50], [("position", "#"), ("priority", "priority"), ("id", "id"),
+                                              ("project", "project"), ("gpus", "gpus")]))
+
+
+@click.group("stats")
+@client_options
+@click.pass_context
+def stats_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+    """Scheduler statistics."""
+    ctx.obj = Client(gateway, token, trigger)
+
+
+@stats_group.command("preemptions")
+@click.option("--by", type=click.Choice(["tenant"]), default="tenant", show_default=True)
+@click.option("--month", "period", flag_value="month", default=True, help="Per calendar month (default).")
+@click.option("--quarter", "period", flag_value="quarter", help="Per calendar quarter.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def preemption_stats(client: Client, by: str, period: str, as_json: bool) -> None:
+    """Preemptions per tenant: count and GPU-hours lost (Q9)."""
+    data = client.request("GET", "/v1/stats/preemptions", params={"by": by, "period": period})
+    if as_json:
+        emit_json(data)
+    else:
+        click.echo(table(data["rows"], [("tenant", "tenant"), ("period", period), ("count", "preemptions"),
+                                        ("gpu_hours_lost", "gpu-hours lost")]))
+
+
+@click.group("quota")
+@client_options
+@click.pass_context
+def quota_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+    """Show and change quotas (changes need a second platform admin, A7)."""
+    ctx.obj = Client(gateway, token, trigger)
+
+
+@quota_group.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def quota_list(client: Client, as_json: bool) -> None:
+    """Quota tiers and what each tenant uses now."""
+    data = client.request("GET", "/v1/quotas")
+    if as_json:
+        emit_json(data)
+        return
+    rows = [{**q, "owned": q["in_use"]["owned"], "borrowed": q["in_use"]["borrowed"]} for q in data["quotas"]]
+    click.echo(table(rows, [("project", "project"), ("gpus", "gpus"), ("borrow_limit", "borrow limit"),
+                            ("lend_limit", "lend limit"), ("owned", "owned"), ("borrowed", "borrowed")]))
+
+
+@quota_group.command("set")
+@click.argument("project")
+@click.option("--gpus", type=int, required=True, help="GPUs the tenant owns ('*' project: cluster hard cap).")
+@click.option("--borrow-limit", type=int, help="Most GPUs it may borrow (default 0; -1: no limit).", default=0)
+@click.option("--lend-limit", type=int, help="Most idle GPUs it lends (default: all).")
+@click.option("--user", "users", multiple=True, help="user=GPUS per-user limit, repeatable.")
+@click.option("--from", "effective_from", help="Effective from (ISO 8601).")
+@click.option("--until", "effective_until", help="Effective until (ISO 8601).")
+@click.option("--reason", required=True, help="Written reason; kept in the ledger.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def quota_set(client: Client, project: str, gpus: int, borrow_limit: int, lend_limit: int | None,
+              users: tuple[str, ...], effective_from: str | None, effective_until: str | None, reason: str,
+              as_json: bool) -> None:
+    """Ask to change PROJECT's quota; prints the approval id a second platform admin must approve."""
+    limits: dict[str, int] = {}
+    for item in users:
+        name, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            fail(f"--user {item!r} must look like user=GPUS")
+        limits[name] = int(value)
+    body: dict[str, Any] = {"gpus": gpus, "borrow_limit": None if borrow_limit < 0 else borrow_limit,
+                            "lend_limit": lend_limit, "users": limits, "reason": reason,
+                            "effective_from": effective_from, "effective_until": effective_until}
+    r = client.request("PUT", f"/v1/quotas/{project}", json=body)
+    if as_json:
+        emit_json(r)
+    elif "approval_id" in r:
+        click.echo(f"quota change for {project} needs a second platform admin: approval {r['approval_id']}")
+    else:
+        click.echo(f"quota of {project} changed: {r['applied']['after']}")
