@@ -258,13 +258,16 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
     notified = notify_owners(gw, session, obligations, job=job, actor=by, action="job.stop", reason=reason)
     job.stop_request = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(),
                         "request_id": request_id, "decision_seq": decision_seq, "approved_by": approved_by or []}
+    from gateway.stops import ledger_transition  # late: stops builds on this module
+
     if job.state == "pending":
-        transition(job, "stopped", now, by=by, reason=reason)
+        ledger_transition(gw, job, "stopped", now, by=by, reason=reason, request_id=request_id)
         job.ended_at = now
         job.outcome = "cancelled"
         job.evidence = {"note": "stopped while queued; no process had started"}
     else:
-        transition(job, "stop_requested", now, by=by, reason=reason)
+        ledger_transition(gw, job, "stop_requested", now, by=by, reason=reason, request_id=request_id,
+                          grace_seconds=job.grace_seconds)
         for part in job.placement:
             enqueue(gw, session, part["node"], job.id, "stop",
                     {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
