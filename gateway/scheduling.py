@@ -4,10 +4,13 @@ preemption commands, and the per-job explanation (position, priority parts, reas
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import defaultdict
 from datetime import datetime, timedelta
+from pathlib import Path
 
+import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -20,7 +23,9 @@ from gateway.pipeline import record_outcome
 from gateway.quotas import load_quotas
 from gateway.scheduler_tables import SchedJob, TenantUsage
 from gateway.stops import housekeeping
+from scheduler.config import config_from_mapping
 from scheduler.cycle import CycleResult, run_cycle
+from scheduler.errors import InvalidConfig
 from scheduler.estimate import estimate_starts
 from scheduler.model import (
     DEFAULT_CONFIG,
@@ -41,9 +46,21 @@ HOLDING_STATES = ("starting", "running", "stop_requested", "stopping")
 
 
 def scheduler_config(gw: Gateway) -> SchedulerConfig:
-    """The scheduler's numbers; a deployment (or a test) may set `gw.scheduler_config`."""
+    """The scheduler's numbers: `gw.scheduler_config` if set, else the YAML file named by
+    JOBGATE_SCHEDULER_CONFIG (read once), else the defaults. Raises InvalidConfig for a bad file."""
     config = getattr(gw, "scheduler_config", None)
-    return config if isinstance(config, SchedulerConfig) else DEFAULT_CONFIG
+    if isinstance(config, SchedulerConfig):
+        return config
+    path = os.environ.get("JOBGATE_SCHEDULER_CONFIG")
+    config = DEFAULT_CONFIG
+    if path:
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise InvalidConfig("JOBGATE_SCHEDULER_CONFIG", f"cannot read {path}: {e}") from e
+        config = config_from_mapping(data)
+    gw.scheduler_config = config  # type: ignore[attr-defined]
+    return config
 
 
 def _stop_by(job: Job) -> datetime | None:
