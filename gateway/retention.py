@@ -21,6 +21,7 @@ from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.models import Job
+from gateway.notifications import notify
 from gateway.pipeline import decide, record_outcome
 from gateway.stop_tables import CheckpointRetention
 
@@ -115,7 +116,7 @@ def record_deleted(gw: Gateway, session: Session, node: str, job_id: str, object
 
 def auto_offline(gw: Gateway, session: Session, now: datetime) -> list[str]:
     """R4: the system reclaims running or queued jobs past valid_until that asked for auto-offline."""
-    from gateway.jobs import execute_stop
+    from gateway import stops  # late: stops runs this from its housekeeping
 
     done = []
     for job in session.scalars(select(Job).where(
@@ -125,7 +126,10 @@ def auto_offline(gw: Gateway, session: Session, now: datetime) -> list[str]:
                      reason="validity period ended; auto-offline (R4)")
         if rec.decision.effect != "allow":
             continue
-        execute_stop(gw, session, job, by="system", request_id=rec.request_id, decision_seq=rec.seq,
-                     reason="validity period ended; auto-offline (R4)", ticket=None)
+        stops.request_stop(gw, session, job, now, by="system", reason="validity period ended; auto-offline (R4)",
+                           request_id=rec.request_id, decision_seq=rec.seq, auto_offline=True)
+        notify(session, job.owner, "job_auto_offline", {"job_id": job.id,
+                                                        "valid_until": job.valid_until.isoformat()
+                                                        if job.valid_until else None}, now)
         done.append(job.id)
     return done

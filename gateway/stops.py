@@ -87,11 +87,48 @@ def escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> 
             escalate(gw, session, job, now, f"node {', '.join(sorted(waiting & lost))} is unreachable",
                      unreachable=True)
             count += 1
-        elif now - asked > timedelta(seconds=job.grace_seconds + STOP_CONFIRM_MARGIN_S):
-            window = f"{job.grace_seconds:g}s grace + {STOP_CONFIRM_MARGIN_S:g}s margin"
+        elif now - asked > timedelta(seconds=grace_of(job) + STOP_CONFIRM_MARGIN_S):
+            window = f"{grace_of(job):g}s grace + {STOP_CONFIRM_MARGIN_S:g}s margin"
             escalate(gw, session, job, now, f"stop not confirmed within {window}", unreachable=False)
             count += 1
     return count
+
+
+def grace_of(job: Job) -> float:
+    """The grace window this stop was sent with (an emergency stop may shorten the job's own)."""
+    return float(job.stop_request.get("grace_seconds", job.grace_seconds))
+
+
+def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: str, reason: str,
+                 request_id: str, decision_seq: int, ticket: str | None = None, grace_seconds: float | None = None,
+                 approved_by: list[str] | None = None, pause: bool = False, **extra: Any) -> None:
+    """running → stop_requested (ledgered) and one signed stop command per node; a queued job is cancelled.
+
+    A job whose node is already lost goes straight to stop_failed (unreachable): nobody can confirm it.
+    Raises Conflict for a job that is not running or queued, LedgerUnavailable.
+    """
+    grace = job.grace_seconds if grace_seconds is None else float(grace_seconds)
+    if job.state not in ("pending", "starting", "running", "lost"):
+        raise Conflict(f"job {job.id} is {job.state}; only queued or running jobs can be stopped", state=job.state)
+    job.stop_request = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(),
+                        "request_id": request_id, "decision_seq": decision_seq, "approved_by": approved_by or [],
+                        "grace_seconds": grace, "pause": pause, **extra}
+    if job.state == "pending":
+        job.ended_at = now
+        job.outcome = "cancelled"
+        job.evidence = {"note": "stopped while queued; no process had started"}
+        ledger_transition(gw, job, "paused" if pause else "stopped", now, by=by, reason=reason,
+                          request_id=request_id, decision_seq=decision_seq, **extra)
+        return
+    ledger_transition(gw, job, "stop_requested", now, by=by, reason=reason, request_id=request_id,
+                      decision_seq=decision_seq, grace_seconds=grace, **extra)
+    lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
+    for part in job.placement:
+        enqueue(gw, session, part["node"], job.id, "stop",
+                {"grace_seconds": grace, "stop_signal": job.stop_signal, "reason": reason})
+    unreachable = sorted({p["node"] for p in job.placement} & lost)
+    if unreachable:
+        escalate(gw, session, job, now, f"node {', '.join(unreachable)} is unreachable", unreachable=True)
 
 
 def unconfirmed_nodes(session: Session, job: Job) -> set[str]:
@@ -137,7 +174,8 @@ def jobs_on_node(session: Session, node_id: str) -> list[Job]:
 def reconcile_params(session: Session, node_id: str) -> dict[str, list[str]]:
     """What the node should run (`expected`) and what it must stop (`stop`): every job with an unconfirmed part
     there that the gateway no longer wants running."""
-    expected, stop = [], []
+    expected: list[str] = []
+    stop: list[str] = []
     for job in jobs_on_node(session, node_id):
         (expected if job.state in ("starting", "running", "lost") else stop).append(job.id)
     return {"expected": expected, "stop": stop}
@@ -212,10 +250,7 @@ def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, 
 
 
 def housekeeping(gw: Gateway, session: Session, now: datetime) -> None:
-    """Called once per scheduler cycle, in its transaction: node health, stop escalation, retention, R4."""
-    from gateway import retention
-
+    """Called once per scheduler cycle, in its transaction: node health and stop escalation (seconds matter).
+    Retention, R4 auto-offline and purges run in the slower housekeeping loop (gateway/lifecycle.py)."""
     mark_lost_nodes(gw, session, now)
     escalate_unconfirmed_stops(gw, session, now)
-    retention.auto_offline(gw, session, now)
-    retention.cleanup(gw, session, now)

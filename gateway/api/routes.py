@@ -6,7 +6,9 @@ from fastapi import APIRouter
 
 from gateway.api import agents, health, jobs, ledger, nodes
 from gateway.api import approvals as approvals_api
+from gateway.api import emergency as emergency_api
 from gateway.api import identity as identity_api
+from gateway.api import lifecycle as lifecycle_api
 from gateway.api import queue as queue_api
 from gateway.api import quotas as quotas_api
 
@@ -20,4 +22,6 @@ ROUTERS: list[APIRouter] = [
     identity_api.router,
     queue_api.router,
     quotas_api.router,
+    emergency_api.router,
+    lifecycle_api.router,
 ]

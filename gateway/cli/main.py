@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gateway.cli.approvals import approvals_group, approve, reject
+from gateway.cli.emergency import emergency_group
 from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
 from gateway.cli.queue import queue_cmd, quota_group, stats_group
@@ -34,6 +35,7 @@ cli.add_command(approve)
 cli.add_command(reject)
 cli.add_command(token_group)
 cli.add_command(service_account_group)
+cli.add_command(emergency_group)
 
 
 def main() -> None:

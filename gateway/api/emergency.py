@@ -1,0 +1,72 @@
+"""/v1/emergency-stops: stop a job, a workload or a whole scope now, for a safety or security concern."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Response, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway import emergency
+from gateway.api.deps import Ctx
+from gateway.jobs import decision_out
+
+router = APIRouter(prefix="/v1/emergency-stops", tags=["emergency stops"])
+
+
+class Scope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["job", "workload", "environment", "selector"] = Field(
+        description="job (one id), workload (jobs of one goal), environment, or selector (label map)")
+    value: str | dict[str, str] = Field(description="Job id, workload name, environment name, or labels to match.")
+
+
+class EmergencyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scope: Scope
+    trigger: Literal["safety", "security"] = Field(description="The concern behind the stop (C6).")
+    reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
+    grace_seconds: float = Field(5.0, ge=0, le=300, description="Grace window for every target; may be 0.")
+    ticket: str | None = Field(None, max_length=200)
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, summary="Request an emergency stop")
+def create(body: EmergencyCreate, ctx: Ctx, response: Response) -> dict[str, Any]:
+    """The scope is resolved to job ids now and frozen. Policy decides how many people must agree by
+    granularity: a job-level stop by on-call or a security reviewer runs at once; a workload or scope stop
+    waits (HTTP 202 with `approval_id`) for a holder of the other role to approve at
+    `POST /v1/approvals/{approval_id}/approve`. Then every target is stopped in parallel with
+    `grace_seconds`. Follow progress at `GET /v1/emergency-stops/{id}`."""
+    with ctx.gw.transaction() as session:
+        caller = ctx.caller(session)
+        row, rec = emergency.create(ctx.gw, session, caller, kind=body.scope.kind, value=body.scope.value,
+                                    trigger=body.trigger, reason=body.reason, grace_seconds=body.grace_seconds,
+                                    ticket=body.ticket)
+        if row.state == "pending_approval":
+            response.status_code = status.HTTP_202_ACCEPTED
+        out = emergency.report(session, row, ctx.gw.clock())
+        out["decision"] = decision_out(rec).model_dump()
+        return out
+
+
+@router.get("", summary="Emergency stops, newest first")
+def list_stops(
+    ctx: Ctx, limit: Annotated[int, Query(ge=1, le=500)] = 50
+) -> dict[str, list[dict[str, Any]]]:
+    with ctx.gw.transaction() as session:
+        emergency.may_view(ctx.gw, ctx.caller(session), None)
+        now = ctx.gw.clock()
+        return {"emergency_stops": [
+            {k: v for k, v in emergency.report(session, row, now).items() if k not in ("jobs", "blind_spots")}
+            for row in emergency.list_stops(session, limit)]}
+
+
+@router.get("/{emergency_id}", summary="Progress of one emergency stop: per-job state and a summary")
+def show(emergency_id: str, ctx: Ctx) -> dict[str, Any]:
+    """Summary counts: stopped_graceful, stopped_forced, cancelled (was queued), stop_failed, unreachable
+    (its node is lost), in_progress; `accounted_for` reaches `targets` when every job has an outcome."""
+    with ctx.gw.transaction() as session:
+        row = emergency.load(ctx.gw, session, ctx.caller(session), emergency_id)
+        return emergency.report(session, row, ctx.gw.clock())

@@ -1,0 +1,83 @@
+"""/v1/jobs/{id}: pause, resume, delete, undelete (A5, A6) and on-call's confirm-stopped (C3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway import jobs, lifecycle
+from gateway.api.deps import Ctx
+from gateway.stop_tables import JobDeletion
+
+router = APIRouter(prefix="/v1/jobs", tags=["job life cycle"])
+
+
+class Reasoned(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
+    ticket: str | None = Field(None, max_length=200, description="Linked ticket or incident id.")
+
+
+class ResumeBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(None, max_length=2000)
+
+
+def _out(job: Any, rec: Any, **extra: Any) -> dict[str, Any]:
+    return {"job": jobs.job_out(job).model_dump(mode="json"), "decision": jobs.decision_out(rec).model_dump(),
+            **extra}
+
+
+@router.post("/{job_id}/confirm-stopped", summary="On-call confirms a stop_failed or lost job no longer runs")
+def confirm_stopped(job_id: str, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+    """For a job whose stop could not be confirmed by its node (stop_failed) or whose node is lost. The job
+    becomes `stopped` with outcome `confirmed`, its withheld GPUs are released, and the person and reason
+    are ledgered. If the node comes back, its agent is told to stop the job in the reconcile."""
+    with ctx.gw.transaction() as session:
+        job, rec = lifecycle.confirm_stopped(ctx.gw, session, ctx.caller(session), job_id, body.reason, body.ticket)
+        return _out(job, rec)
+
+
+@router.post("/{job_id}/pause", status_code=status.HTTP_202_ACCEPTED,
+             summary="Pause: graceful stop keeping the checkpoint (A5)")
+def pause(job_id: str, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+    """Prepare signal, grace window, then SIGKILL, as for a stop; the job ends `paused` and its checkpoint is
+    kept under its retention tier. Pausing someone else's job (on-call) notifies the owner."""
+    with ctx.gw.transaction() as session:
+        job, rec = lifecycle.pause(ctx.gw, session, ctx.caller(session), job_id, body.reason, body.ticket)
+        return _out(job, rec)
+
+
+@router.post("/{job_id}/resume", summary="Resume a paused job: back in its queue by the resume-priority rule")
+def resume(job_id: str, ctx: Ctx, body: ResumeBody | None = None) -> dict[str, Any]:
+    """The job keeps its priority and the wait it accumulated (P2); the ledger records the rule version."""
+    with ctx.gw.transaction() as session:
+        job, rec = lifecycle.resume(ctx.gw, session, ctx.caller(session), job_id, body.reason if body else None)
+        return _out(job, rec, resume_priority_rule=lifecycle.RESUME_PRIORITY_RULE)
+
+
+@router.delete("/{job_id}", summary="Delete a job and, after the recovery window, its artifacts (A6)")
+def delete_job(job_id: str, body: Reasoned, ctx: Ctx, response: Response) -> dict[str, Any]:
+    """Only the owner, with the rights holder's consent (HTTP 202 with `approval_id` until a queue admin of
+    the rights-holder project approves). The job becomes `deleted` at once; its files are removed by its
+    nodes only after the recovery window, each removed file ledgered. The id is never reused (R1)."""
+    with ctx.gw.transaction() as session:
+        job, rec, approval = lifecycle.delete_job(ctx.gw, session, ctx.caller(session), job_id, body.reason,
+                                                  body.ticket)
+        if approval is not None:
+            response.status_code = status.HTTP_202_ACCEPTED
+        row = session.get(JobDeletion, job.id)
+        return _out(job, rec, approval_id=approval.id if approval else None,
+                    recovery_window_s=lifecycle.RECOVERY_WINDOW.total_seconds(),
+                    purge_after=row.purge_after.isoformat() if row else None)
+
+
+@router.post("/{job_id}/undelete", summary="Restore a deleted job within its recovery window")
+def undelete(job_id: str, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+    with ctx.gw.transaction() as session:
+        job, rec = lifecycle.undelete(ctx.gw, session, ctx.caller(session), job_id, body.reason)
+        return _out(job, rec)

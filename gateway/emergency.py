@@ -1,0 +1,204 @@
+"""Emergency stops (C2, C6): stop a job, a workload or a whole scope at once, with the trigger and deciders recorded.
+
+The scope is resolved to job ids when the request is made and frozen: the approval is bound to exactly those
+ids, so the stop never widens to jobs that appeared later. Policy (emergency.rego) decides how many people
+must agree for each granularity; once allowed, every target gets its stop command in one transaction, so the
+agents stop them in parallel with the (short) grace window of the request.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway import stops
+from gateway.approvals import Approval, executor, open_request
+from gateway.auth import Caller
+from gateway.context import Gateway
+from gateway.errors import Forbidden, Invalid, NotFound
+from gateway.jobs import refuse_unless_allowed
+from gateway.models import Job, Node
+from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.stop_tables import EmergencyStop
+
+# Jobs an emergency stop takes: queued ones are cancelled so they cannot start after it.
+STOPPABLE_STATES = ("pending", "starting", "running", "lost")
+GRANULARITY = {"job": "job", "workload": "workload", "environment": "scope", "selector": "scope"}
+VIEW_CAPABILITIES = ("emergency.stop", "ledger.read")
+
+
+def resolve_scope(session: Session, kind: str, value: Any) -> tuple[list[Job], list[dict[str, Any]]]:
+    """Jobs in scope that can be stopped now, and the tracked ones that cannot (blind spots, R5).
+
+    Raises Invalid for an unknown kind or a malformed value, NotFound for an unknown job id.
+    """
+    stmt = select(Job).where(Job.state.in_(STOPPABLE_STATES)).order_by(Job.id)
+    if kind == "job":
+        if not isinstance(value, str) or session.get(Job, value) is None:
+            raise NotFound(f"no job with id {value!r}")
+        stmt = stmt.where(Job.id == value)
+    elif kind == "workload":
+        if not isinstance(value, str) or not value:
+            raise Invalid("a workload scope names the workload: {\"kind\": \"workload\", \"value\": \"sweep-7\"}")
+        stmt = stmt.where(Job.workload == value)
+    elif kind == "environment":
+        if value not in ("research", "staging", "production"):
+            raise Invalid(f"unknown environment {value!r}; one of research, staging, production")
+        stmt = stmt.where(Job.environment == value)
+    elif kind == "selector":
+        if not isinstance(value, dict) or not value or not all(isinstance(v, str) for v in value.values()):
+            raise Invalid("a selector scope is a non-empty map of label names to values, e.g. {\"team\": \"x\"}")
+    else:
+        raise Invalid(f"unknown scope kind {kind!r}; one of job, workload, environment, selector")
+    jobs = list(session.scalars(stmt).all())
+    if kind == "selector":
+        jobs = [j for j in jobs if all(j.labels.get(k) == v for k, v in value.items())]
+    targets = [j for j in jobs if j.stoppable]
+    blind = [{"job_id": j.id, "reason": "tracked but declared not stoppable (R5)", "state": j.state}
+             for j in jobs if not j.stoppable]
+    return targets, blind
+
+
+def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: Any, trigger: str, reason: str,
+           grace_seconds: float, ticket: str | None) -> tuple[EmergencyStop, Recorded]:
+    """Decide and record an emergency stop; execute it now if policy allows, else open an approval.
+
+    Raises Invalid, NotFound, PolicyDenied, LedgerUnavailable.
+    """
+    targets, blind = resolve_scope(session, kind, value)
+    if not targets:
+        raise Invalid(f"no running or queued stoppable job matches {kind} {value!r}", blind_spots=blind)
+    granularity = GRANULARITY[kind]
+    params = {"scope": {"kind": kind, "value": value}, "trigger": trigger, "grace_seconds": grace_seconds}
+    rec = decide(gw, session, caller, "emergency.stop", targets=targets, params=params, reason=reason,
+                 ticket=ticket, granularity=granularity)
+    refuse_unless_allowed(rec)
+    now = gw.clock()
+    row = EmergencyStop(
+        id="es-" + secrets.token_hex(8), scope_kind=kind, scope_value={"value": value}, granularity=granularity,
+        trigger=trigger, reason=reason, requested_by=caller.real_identity, deciders=[caller.real_identity],
+        grace_seconds=grace_seconds, state="pending_approval", request_id=rec.request_id, decision_seq=rec.seq,
+        target_ids=[j.id for j in targets], skipped=blind, created_at=now,
+    )
+    session.add(row)
+    session.flush()
+    record_outcome(gw, "emergency", {"emergency_id": row.id, "request_id": rec.request_id, "decision_seq": rec.seq,
+                                     "trigger": trigger, "scope": params["scope"], "granularity": granularity,
+                                     "requested_by": caller.real_identity, "reason": reason,
+                                     "targets": row.target_ids, "blind_spots": blind, "result": rec.decision.effect})
+    if rec.decision.effect == "needs_approval":
+        approval = open_request(gw, session, caller, rec, action="emergency.stop", target_ids=row.target_ids,
+                                project=None, params=params, reason=reason, ticket=ticket, granularity=granularity,
+                                blast_radius={"jobs": len(targets), "gpus": sum(j.gpus_per_node * j.nodes
+                                                                                for j in targets),
+                                              "projects": sorted({j.project for j in targets})})
+        row.approval_id = approval.id
+        return row, rec
+    execute(gw, session, row, targets, deciders=[caller.real_identity], decision_seq=rec.seq)
+    return row, rec
+
+
+@executor("emergency.stop")
+def _after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+                    approver: Caller) -> dict[str, Any]:
+    row = session.scalars(select(EmergencyStop).where(EmergencyStop.approval_id == approval.id)).first()
+    if row is None:
+        raise NotFound(f"approval {approval.id} belongs to no emergency stop")
+    deciders = [approval.requester_real, *[str(a["by"]) for a in approval.approvals]]
+    execute(gw, session, row, targets, deciders=deciders, decision_seq=approval.decision_seq)
+    return {"emergency_id": row.id, "stopping": [j.id for j in targets]}
+
+
+def execute(gw: Gateway, session: Session, row: EmergencyStop, targets: list[Job], *, deciders: list[str],
+            decision_seq: int) -> None:
+    """Send every target its stop command in this one transaction (the agents then stop them in parallel)."""
+    now = gw.clock()
+    row.state, row.approved_at, row.deciders = "executing", now, list(dict.fromkeys(deciders))
+    reason = f"emergency stop {row.id} ({row.trigger}): {row.reason}"
+    for job in targets:
+        if job.state not in STOPPABLE_STATES:
+            continue
+        stops.request_stop(gw, session, job, now, by=row.requested_by, reason=reason, request_id=row.request_id,
+                           decision_seq=decision_seq, grace_seconds=row.grace_seconds, approved_by=row.deciders[1:],
+                           emergency_id=row.id, trigger=row.trigger)
+    record_outcome(gw, "emergency", {"emergency_id": row.id, "result": "executing", "deciders": row.deciders,
+                                     "trigger": row.trigger, "at": now.isoformat(), "targets": row.target_ids})
+
+
+def load(gw: Gateway, session: Session, caller: Caller, emergency_id: str) -> EmergencyStop:
+    """Raises NotFound, Forbidden (only on-call, security reviewers, auditors and the deciders may look)."""
+    row = session.get(EmergencyStop, emergency_id)
+    if row is None:
+        raise NotFound(f"no emergency stop {emergency_id!r}")
+    may_view(gw, caller, row)
+    return row
+
+
+def may_view(gw: Gateway, caller: Caller, row: EmergencyStop | None) -> None:
+    who = caller.real_identity
+    if row is not None and who in row.deciders:
+        return
+    held = gw.policy.capabilities(who, "*")
+    if not any(c in held for c in VIEW_CAPABILITIES):
+        raise Forbidden(f"{who} may not view emergency stops (needs emergency.stop or ledger.read)")
+
+
+def job_status(job: Job, row: EmergencyStop, lost_nodes: set[str]) -> dict[str, Any]:
+    nodes = [p["node"] for p in job.placement]
+    unreachable = bool(job.stop_request.get("unreachable")) or (
+        job.state in ("stop_requested", "stopping", "stop_failed") and bool(set(nodes) & lost_nodes))
+    if job.state == "stopped" and job.outcome in ("graceful", "forced", "cancelled", "exited", "confirmed"):
+        category = {"graceful": "stopped_graceful", "forced": "stopped_forced", "exited": "stopped_graceful",
+                    "cancelled": "cancelled", "confirmed": "confirmed_by_person"}[job.outcome]
+    elif job.state == "stop_failed":
+        category = "unreachable" if unreachable else "stop_failed"
+    elif job.state in ("succeeded", "failed"):
+        category = "exited_before_stop"
+    elif job.state in ("stop_requested", "stopping"):
+        category = "in_progress"
+    else:
+        category = "not_stopped"
+    latency = None
+    if job.ended_at and row.approved_at and job.ended_at >= row.approved_at:
+        latency = (job.ended_at - row.approved_at).total_seconds()
+    gone = job.evidence.get("process_groups_gone") if isinstance(job.evidence, dict) else None
+    return {"job_id": job.id, "state": job.state, "outcome": job.outcome, "category": category, "nodes": nodes,
+            "project": job.project, "owner": job.owner, "stop_latency_s": latency, "process_groups_gone": gone}
+
+
+SUMMARY_KEYS = ("stopped_graceful", "stopped_forced", "cancelled", "confirmed_by_person", "stop_failed",
+                "unreachable", "in_progress", "exited_before_stop", "not_stopped")
+
+
+def report(session: Session, row: EmergencyStop, now: datetime) -> dict[str, Any]:
+    """Per-job state and the summary; marks the stop `done` once every target is accounted for."""
+    jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(row.target_ids))).all()}
+    lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
+    per_job = [job_status(jobs[i], row, lost) for i in row.target_ids if i in jobs]
+    summary = dict.fromkeys(SUMMARY_KEYS, 0)
+    for j in per_job:
+        summary[j["category"]] += 1
+    if row.state == "executing" and summary["in_progress"] == 0 and summary["not_stopped"] == 0:
+        row.state, row.finished_at = "done", now
+    latencies = sorted(j["stop_latency_s"] for j in per_job if j["stop_latency_s"] is not None)
+    return {
+        "id": row.id, "state": row.state, "scope": {"kind": row.scope_kind, "value": row.scope_value.get("value")},
+        "granularity": row.granularity, "trigger": row.trigger, "reason": row.reason,
+        "requested_by": row.requested_by, "deciders": row.deciders, "grace_seconds": row.grace_seconds,
+        "approval_id": row.approval_id, "decision_seq": row.decision_seq,
+        "created_at": row.created_at.isoformat(),
+        "approved_at": row.approved_at.isoformat() if row.approved_at else None,
+        "finished_at": row.finished_at.isoformat() if row.finished_at else None,
+        "summary": {**summary, "targets": len(per_job), "blind_spots": len(row.skipped),
+                    "accounted_for": len(per_job) - summary["in_progress"] - summary["not_stopped"]},
+        "last_confirmed_after_s": latencies[-1] if latencies and summary["in_progress"] == 0 else None,
+        "jobs": per_job, "blind_spots": row.skipped,
+    }
+
+
+def list_stops(session: Session, limit: int = 100) -> list[EmergencyStop]:
+    return list(session.scalars(select(EmergencyStop).order_by(EmergencyStop.created_at.desc()).limit(limit)).all())

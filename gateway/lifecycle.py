@@ -1,0 +1,219 @@
+"""Pause, resume, delete and undelete (A5, A6), and on-call's confirmation of a failed stop (C3).
+
+Pause is a graceful stop that ends in `paused` and keeps the checkpoint under the job's retention tier.
+Resume puts the job back in its queue by the resume-priority rule (P2: its priority and the wait it already
+accumulated are kept); the ledger records which version of that rule applied. Delete marks the job
+`deleted` and, only after the stated recovery window, has the agents remove its files, each one ledgered;
+until then `undelete` restores it. Job rows are never removed, so an id is never reused (R1).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from gateway import housekeeping, retention, stops
+from gateway.approvals import Approval, executor, open_request
+from gateway.auth import Caller
+from gateway.commands import enqueue
+from gateway.context import Gateway
+from gateway.errors import Conflict
+from gateway.jobs import load_job, refuse_unless_allowed
+from gateway.models import Allocation, Job
+from gateway.notifications import notify
+from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.stop_tables import CheckpointRetention, JobDeletion
+
+RECOVERY_WINDOW = timedelta(days=7)
+# P2 as the scheduler applies it to a resumed job: original priority and submit time (wait keeps accruing).
+RESUME_PRIORITY_RULE = {"rule": "P2.keep_priority_and_wait", "version": "1"}
+DELETABLE_STATES = ("stopped", "paused", "succeeded", "failed")
+
+
+def _notify_owner(session: Session, rec: Recorded, job: Job, caller: Caller, what: str, reason: str,
+                  now: datetime) -> bool:
+    """Carry out notify_owner obligations; True if the owner was told."""
+    told = False
+    for ob in rec.decision.obligations:
+        if ob.get("kind") == "notify_owner" and ob.get("owner") and ob.get("owner") != caller.real_identity:
+            notify(session, str(ob["owner"]), what, {"job_id": job.id, "by": caller.real_identity,
+                                                      "reason": reason}, now)
+            told = True
+    return told
+
+
+def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
+                    ticket: str | None) -> tuple[Job, Recorded]:
+    """Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable (see stops.confirm_stopped)."""
+    job, rec = stops.confirm_stopped(gw, session, caller, job_id, reason, ticket)
+    _notify_owner(session, rec, job, caller, "job_confirmed_stopped", reason, gw.clock())
+    return job, rec
+
+
+def pause(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
+          ticket: str | None) -> tuple[Job, Recorded]:
+    """Graceful stop ending in `paused`. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
+    job = load_job(session, job_id, for_update=True)
+    rec = decide(gw, session, caller, "job.pause", targets=[job], project=job.project, reason=reason, ticket=ticket)
+    refuse_unless_allowed(rec)
+    if rec.decision.effect != "allow":
+        raise Conflict("pausing this job needs an approval the policy did not expect", ledger_seq=rec.seq)
+    now = gw.clock()
+    told = _notify_owner(session, rec, job, caller, "job_paused", reason, now)
+    stops.request_stop(gw, session, job, now, by=caller.real_identity, reason=reason, request_id=rec.request_id,
+                       decision_seq=rec.seq, ticket=ticket, pause=True, owner_notified=told)
+    return job, rec
+
+
+def resume(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str | None) -> tuple[Job, Recorded]:
+    """paused → pending by the resume-priority rule. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
+    job = load_job(session, job_id, for_update=True)
+    rec = decide(gw, session, caller, "job.resume", targets=[job], project=job.project, reason=reason,
+                 params={"resume_priority_rule": RESUME_PRIORITY_RULE})
+    refuse_unless_allowed(rec)
+    if job.state != "paused":
+        raise Conflict(f"job {job.id} is {job.state}; only a paused job can be resumed", state=job.state)
+    now = gw.clock()
+    _notify_owner(session, rec, job, caller, "job_resumed", reason or "", now)
+    # The old allocations are over (released with evidence, kept in the ledger); one row per (job, node).
+    previous = [{"node": p["node"], "gpus": p["gpus"]} for p in job.placement]
+    session.execute(delete(Allocation).where(Allocation.job_id == job.id, Allocation.released.is_(True)))
+    retention = session.get(CheckpointRetention, job.id)
+    if retention is not None and retention.state == "kept":
+        retention.state = "in_use"  # the resumed job reads it; cleanup must not remove it now
+    job.placement, job.outcome, job.ended_at, job.exit_code = [], None, None, None
+    job.stop_request = {}
+    stops.ledger_transition(gw, job, "pending", now, by=caller.real_identity, reason=reason or "resumed",
+                            request_id=rec.request_id, decision_seq=rec.seq,
+                            resume_priority_rule=RESUME_PRIORITY_RULE, priority=job.base_priority,
+                            submitted_at=job.submitted_at.isoformat(), previous_placement=previous)
+    gw.scheduler_kick.set()
+    return job, rec
+
+
+def delete_job(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
+               ticket: str | None) -> tuple[Job, Recorded, Approval | None]:
+    """Decide a delete (A6: the rights holder consents); open the approval or mark the job deleted.
+
+    Raises NotFound, PolicyDenied, Conflict (still running, already deleted), LedgerUnavailable.
+    """
+    job = load_job(session, job_id, for_update=True)
+    if job.state not in DELETABLE_STATES:
+        raise Conflict(f"job {job.id} is {job.state}; stop or pause it before deleting it", state=job.state)
+    rec = decide(gw, session, caller, "job.delete", targets=[job], project=job.project, reason=reason, ticket=ticket)
+    refuse_unless_allowed(rec)
+    if rec.decision.effect == "needs_approval":
+        approval = open_request(gw, session, caller, rec, action="job.delete", target_ids=[job.id],
+                                project=job.project, reason=reason, ticket=ticket)
+        return job, rec, approval
+    mark_deleted(gw, session, job, by=caller.real_identity, approvers=[], reason=reason, decision_seq=rec.seq)
+    return job, rec, None
+
+
+@executor("job.delete")
+def _delete_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+                           approver: Caller) -> dict[str, Any]:
+    for job in targets:
+        mark_deleted(gw, session, job, by=approval.requester_real, approvers=[a["by"] for a in approval.approvals],
+                     reason=approval.reason or "", decision_seq=approval.decision_seq)
+    return {"deleted": [j.id for j in targets], "recovery_window_s": RECOVERY_WINDOW.total_seconds()}
+
+
+def mark_deleted(gw: Gateway, session: Session, job: Job, *, by: str, approvers: list[str], reason: str,
+                 decision_seq: int) -> JobDeletion:
+    """Raises Conflict if the job is not in a deletable state."""
+    if job.state not in DELETABLE_STATES:
+        raise Conflict(f"job {job.id} is {job.state}; it cannot be deleted now", state=job.state)
+    now = gw.clock()
+    row = session.get(JobDeletion, job.id)
+    purge_after = now + RECOVERY_WINDOW
+    if row is None:
+        row = JobDeletion(job_id=job.id, state="pending", state_before=job.state, requested_by=by,
+                          approvers=approvers, reason=reason, requested_at=now, purge_after=purge_after, objects=[])
+        session.add(row)
+    else:
+        row.state, row.state_before, row.requested_by, row.approvers = "pending", job.state, by, approvers
+        row.reason, row.requested_at, row.purge_after = reason, now, purge_after
+    stops.ledger_transition(gw, job, "deleted", now, by=by, reason=reason, decision_seq=decision_seq,
+                            approvers=approvers, recovery_window_s=RECOVERY_WINDOW.total_seconds(),
+                            purge_after=purge_after.isoformat())
+    return row
+
+
+def undelete(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str) -> tuple[Job, Recorded]:
+    """Within the recovery window, restore a deleted job to the state it had. Raises NotFound, PolicyDenied,
+    Conflict (not deleted, or its files are already being removed), LedgerUnavailable."""
+    job = load_job(session, job_id, for_update=True)
+    rec = decide(gw, session, caller, "job.undelete", targets=[job], project=job.project, reason=reason)
+    refuse_unless_allowed(rec)
+    row = session.get(JobDeletion, job.id)
+    now = gw.clock()
+    if job.state != "deleted" or row is None or row.state != "pending":
+        raise Conflict(f"job {job.id} is not deleted within its recovery window", state=job.state)
+    if now >= row.purge_after:
+        raise Conflict(f"the recovery window of job {job.id} ended {row.purge_after.isoformat()}")
+    row.state = "restored"
+    stops.ledger_transition(gw, job, row.state_before, now, by=caller.real_identity, reason=reason,
+                            request_id=rec.request_id, decision_seq=rec.seq, undeleted=True)
+    return job, rec
+
+
+def purge_due(gw: Gateway, session: Session, now: datetime) -> list[str]:
+    """After the recovery window, ask each node of a deleted job to remove all its files."""
+    done = []
+    for row in session.scalars(select(JobDeletion).where(JobDeletion.state == "pending",
+                                                         JobDeletion.purge_after <= now)).all():
+        job = session.get(Job, row.job_id)
+        if job is None:
+            continue
+        row.state = "purging"
+        nodes = sorted({p["node"] for p in job.placement})
+        for node in nodes:
+            enqueue(gw, session, node, job.id, "delete_artifacts", {"what": "all", "reason": f"delete: {row.reason}"})
+        record_outcome(gw, "deletion", {"job_id": job.id, "action": "purge", "nodes": nodes, "at": now.isoformat()})
+        if not nodes:
+            row.state, row.purged_at = "purged", now
+        done.append(job.id)
+    return done
+
+
+def purge_reported(gw: Gateway, session: Session, job_id: str, node: str, objects: list[dict[str, Any]],
+                   now: datetime) -> None:
+    """A node removed a deleted job's files: keep the list; purged once every node has answered."""
+    row = session.get(JobDeletion, job_id)
+    if row is None or row.state != "purging":
+        return
+    row.objects = [*row.objects, {"node": node, "files": objects}]
+    job = session.get(Job, job_id)
+    answered = {str(o.get("node")) for o in row.objects}
+    if job is None or {p["node"] for p in job.placement} <= answered:
+        row.state, row.purged_at = "purged", now
+        record_outcome(gw, "deletion", {"job_id": job_id, "action": "purged", "at": now.isoformat(),
+                                        "objects": sum(len(o["files"]) for o in row.objects)})
+
+
+def _retention_task(gw: Gateway, session: Session) -> object:
+    return retention.cleanup(gw, session, gw.clock())
+
+
+def _auto_offline_task(gw: Gateway, session: Session) -> object:
+    return retention.auto_offline(gw, session, gw.clock())
+
+
+def _purge_task(gw: Gateway, session: Session) -> object:
+    return purge_due(gw, session, gw.clock())
+
+
+def run_chores(gw: Gateway) -> None:
+    """Run this area's periodic chores once, each in its own transaction (tests and `jobgate` admin use)."""
+    for task in (_auto_offline_task, _retention_task, _purge_task):
+        with gw.transaction() as session:
+            task(gw, session)
+
+
+housekeeping.register("R4 auto-offline", _auto_offline_task)
+housekeeping.register("checkpoint retention", _retention_task)
+housekeeping.register("deleted job purge", _purge_task)

@@ -1,0 +1,195 @@
+"""Stops through real node agents and real process groups: graceful, forced, agent killed mid-stop, bad commands."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nacl.signing
+import pytest
+from sqlalchemy import select
+from stop_testkit import Cluster, start_cluster, submit, wait_for
+
+from gateway.models import NodeCommand
+from gateway.notifications import Notification
+from gateway.stop_tables import CommandAck
+from nodeagent.protocol import Command, new_nonce, sign_command
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+CHECKPOINTING_JOB = """
+import os, pathlib, signal, sys, time
+def on_term(signum, frame):
+    pathlib.Path(os.environ["JOBGATE_CHECKPOINT_DIR"], "final.ckpt").write_bytes(b"weights-" + os.environ["JOBGATE_JOB_ID"].encode())
+    print("checkpoint written", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+print("training", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+STUBBORN_JOB = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("ignoring SIGTERM", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def one_node(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = start_cluster(tmp_path / "var", nodes=1, gpus=8, prefix="solo")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def ledger_entries(cluster: Cluster) -> list[dict[str, Any]]:
+    ledger = cluster.gateway.ledger
+    return [json.loads(e.raw) for e in ledger.entries(0, ledger.size())]
+
+
+def transitions_of(cluster: Cluster, job_id: str) -> list[str]:
+    return [e["body"]["state_after"] for e in ledger_entries(cluster)
+            if e["kind"] == "transition" and e["body"].get("job_id") == job_id]
+
+
+def gpus_used(cluster: Cluster, node: str) -> int:
+    nodes = cluster.client("dave").get("/v1/nodes").json()["nodes"]
+    return int(next(n["gpus_used"] for n in nodes if n["id"] == node))
+
+
+def script(tmp_path: Path, name: str, text: str) -> list[str]:
+    path = tmp_path / name
+    path.write_text(text)
+    return [sys.executable, str(path)]
+
+
+def test_graceful_with_checkpoint_and_forced_after_window(one_node: Cluster, tmp_path: Path) -> None:
+    alice = one_node.client("alice")
+    good = submit(alice, "ckpt", script(tmp_path, "ckpt.py", CHECKPOINTING_JOB), grace_seconds=20)
+    bad = submit(alice, "stubborn", script(tmp_path, "stubborn.py", STUBBORN_JOB), grace_seconds=1)
+    for job_id in (good, bad):
+        one_node.wait_state(job_id, ("running",))
+        wait_for(lambda j=job_id: "training" in (one_node.work_dir("solo-1") / "jobs" / j / "output.log").read_text()
+                 or "ignoring" in (one_node.work_dir("solo-1") / "jobs" / j / "output.log").read_text(),
+                 10, "the job to install its signal handler")
+    for job_id in (good, bad):
+        r = alice.post(f"/v1/jobs/{job_id}/stop", json={"reason": "done for today"})
+        assert r.status_code == 202, r.text
+
+    stopped = one_node.wait_state(good, ("stopped",))
+    assert stopped["outcome"] == "graceful"
+    (ev,) = stopped["evidence"]["nodes"].values()
+    assert ev["process_group_gone"] is True and ev["exit_code"] == 0
+    (ckpt,) = ev["checkpoints"]
+    assert ckpt["path"] == "checkpoints/final.ckpt"
+    assert ckpt["sha256"] == hashlib.sha256(b"weights-" + good.encode()).hexdigest()
+    assert ckpt["size"] == len(b"weights-" + good.encode())
+    assert [h["to"] for h in stopped["history"]][-3:] == ["stop_requested", "stopping", "stopped"]
+    # Every step of the state machine is in the ledger, not just the job's history (C3).
+    assert transitions_of(one_node, good) == ["running", "stop_requested", "stopping", "stopped"]
+
+    forced = one_node.wait_state(bad, ("stopped",))
+    assert forced["outcome"] == "forced"
+    (ev,) = forced["evidence"]["nodes"].values()
+    assert ev["outcome"] == "forced" and ev["exit_signal"] == "SIGKILL" and ev["process_group_gone"] is True
+    assert ev["signal_sent_at"] is not None and ev["exited_at"] - ev["signal_sent_at"] >= 1.0
+    # Both stops released their GPUs only on that evidence.
+    wait_for(lambda: gpus_used(one_node, "solo-1") == 0, 10, "GPUs to be released")
+
+
+def test_agent_killed_mid_stop_escalates_then_reconciles(one_node: Cluster, tmp_path: Path) -> None:
+    alice = one_node.client("alice")
+    job_id = submit(alice, "stubborn", script(tmp_path, "stubborn.py", STUBBORN_JOB), grace_seconds=2)
+    running = one_node.wait_state(job_id, ("running",))
+    log = one_node.work_dir("solo-1") / "jobs" / job_id / "output.log"
+    wait_for(lambda: "ignoring" in log.read_text(), 10, "the job to ignore SIGTERM")
+    assert alice.post(f"/v1/jobs/{job_id}/stop", json={"reason": "free the node"}).status_code == 202
+    one_node.wait_state(job_id, ("stopping",))
+    one_node.kill_agent("solo-1")  # mid-stop: SIGTERM sent, the SIGKILL after the window never comes
+
+    failed = one_node.wait_state(job_id, ("stop_failed",), timeout=30)
+    assert "unreachable" in failed["state_reason"]
+    assert one_node.nodes_state()["solo-1"] == "lost"
+    # Escalated to a person: a notice for on-call, and the GPUs stay withheld.
+    with one_node.gateway.db.transaction() as session:
+        kinds = {(n.principal, n.kind) for n in session.scalars(select(Notification)).all()}
+    assert ("dave", "stop_failed") in kinds and ("dave", "node_lost") in kinds
+    assert gpus_used(one_node, "solo-1") == len(running["placement"][0]["gpus"])
+    # No silent retry: nothing happens on its own while the node is away.
+    time.sleep(1.0)
+    assert one_node.job(job_id)["state"] == "stop_failed"
+
+    one_node.start_agent("solo-1")  # adopts the still-running group, gets a reconcile that says: stop it
+    done = one_node.wait_state(job_id, ("stopped",), timeout=40)
+    assert done["outcome"] == "forced"
+    (ev,) = done["evidence"]["nodes"].values()
+    assert ev["process_group_gone"] is True
+    assert transitions_of(one_node, job_id)[-4:] == ["stop_requested", "stopping", "stop_failed", "stopped"]
+    reconciles = [e["body"] for e in ledger_entries(one_node)
+                  if e["kind"] == "node" and e["body"].get("action") == "reconcile"]
+    assert any(job_id in r["stop"] for r in reconciles), reconciles
+    wait_for(lambda: gpus_used(one_node, "solo-1") == 0, 10, "GPUs to be released")
+
+
+def _inject(cluster: Cluster, envelope: dict[str, str], nonce: str, job_id: str) -> None:
+    from datetime import timedelta
+
+    gw = cluster.gateway
+    now = gw.clock()
+    with gw.transaction() as session:
+        session.add(NodeCommand(nonce=nonce, node="solo-1", job_id=job_id, kind="start", envelope=envelope,
+                                created_at=now, expires_at=now + timedelta(minutes=5)))
+        session.info["notify_nodes"].add("solo-1")
+
+
+def test_forged_and_replayed_commands_are_refused_and_reported(one_node: Cluster, tmp_path: Path) -> None:
+    gw = one_node.gateway
+    # Forged: a well-formed start command signed by some other key.
+    forger = nacl.signing.SigningKey.generate()
+    now = time.time()
+    forged = Command(kind="start", node="solo-1", job_id="evil-1", nonce=new_nonce(), issued_at=now,
+                     expires_at=now + 300, params={"argv": ["sleep", "1000"], "gpus": [0]})
+    _inject(one_node, sign_command(forged, forger), forged.nonce, "evil-1")
+
+    def reports(detail: str) -> list[dict[str, Any]]:
+        return [e["body"] for e in ledger_entries(one_node)
+                if e["kind"] == "agent_report" and str(e["body"].get("detail", "")).startswith(detail)]
+
+    (refusal,) = wait_for(lambda: reports("forged"), 20, "the forged command to be reported")
+    assert refusal["event"] == "rejected" and refusal["nonce"] is None  # an attacker's nonce is never echoed
+    assert not (one_node.work_dir("solo-1") / "jobs" / "evil-1").exists()
+
+    # Replayed: a genuine start command, obeyed once; the same envelope delivered again is refused.
+    alice = one_node.client("alice")
+    job_id = submit(alice, "once", ["sleep", "1000"])
+    one_node.wait_state(job_id, ("running",))
+    with gw.transaction() as session:
+        cmd = session.scalars(select(NodeCommand).where(NodeCommand.job_id == job_id,
+                                                        NodeCommand.kind == "start")).one()
+        ack = session.get(CommandAck, cmd.nonce)
+        assert ack is not None and ack.event == "started"
+        session.delete(ack)  # as if the acknowledgement had been lost: the gateway hands it out again
+        cmd.delivered_at = None
+        session.info["notify_nodes"].add("solo-1")
+    (replay,) = wait_for(lambda: reports("replayed"), 20, "the replay to be reported")
+    assert replay["nonce"] == cmd.nonce and replay["acknowledgement"] is True
+    with gw.transaction() as session:
+        assert session.get(CommandAck, cmd.nonce) is not None  # the refusal counts as delivery
+    started = [e for e in ledger_entries(one_node)
+               if e["kind"] == "transition" and e["body"].get("job_id") == job_id and e["body"]["state_after"] == "running"]
+    assert len(started) == 1
+    log = (one_node.work_dir("solo-1") / "agent.log").read_text()
+    assert "command rejected" in log and "forged" in log and "replayed" in log
+    with gw.transaction() as session:
+        alerts = [n.body for n in session.scalars(select(Notification).where(Notification.kind == "command_rejected"))]
+    assert any("forged" in a["detail"] for a in alerts) and not any("replayed" in a["detail"] for a in alerts)
