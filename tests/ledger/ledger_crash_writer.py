@@ -1,0 +1,39 @@
+"""A ledger writer process for the crash test: many threads append; each prints `<seq> <hash>` once durable.
+
+Usage: python ledger_crash_writer.py STORE_URL KEYS_DIR THREADS
+A line on stdout is an acknowledgement: it is written only after Ledger.append() returned.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+from ledger.keys import load_or_create_signer
+from ledger.service import Ledger
+
+
+def main() -> None:
+    url, keys_dir, threads = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    led = Ledger.open(url, signer=load_or_create_signer(keys_dir, "jobgate.local/ledger"))
+    out = sys.stdout
+    lock = threading.Lock()
+
+    def work(t: int) -> None:
+        i = 0
+        while True:
+            blobs = {"evidence": f"t{t} i{i}".encode() * 50} if i % 10 == 0 else None
+            r = led.append("decision", {"thread": t, "i": i, "pad": "x" * 200}, blobs=blobs)
+            with lock:
+                out.write(f"{r.seq} {r.hash}\n")
+                out.flush()
+            i += 1
+
+    for t in range(threads):
+        threading.Thread(target=work, args=(t,), daemon=True).start()
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
