@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from gateway.api.routes import ROUTERS
 from gateway.bootstrap import open_gateway
 from gateway.errors import install_error_handlers
+from gateway.policy_reload import PolicyReloader
 from gateway.housekeeping import HousekeepingLoop
 from gateway.scheduling import SchedulerLoop
 from gateway.settings import Settings
@@ -36,6 +37,11 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
         anyio.to_thread.current_default_thread_limiter().total_tokens = 200
         gw = open_gateway(settings)
         app.state.gateway = gw
+        # Policy: ledger the start-up set, then watch the directory for reviewers' changes (issue 4).
+        reloader = PolicyReloader(gw)
+        app.state.policy_reloader = reloader
+        reloader.record_startup()
+        reloader.start(settings.policy_watch_interval_s)
         loops: list[SchedulerLoop | HousekeepingLoop] = []
         if run_scheduler:
             loops = [SchedulerLoop(gw), HousekeepingLoop(gw)]
@@ -46,6 +52,8 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
         finally:
             for loop in loops:
                 loop.stop()
+            reloader.stop()
+            gw.policy.close()
             gw.close()
 
     app = FastAPI(title="jobgate", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.context import Gateway, load_bindings
 from gateway.db import Database
 from gateway.keys import load_or_create_command_key
-from gateway.policy.engine import EmbeddedEngine
+from gateway.policy.factory import make_engine
 from gateway.policy.loader import load_policy_set
 from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
@@ -23,7 +23,8 @@ def open_gateway(settings: Settings) -> Gateway:
     policy_set = load_policy_set(settings.policies_dir)
     with db.transaction() as session:
         bindings = load_bindings(session)
-    engine = EmbeddedEngine(policy_set, bindings)
+    engine = make_engine(policy_set, bindings, kind=settings.policy_engine, opa_url=settings.opa_url,
+                         opa_timeout_s=settings.opa_timeout_s)
     return Gateway(
         settings=settings,
         db=db,

@@ -37,12 +37,16 @@ class Gateway:
     bus: CommandBus = field(default_factory=CommandBus)
     clock: Callable[[], datetime] = utcnow
     scheduler_kick: threading.Event = field(default_factory=threading.Event)
+    # Held while the engine is swapped (policy reload) or its role bindings change with the DB.
+    policy_lock: threading.RLock = field(default_factory=threading.RLock)
     limiter: RateLimiter | None = None
 
     @contextmanager
-    def transaction(self) -> Iterator[Session]:
-        """One business transaction; node agents are woken only after it commits."""
-        with self.db.transaction() as session:
+    def transaction(self, *, immediate: bool = True) -> Iterator[Session]:
+        """One business transaction; node agents are woken only after it commits.
+
+        Immediate (the write lock up front on SQLite) unless the caller only reads."""
+        with self.db.transaction(immediate=immediate) as session:
             session.info["notify_nodes"] = set()
             yield session
             notify = session.info["notify_nodes"]

@@ -56,13 +56,38 @@ class Decision:
 
 
 class PolicyEngine(Protocol):
-    """What the gateway needs from a policy engine (embedded regopy here; an OPA server elsewhere)."""
+    """What the gateway needs from a policy engine: embedded regopy (EmbeddedEngine) or an OPA server
+    (gateway.policy.opa.OpaEngine). Role bindings live beside the engine, so Casbin capabilities are
+    computed gateway-side in both and put into the input the same way."""
 
     policy_hash: str
+    policy_set: PolicySet
 
     def decide(self, request: Mapping[str, Any]) -> Decision:
         """Never raises for evaluation problems: those are a deny with rule `fail_closed`."""
         ...
+
+    def decision_input(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The request plus `granted` and `actor.roles`, as the Rego rules see it."""
+        ...
+
+    def grant(self, b: RoleBinding) -> None: ...
+
+    def revoke(self, b: RoleBinding) -> None: ...
+
+    def roles_of(self, principal: str) -> dict[str, list[str]]: ...
+
+    def capabilities(self, principal: str, project: str) -> frozenset[str]: ...
+
+    def holders(self, project: str, capability: str) -> list[str]: ...
+
+    def close(self) -> None:
+        """Release connections (OPA); nothing for the embedded engine."""
+        ...
+
+
+class PolicyUnavailable(Exception):
+    """The engine could not produce a decision (OPA down, timeout, malformed answer): deny, fail closed."""
 
 
 class EmbeddedEngine:
@@ -174,18 +199,28 @@ class EmbeddedEngine:
     def decide(self, request: Mapping[str, Any]) -> Decision:
         """Decide; any failure to evaluate is a deny with rule `fail_closed` (never an exception)."""
         try:
-            doc = self.decision_input(request)
-            with self._rego_lock:
-                self._rego.set_input(Input(doc))
-                output = self._rego.query_bundle_entrypoint(self._bundle, DECISION_ENTRYPOINT)
-                if not output.ok():
-                    return self._fail_closed(f"evaluation error: {output}")
-                if not output.results or not output.results[0].expressions:
-                    return self._fail_closed("the policy defines no decision for this input")
-                value = output.results[0].expressions[0]
-            return self._decision(value)
+            return self._decision(self.evaluate(self.decision_input(request)))
+        except PolicyUnavailable as e:
+            return self._fail_closed(str(e))
         except Exception as e:  # fail closed: a policy problem must never let a mutation through
             return self._fail_closed(f"{type(e).__name__}: {e}")
+
+    def evaluate(self, doc: Mapping[str, Any]) -> Any:
+        """The raw value of data.jobgate.authz.decision for a full decision input.
+
+        Raises PolicyUnavailable when it is undefined or evaluation fails.
+        """
+        with self._rego_lock:
+            self._rego.set_input(Input(dict(doc)))
+            output = self._rego.query_bundle_entrypoint(self._bundle, DECISION_ENTRYPOINT)
+            if not output.ok():
+                raise PolicyUnavailable(f"evaluation error: {output}")
+            if not output.results or not output.results[0].expressions:
+                raise PolicyUnavailable("the policy defines no decision for this input")
+            return output.results[0].expressions[0]
+
+    def close(self) -> None:
+        """Nothing to release in-process."""
 
     def _decision(self, value: Any) -> Decision:
         if not isinstance(value, dict) or value.get("effect") not in EFFECTS:

@@ -45,15 +45,21 @@ DEFAULT_TARGET: dict[str, Any] = {
 }
 
 
+MATRIX_ROWS = ("A1", "A2", "A3", "A4", "A5", "A6", "A7", "A8")
+# Rows whose matrix entry says "second person: yes" must also show the waiting state.
+SECOND_PERSON_ROWS = ("A3", "A4", "A6", "A7", "A8")
+
+
 @dataclass(frozen=True)
 class TableCase:
-    """One row of a policies/tests/*.yaml table."""
+    """One row of a policies/tests/*.yaml table; `line` is where its `- name:` stands (0 if unknown)."""
 
     name: str
     row: str
     input: dict[str, Any]
     expect: dict[str, Any]
     file: str
+    line: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,8 @@ class RegoTestResult:
     name: str
     passed: bool
     detail: str = ""
+    file: str = ""
+    line: int = 0
 
 
 def load_bindings(policy_dir: Path) -> list[RoleBinding]:
@@ -80,7 +88,9 @@ def load_bindings(policy_dir: Path) -> list[RoleBinding]:
     Raises PolicyLoadError on a malformed line.
     """
     path = policy_dir / TESTS_DIR / BINDINGS_FILE
-    bindings = []
+    bindings: list[RoleBinding] = []
+    if not path.is_file():
+        return bindings
     for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -99,8 +109,9 @@ def load_table_cases(policy_dir: Path) -> list[TableCase]:
     names: set[str] = set()
     for path in sorted((policy_dir / TESTS_DIR).glob("*.yaml")):
         rel = f"{TESTS_DIR}/{path.name}"
+        text = path.read_text(encoding="utf-8")
         try:
-            entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+            entries = yaml.safe_load(text) or []
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             raise PolicyLoadError([PolicyProblem(rel, mark.line + 1 if mark else 0, str(e))]) from e
@@ -113,8 +124,17 @@ def load_table_cases(policy_dir: Path) -> list[TableCase]:
                 raise PolicyLoadError([PolicyProblem(rel, 0, f"duplicate case name {entry['name']!r}")])
             names.add(entry["name"])
             request = expand_input(entry["input"])
-            cases.append(TableCase(entry["name"], str(entry["row"]), request, entry["expect"], rel))
+            cases.append(TableCase(entry["name"], str(entry["row"]), request, entry["expect"], rel,
+                                   _line_of_case(text, str(entry["name"]))))
     return cases
+
+
+def _line_of_case(text: str, name: str) -> int:
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip().removeprefix("- ").strip()
+        if stripped.startswith("name:") and stripped.removeprefix("name:").strip().strip("'\"") == name:
+            return number
+    return 0
 
 
 def expand_input(compact: dict[str, Any]) -> dict[str, Any]:
@@ -190,20 +210,23 @@ def run_rego_tests(policy_set: PolicySet) -> list[RegoTestResult]:
     """
     decider, bundle = compile_rego(policy_set.rego_modules, policy_set.data)
     modules = dict(policy_set.rego_modules)
-    tests: list[tuple[str, str]] = []
+    tests: list[tuple[str, str, str, int]] = []
     for path in sorted((policy_set.directory / TESTS_DIR).glob("*_test.rego")):
         source = path.read_text(encoding="utf-8")
-        modules[f"{TESTS_DIR}/{path.name}"] = source
+        rel = f"{TESTS_DIR}/{path.name}"
+        modules[rel] = source
         package = _PACKAGE.search(source)
         if package is None:
-            raise PolicyLoadError([PolicyProblem(f"{TESTS_DIR}/{path.name}", 1, "no package line")])
-        tests.extend((package.group(1), rule) for rule in dict.fromkeys(_TEST_RULE.findall(source)))
+            raise PolicyLoadError([PolicyProblem(rel, 1, "no package line")])
+        for m in _TEST_RULE.finditer(source):
+            if all(t[1] != m.group(1) or t[0] != package.group(1) for t in tests):
+                tests.append((package.group(1), m.group(1), rel, source.count("\n", 0, m.start()) + 1))
     try:
         runner, _ = compile_rego(modules, policy_set.data)
     except RegoError as e:
         raise PolicyLoadError(rego_problems(str(e), modules)) from e
     results = []
-    for test_package, rule in tests:
+    for test_package, rule, file, line in tests:
         name = f"{test_package}.{rule}"
         try:
             given = first_value(runner.query(f"data.{test_package}.given_{rule.removeprefix('test_')}"))
@@ -215,8 +238,42 @@ def run_rego_tests(policy_set: PolicySet) -> list[RegoTestResult]:
             runner.set_input(Input(test_input))
             value = first_value(runner.query(f"data.{test_package}.{rule}"))
         except (RegoError, ValueError) as e:
-            results.append(RegoTestResult(name, False, f"error: {e}"))
+            results.append(RegoTestResult(name, False, f"error: {e}", file, line))
             continue
         detail = "" if value is True else "undefined" if value is None else f"evaluated to {value!r}"
-        results.append(RegoTestResult(name, value is True, detail))
+        results.append(RegoTestResult(name, value is True, detail, file, line))
     return results
+
+
+def coverage(cases: Iterable[TableCase]) -> dict[str, list[str]]:
+    """Effects exercised per matrix row A1-A8 (and any other row the tables name)."""
+    effects: dict[str, set[str]] = {row: set() for row in MATRIX_ROWS}
+    for case in cases:
+        effects.setdefault(case.row, set()).add(str(case.expect.get("effect")))
+    return {row: sorted(found) for row, found in effects.items()}
+
+
+def coverage_gaps(cov: dict[str, list[str]]) -> list[str]:
+    """Matrix rows lacking an allowed or a denied case, or a waiting case where a second person is due."""
+    gaps = []
+    for row in MATRIX_ROWS:
+        needed = {"allow", "deny"} | ({"needs_approval"} if row in SECOND_PERSON_ROWS else set())
+        missing = needed - set(cov.get(row, ()))
+        if missing:
+            gaps.append(f"row {row} has no {'/'.join(sorted(missing))} case")
+    return gaps
+
+
+def run_suite(policy_set: PolicySet) -> list[PolicyProblem]:
+    """Every failing table case and Rego test of the set, as file:line problems (empty = all pass).
+
+    Raises PolicyLoadError if the tests themselves are malformed.
+    """
+    problems = []
+    for r in run_table(policy_set):
+        if not r.passed:
+            problems.append(PolicyProblem(r.case.file, r.case.line, f"case {r.case.name!r} failed: {r.failures[0]}"))
+    for t in run_rego_tests(policy_set):
+        if not t.passed:
+            problems.append(PolicyProblem(t.file, t.line, f"{t.name} failed: {t.detail}"))
+    return problems

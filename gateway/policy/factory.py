@@ -1,0 +1,34 @@
+"""Build the configured policy engine (embedded regopy by default, or an OPA server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from gateway.policy.engine import EmbeddedEngine, RoleBinding
+from gateway.policy.errors import PolicyLoadError, PolicyProblem
+from gateway.policy.loader import PolicySet
+
+ENGINES = ("embedded", "opa")
+
+
+def make_engine(
+    policy_set: PolicySet,
+    bindings: Iterable[RoleBinding],
+    *,
+    kind: str = "embedded",
+    opa_url: str | None = None,
+    opa_timeout_s: float = 1.0,
+) -> EmbeddedEngine:
+    """An engine for `policy_set`; for "opa" the set is pushed to the server first.
+
+    Raises PolicyLoadError for an unknown kind, a missing URL, or a server that refuses the set.
+    """
+    if kind == "embedded":
+        return EmbeddedEngine(policy_set, bindings)
+    if kind == "opa":
+        if not opa_url:
+            raise PolicyLoadError([PolicyProblem("opa", 0, "policy engine opa needs an OPA URL (--opa-url)")])
+        from gateway.policy.opa import OpaEngine
+
+        return OpaEngine(policy_set, bindings, url=opa_url, timeout_s=opa_timeout_s)
+    raise PolicyLoadError([PolicyProblem("engine", 0, f"unknown policy engine {kind!r}; use one of {ENGINES}")])
