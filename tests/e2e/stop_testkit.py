@@ -7,6 +7,7 @@ and restarted like on a real node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -133,10 +134,8 @@ def kill_leftover_jobs(data_dir: Path) -> None:
         except (OSError, ValueError):
             continue
         for rec in data.values() if isinstance(data, dict) else data:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError, KeyError, TypeError, ValueError):
                 os.killpg(int(rec["pgid"]), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError, KeyError, TypeError, ValueError):
-                pass
 
 
 def start_cluster(data_dir: Path, nodes: int, gpus: int = 16, *, prefix: str = "sn",
