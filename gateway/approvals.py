@@ -27,6 +27,8 @@ from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, record_outcome
 from gateway.states import ENDED_STATES
 
+ACTS_ON_ENDED_JOBS = frozenset({"job.delete"})
+
 Executor = Callable[[Gateway, Session, "Approval", list[Job], Caller], dict[str, Any]]
 _EXECUTORS: dict[str, Executor] = {}
 DEFAULT_EXPIRY_S = 3600
@@ -201,8 +203,10 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
                                        .order_by(Job.id).with_for_update()).all())
     # Never widen: only the approved ids, and of those only the ones still running.
-    live = [j for j in all_targets if j.state not in ENDED_STATES]
-    skipped = [{"id": j.id, "state": j.state} for j in all_targets if j.state in ENDED_STATES]
+    # Deleting acts on ended jobs; for every other action a job that ended meanwhile is skipped.
+    ended = () if approval.action in ACTS_ON_ENDED_JOBS else ENDED_STATES
+    live = [j for j in all_targets if j.state not in ended]
+    skipped = [{"id": j.id, "state": j.state} for j in all_targets if j.state in ended]
     record = {**approver_record(gw, caller, all_targets, now), "comment": comment}
     approvals = [*approval.approvals, record]
     rec = decide(gw, session, _requester(session, approval), approval.action, targets=live, project=approval.project,
