@@ -100,7 +100,8 @@ def test_broken_rego_is_refused_and_old_set_keeps_deciding(papi: Api, policy_dir
     assert stop_decision(papi, job["id"], "mallory")["policy_hash"] == new_hash
 
     loads = [e["body"] for e in ledger(papi) if e["kind"] == "policy"]
-    assert [(b["trigger"], b["result"]) for b in loads] == [("startup", "loaded"), ("api", "refused"), ("api", "loaded")]
+    expected = [("startup", "loaded"), ("api", "refused"), ("api", "loaded")]
+    assert [(b["trigger"], b["result"]) for b in loads] == expected
     assert loads[1]["policy_hash"] != old_hash and loads[1]["errors"]
     assert loads[2]["policy_hash"] == new_hash and loads[2]["previous_hash"] == old_hash
     decisions = [e["body"] for e in ledger(papi) if e["kind"] == "decision"]
@@ -132,14 +133,14 @@ def test_only_security_reviewers_reload(papi: Api) -> None:
 def test_watcher_picks_up_a_changed_directory(settings: Settings, policy_dir: Path) -> None:
     watched = settings.model_copy(update={"policies_dir": policy_dir, "policy_watch_interval_s": 0.1})
     for api in start_api(watched):
-        old_hash = api.get("/v1/policy", "sam").json()["policy_hash"]
+        old_hash: str = api.get("/v1/policy", "sam").json()["policy_hash"]
         break_guards(policy_dir)
         status = _wait_for(api, lambda s: s["history"][0]["result"] == "refused")
         assert status["policy_hash"] == old_hash and status["history"][0]["trigger"] == "watch"
         shutil.copy(REPO_POLICIES / "guards.rego", policy_dir / "guards.rego")
         (policy_dir / "data.json").write_text(
             (policy_dir / "data.json").read_text().replace('"jobs_per_batch": 50', '"jobs_per_batch": 40'))
-        status = _wait_for(api, lambda s: s["policy_hash"] != old_hash)
+        status = _wait_for(api, lambda s, old=old_hash: s["policy_hash"] != old)
         assert status["history"][0]["result"] == "loaded" and status["history"][0]["trigger"] == "watch"
         assert api.gateway.policy_set.data["limits"]["jobs_per_batch"] == 40
 
