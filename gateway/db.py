@@ -1,11 +1,14 @@
 """Business database: engine set-up for SQLite (embedded default) and PostgreSQL.
 
-On SQLite every transaction starts with BEGIN IMMEDIATE so that a read-decide-write sequence (approvals,
-placement) cannot interleave with another writer; PostgreSQL uses row locks (SELECT ... FOR UPDATE).
+On SQLite a transaction that reads, decides and then writes the same rows (stops, approvals, placement)
+starts with BEGIN IMMEDIATE, so no other writer can interleave; other transactions start deferred, so they
+read concurrently and take the write lock only for their short write (and, crucially, not while they
+wait for the ledger). PostgreSQL uses row locks (SELECT ... FOR UPDATE) instead.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,7 +17,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, immediate: bool = False) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20)
 
@@ -29,8 +32,8 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _begin_immediate(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        def _begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
     if url.startswith("postgresql://"):
@@ -53,14 +56,26 @@ class Database:
         self.engine = make_engine(url)
         self.is_sqlite = url.startswith("sqlite")
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # SQLite only: a second pool whose transactions take the write lock up front.
+        self._immediate_engine = make_engine(url, immediate=True) if self.is_sqlite else self.engine
+        self._immediate_sessions = sessionmaker(self._immediate_engine, expire_on_commit=False)
+        self._write_lock = threading.Lock()
 
     def create_schema(self) -> None:
         create_schema(self.engine)
 
     @contextmanager
-    def transaction(self) -> Iterator[Session]:
-        with self._sessions() as session, session.begin():
+    def transaction(self, *, immediate: bool = True) -> Iterator[Session]:
+        """One transaction; `immediate=False` only for reads (or writes nobody else can race with)."""
+        if not (immediate and self.is_sqlite):
+            with self._sessions() as session, session.begin():
+                yield session
+            return
+        # SQLite has one writer. Queue this process's writers on a lock rather than in SQLite's busy
+        # handler, which sleeps in growing steps and turns contention into seconds of latency.
+        with self._write_lock, self._immediate_sessions() as session, session.begin():
             yield session
 
     def close(self) -> None:
         self.engine.dispose()
+        self._immediate_engine.dispose()

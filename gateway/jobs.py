@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -106,8 +106,32 @@ def cluster_shape(session: Session) -> list[int]:
     return [n for n in session.scalars(select(Node.gpus).where(Node.gpus > 0)).all()]
 
 
-def submit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tuple[Job, Recorded]:
-    """Admit a job into its queue. Raises Invalid, PolicyDenied, LedgerUnavailable."""
+def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: JobSubmit) -> tuple[Job, Recorded]:
+    """Admit a job into its queue. Raises Invalid, PolicyDenied, LedgerUnavailable.
+
+    Two transactions: the decision is made and made durable in the ledger while only reading (so
+    concurrent submissions share ledger commits instead of queueing behind one write lock); the job row
+    is then written in a short transaction of its own. Nothing about a job that does not exist yet can
+    change in between.
+    """
+    with gw.transaction(immediate=False) as session:
+        job, rec = _admit(gw, session, authenticate(session), spec)
+    try:
+        with gw.transaction() as session:
+            session.add(job)
+            session.flush()
+            on_submit(gw, session, job, mounts=spec.mounts, datasets=spec.datasets)  # Q3 priority basis
+    except Exception as e:
+        record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
+                                       "action": "job.submit", "job_id": job.id, "result": "failed",
+                                       "error": e.__class__.__name__})
+        raise
+    gw.scheduler_kick.set()
+    return job, rec
+
+
+def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tuple[Job, Recorded]:
+    """Validate, decide, record and build the job row (not yet added)."""
     project = session.get(Project, spec.project)
     if project is None:
         raise Invalid(f"unknown project {spec.project!r}")
@@ -117,7 +141,10 @@ def submit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         raise Invalid(f"owner {owner_id!r} is not a known person")
     if spec.beneficiary_project and session.get(Project, spec.beneficiary_project) is None:
         raise Invalid(f"unknown beneficiary project {spec.beneficiary_project!r}")
-    rec = decide(gw, session, caller, "job.submit", project=spec.project, params={"spec": spec.model_dump(mode="json")})
+    now = gw.clock()
+    job_id = new_job_id(now)
+    rec = decide(gw, session, caller, "job.submit", project=spec.project,
+                 params={"spec": spec.model_dump(mode="json"), "job_id": job_id})
     refuse_unless_allowed(rec)
     shape = cluster_shape(session)
     problems = precheck(spec.gpus_per_node, spec.nodes, shape) if shape else []
@@ -127,10 +154,9 @@ def submit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
                                        "action": "job.submit", "result": "rejected", "problems": problems})
         raise Invalid("the job can never run here: " + "; ".join(problems), problems=problems)
-    now = gw.clock()
     rights_holder = spec.rights_holder or project.organisation
     job = Job(
-        id=new_job_id(now),
+        id=job_id,
         name=spec.name,
         project=spec.project,
         queue=spec.queue,
@@ -164,12 +190,6 @@ def submit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         submitted_at=now,
         history=[{"from": None, "to": "pending", "at": now.isoformat(), "by": caller.id, "reason": "submitted"}],
     )
-    session.add(job)
-    session.flush()
-    on_submit(gw, session, job, mounts=spec.mounts, datasets=spec.datasets)  # Q3 priority basis
-    record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": "job.submit",
-                                   "result": "queued", "job_id": job.id, "state_after": "pending"})
-    gw.scheduler_kick.set()
     return job, rec
 
 

@@ -143,8 +143,9 @@ def decide(
         **({"context": dict(context)} if context else {}),
     }
     try:
-        snapshot = rfc8785.dumps(queue_snapshot(session))
-        appended = gw.ledger.append("decision", body, blobs={"queue_snapshot": snapshot})
+        # H3: an action on existing jobs records the queue as it stood; a submission changes no one's job.
+        blobs = {"queue_snapshot": rfc8785.dumps(queue_snapshot(session))} if targets else {}
+        appended = gw.ledger.append("decision", body, blobs=blobs)
     except LedgerError as e:
         raise LedgerUnavailable(f"the decision could not be recorded ({e}); nothing was changed") from e
     return Recorded(request_id, decision, appended.seq, decision_input)

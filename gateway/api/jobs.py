@@ -16,9 +16,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut, summary="Submit a job")
 def submit_job(spec: JobSubmit, ctx: Ctx) -> JobOut:
     """Queue a job after the admission pre-check (Q1). Creator is the caller; owner defaults to the caller."""
-    with ctx.gw.transaction() as session:
-        job, _ = jobs.submit(ctx.gw, session, ctx.caller(session), spec)
-        return jobs.job_out(job)
+    job, _ = jobs.submit(ctx.gw, ctx.caller, spec)
+    return jobs.job_out(job)
 
 
 @router.get("", response_model=JobList, summary="List jobs you may see")
@@ -28,7 +27,7 @@ def list_jobs(
     state: Annotated[str | None, Query(description="Only jobs in this state")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> JobList:
-    with ctx.gw.transaction() as session:
+    with ctx.gw.transaction(immediate=False) as session:
         found = jobs.list_jobs(ctx.gw, session, ctx.caller(session), project=project, state=state, limit=limit)
         return JobList(jobs=[jobs.job_out(j) for j in found])
 
@@ -36,7 +35,7 @@ def list_jobs(
 @router.get("/{job_id}", response_model=JobOut, summary="Show one job")
 def show_job(job_id: str, ctx: Ctx) -> JobOut:
     """State, placement, the four ownerships and, once stopped, the stop evidence."""
-    with ctx.gw.transaction() as session:
+    with ctx.gw.transaction(immediate=False) as session:
         return jobs.job_out(jobs.get_job(ctx.gw, session, ctx.caller(session), job_id))
 
 

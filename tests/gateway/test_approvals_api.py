@@ -172,7 +172,7 @@ def test_owner_is_notified_before_the_stop_and_the_receipt_is_ledgered(api: Api)
     job_id = running_job(api)
     approval_id = ask_stop(api, "carol", job_id)["approval_id"]
     assert api.post(f"/v1/approvals/{approval_id}/approve", "dave").json()["state"] == "executed"
-    outcome = next(e for e in ledger_entries(api) if e["body"].get("job_id") == job_id
+    outcome = next(e for e in ledger_entries(api) if e["kind"] == "outcome" and e["body"].get("job_id") == job_id
                    and e["body"].get("state_after") == "stop_requested")
     (notified,) = outcome["body"]["owner_notified"]
     assert notified["owner"] == "alice" and notified["receipt"] == "pending"
