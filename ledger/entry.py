@@ -63,15 +63,20 @@ def _json_fast_ok(obj: Any) -> bool:
     return True
 
 
+# One encoder built once: json.dumps() with non-default options constructs a new one per call.
+_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+_ENCODE_STR: Any = getattr(json.encoder, "c_encode_basestring", None) or json.encoder.py_encode_basestring
+
+
 def canonical(obj: Any) -> bytes:
     """RFC 8785 canonical JSON bytes of obj; raises InvalidEntry if obj is not I-JSON."""
     if _json_fast_ok(obj):
         try:
-            return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+            return _ENCODE(obj).encode()
         except UnicodeEncodeError as e:
             raise InvalidEntry("entry contains a lone surrogate") from e
     try:
-        return rfc8785.dumps(obj)
+        return rfc8785.dumps(_plain(obj))
     except (rfc8785.CanonicalizationError, TypeError, ValueError, UnicodeEncodeError) as e:
         raise InvalidEntry(f"entry is not canonical-JSON encodable: {e}") from e
 
@@ -111,7 +116,12 @@ def prepare(kind: str, body: Mapping[str, Any], blobs: Mapping[str, bytes] | Non
         digest = hashlib.sha256(b).hexdigest()
         refs[name] = digest
         data[digest] = b
-    head = b'{"blobs":' + canonical(refs) + b',"body":' + canonical(_plain(body)) + b',"kind":' + canonical(kind)
+    try:
+        kind_json = _ENCODE_STR(kind).encode()
+    except UnicodeEncodeError as e:
+        raise InvalidEntry("kind contains a lone surrogate") from e
+    body_json = canonical(body if type(body) is dict else _plain(body))
+    head = b'{"blobs":' + (canonical(refs) if refs else b"{}") + b',"body":' + body_json + b',"kind":' + kind_json
     return PreparedEntry(head, refs, data)
 
 
@@ -129,6 +139,11 @@ def encode(prep: PreparedEntry, seq: int, time: str, prev: str) -> bytes:
             b'"}',
         )
     )
+
+
+def encode_bytes(prep: PreparedEntry, seq: int, time: bytes, prev: str) -> bytes:
+    """encode() with the time already as bytes (the writer formats one time per batch)."""
+    return b"%s,\"prev\":\"%s\",\"seq\":%d,\"time\":\"%s\"}" % (prep.head, prev.encode(), seq, time)
 
 
 def field_problem(value: object, seq: int, prev: str) -> tuple[str, str] | None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger.entry import ZERO_HASH, PreparedEntry, encode, format_time, prepare
+from ledger.entry import ZERO_HASH, PreparedEntry, encode_bytes, format_time, prepare
 from ledger.errors import (
     EntryNotFound,
     InvalidEntry,
@@ -74,11 +75,15 @@ class LedgerStats:
 
 
 class _Pending:
-    __slots__ = ("error", "event", "prep", "result", "rotate")
+    """One queued append. `done` is a raw lock held until the writer settles it: waking a waiter is
+    one C-level release, far cheaper than an Event (a Condition) when 64 callers wait per batch."""
+
+    __slots__ = ("done", "error", "prep", "result", "rotate")
 
     def __init__(self, prep: PreparedEntry, rotate: NoteSigner | None = None) -> None:
         self.prep = prep
-        self.event = threading.Event()
+        self.done = _allocate_lock()
+        self.done.acquire()
         self.result: AppendResult | None = None
         self.error: LedgerError | None = None
         self.rotate = rotate  # a key-rotation entry: the batch ends here and the signer changes
@@ -117,6 +122,7 @@ class Ledger:
         self._closed = False
         self._writer: threading.Thread | None = None
         self._rotating = threading.Lock()
+        self._unwoken: list[_Pending] = []  # committed, callers not yet woken (writer thread only)
 
     @classmethod
     def open(cls, url: str, *, signer: NoteSigner, clock: Callable[[], datetime] | None = None) -> Ledger:
@@ -227,7 +233,7 @@ class Ledger:
                 raise LedgerClosed("ledger is closed")
             self._queue.append(p)
             self._cv.notify()
-        p.event.wait()
+        p.done.acquire()
         if p.error is not None:
             raise p.error
         assert p.result is not None
@@ -236,10 +242,17 @@ class Ledger:
     def _run_writer(self) -> None:
         while True:
             with self._cv:
+                if not self._queue and self._unwoken:
+                    # Nothing to overlap with: wake the last batch's callers now.
+                    self._cv.release()
+                    try:
+                        self._wake()
+                    finally:
+                        self._cv.acquire()
                 while not self._queue and not self._closed:
                     self._cv.wait()
                 if not self._queue:
-                    return
+                    break
                 n = min(len(self._queue), MAX_BATCH)
                 for i in range(n):
                     if self._queue[i].rotate is not None:
@@ -248,6 +261,13 @@ class Ledger:
                 batch = self._queue[:n]
                 del self._queue[:n]
             self._commit(batch)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Release the callers of the last committed batch (their entries are already durable)."""
+        unwoken, self._unwoken = self._unwoken, []
+        for p in unwoken:
+            p.done.release()
 
     def _commit(self, batch: list[_Pending]) -> None:
         with self._state:
@@ -255,25 +275,37 @@ class Ledger:
         rows: list[Row] = []
         results: list[AppendResult] = []
         blobs: dict[str, bytes] = {}
+        sha = hashlib.sha256
         try:
-            for i, p in enumerate(batch):
-                t = format_time(self._clock())
-                raw = encode(p.prep, start + i, t, prev)
-                prev = hashlib.sha256(raw).hexdigest()
-                rows.append((start + i, prev, raw))
-                results.append(AppendResult(start + i, prev, t, dict(p.prep.blob_refs)))
-                blobs.update(p.prep.blob_data)
-            end = start + len(rows)
+            # One timestamp per batch: the entries commit together, and formatting is not free.
+            t = format_time(self._clock())
+            tb = t.encode()
+            seq = start
+            for p in batch:
+                raw = encode_bytes(p.prep, seq, tb, prev)
+                prev = sha(raw).hexdigest()
+                rows.append((seq, prev, raw))
+                results.append(AppendResult(seq, prev, t, p.prep.blob_refs))
+                if p.prep.blob_data:
+                    blobs.update(p.prep.blob_data)
+                seq += 1
+            end = seq
             with self._state:
+                tree = self._tree
                 for r in rows:
-                    self._tree.append(leaf_hash(r[2]))
-                root = self._tree.root(end)
+                    h = sha(b"\x00")
+                    h.update(r[2])
+                    tree.append(h.digest())
+                root = tree.root(end)
             note = sign_checkpoint(Checkpoint(self._signer.name, end, root), self._signer)
             new_signer = batch[-1].rotate
             if new_signer is not None:
                 note = cosign(note, new_signer)
-            self._store.write_batch(rows, blobs, (end, note))
+            # The previous batch's callers are woken just before this COMMIT: their Python work then
+            # overlaps our fsync instead of delaying this batch's inserts while we wait for the GIL.
+            self._store.write_batch(rows, blobs, (end, note), before_commit=self._wake)
         except Exception as e:  # the writer must survive anything; callers get a LedgerError
+            self._wake()
             err = LedgerUnavailable(f"ledger write failed: {e}")
             err.__cause__ = e
             self._recover(start, rows, batch, err)
@@ -285,7 +317,7 @@ class Ledger:
         self._record(len(batch))
         for p, res in zip(batch, results, strict=True):
             p.result = res
-            p.event.set()
+        self._unwoken = batch
 
     def _recover(self, start: int, rows: list[Row], batch: list[_Pending], err: LedgerUnavailable) -> None:
         """After a failed write, make memory match the store again, then fail the batch.
@@ -314,12 +346,12 @@ class Ledger:
                 self._record(len(batch))
                 for p, r in zip(batch, rows, strict=True):
                     p.result = AppendResult(r[0], r[1], json.loads(r[2])["time"], dict(p.prep.blob_refs))
-                    p.event.set()
+                    p.done.release()
                 return
         self.stats.failed_batches += 1
         for p in batch:
             p.error = err
-            p.event.set()
+            p.done.release()
 
     def _record(self, n: int) -> None:
         s = self.stats

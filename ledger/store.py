@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
@@ -85,8 +85,18 @@ class LedgerStore(Protocol):
     def get_blob(self, digest: str) -> bytes | None: ...
     def checkpoints(self) -> list[tuple[int, str]]: ...
     def latest_checkpoint(self) -> tuple[int, str] | None: ...
-    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]) -> None:
-        """Insert rows, blobs and the checkpoint in one durable transaction (all or nothing)."""
+    def write_batch(
+        self,
+        rows: Sequence[Row],
+        blobs: Mapping[str, bytes],
+        checkpoint: tuple[int, str],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        """Insert rows, blobs and the checkpoint in one durable transaction (all or nothing).
+
+        before_commit runs after the inserts, just before COMMIT (the group-commit writer wakes the
+        previous batch's callers there).
+        """
         ...
 
     def close(self) -> None: ...
@@ -184,7 +194,13 @@ class SqliteStore:
         rows = self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size DESC LIMIT 1")
         return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
-    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]) -> None:
+    def write_batch(
+        self,
+        rows: Sequence[Row],
+        blobs: Mapping[str, bytes],
+        checkpoint: tuple[int, str],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
         with self._wlock:
             c = self._w
             try:
@@ -198,6 +214,8 @@ class SqliteStore:
                     if blobs:
                         c.executemany("INSERT OR IGNORE INTO ledger_blobs (digest, data) VALUES (?, ?)", blobs.items())
                     c.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (?, ?)", checkpoint)
+                    if before_commit is not None:
+                        before_commit()
                     c.execute("COMMIT")
                 except BaseException:
                     if c.in_transaction:
@@ -286,7 +304,13 @@ class PostgresStore:
         rows = self._query("SELECT size, note FROM ledger_checkpoints ORDER BY size DESC LIMIT 1")
         return (int(rows[0][0]), str(rows[0][1])) if rows else None
 
-    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]) -> None:
+    def write_batch(
+        self,
+        rows: Sequence[Row],
+        blobs: Mapping[str, bytes],
+        checkpoint: tuple[int, str],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
         with self._wlock:
             try:
                 with self._w.transaction(), self._w.cursor() as cur:
@@ -297,6 +321,8 @@ class PostgresStore:
                             list(blobs.items()),
                         )
                     cur.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (%s, %s)", checkpoint)
+                    if before_commit is not None:
+                        before_commit()
             except self._psycopg.Error as e:
                 raise StoreError(f"ledger write failed: {e}") from e
 

@@ -136,10 +136,16 @@ class FlakyStore(SqliteStore):
     fail_before = False
     fail_after = False
 
-    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str]) -> None:
+    def write_batch(
+        self,
+        rows: Sequence[Row],
+        blobs: Mapping[str, bytes],
+        checkpoint: tuple[int, str],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
         if self.fail_before:
             raise StoreError("disk full")
-        super().write_batch(rows, blobs, checkpoint)
+        super().write_batch(rows, blobs, checkpoint, before_commit)
         if self.fail_after:
             raise StoreError("connection lost after COMMIT")
 
