@@ -7,6 +7,7 @@ cannot be written the mutation is refused (fail closed).
 from __future__ import annotations
 
 import secrets
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Forbidden, LedgerUnavailable
+from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Job
 from gateway.policy.engine import Decision
 from gateway.states import PENDING_STATES
@@ -125,12 +127,15 @@ def decide(
     # H2 rate limits guard actions on existing jobs (a runaway script stopping a queue), not submissions.
     limited = record and rate_limited and bool(targets) and gw.limiter is not None
     breach = gw.limiter.hit(caller.real_identity, projects) if limited and gw.limiter else None
+    started = time.perf_counter()
     try:
         caller.check_scope(action, projects)
         decision = gw.policy.decide(decision_input) if breach is None else _refused(gw, breach.sentence(),
                                                                                      "H2.rate_limit")
     except Forbidden as e:
         decision = _refused(gw, e.detail, "token_scope")
+    DECISION_SECONDS.observe(time.perf_counter() - started)
+    DECISIONS.labels(action, decision.effect).inc()
     if not record:
         return Recorded(request_id, decision, -1, decision_input)
     body = {
@@ -145,7 +150,9 @@ def decide(
     try:
         # H3: an action on existing jobs records the queue as it stood; a submission changes no one's job.
         blobs = {"queue_snapshot": rfc8785.dumps(queue_snapshot(session))} if targets else {}
+        started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
+        LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
     except LedgerError as e:
         raise LedgerUnavailable(f"the decision could not be recorded ({e}); nothing was changed") from e
     return Recorded(request_id, decision, appended.seq, decision_input)
