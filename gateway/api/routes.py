@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from gateway import metrics
 from gateway.api import agents, health, jobs, ledger, nodes
 from gateway.api import approvals as approvals_api
 from gateway.api import batch as batch_api
@@ -19,6 +20,7 @@ from gateway.api import roles as roles_api
 
 ROUTERS: list[APIRouter] = [
     health.router,
+    metrics.router,
     jobs.router,
     nodes.router,
     ledger.router,
