@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from gateway.api.deps import Ctx
 from gateway.models import Allocation, Node
+from gateway.stop_tables import AgentSession
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
@@ -19,13 +20,20 @@ def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
     with ctx.gw.transaction() as session:
         ctx.caller(session)
         used: dict[str, int] = defaultdict(int)
-        for node_id, gpus in session.execute(
-            select(Allocation.node, Allocation.gpus).where(Allocation.released.is_(False))
+        jobs: dict[str, list[str]] = defaultdict(list)
+        for node_id, gpus, job_id in session.execute(
+            select(Allocation.node, Allocation.gpus, Allocation.job_id).where(Allocation.released.is_(False))
         ).all():
             used[node_id] += len(gpus)
+            jobs[node_id].append(job_id)
+        agents = {a.node: a for a in session.scalars(select(AgentSession)).all()}
         nodes = session.scalars(select(Node).order_by(Node.id)).all()
         return {"nodes": [
             {"id": n.id, "state": n.state, "gpus": n.gpus, "gpus_used": used[n.id],
+             # GPUs of a lost node stay held until it returns or on-call confirms its jobs stopped.
+             "gpus_withheld": used[n.id] if n.state == "lost" else 0,
+             "jobs": sorted(jobs[n.id]),
+             "agent_since": agents[n.id].since.isoformat() if n.id in agents else None,
              "last_heartbeat": n.last_heartbeat.isoformat() if n.last_heartbeat else None}
             for n in nodes
         ]}

@@ -10,6 +10,7 @@ from gateway.api import approvals as approvals_api
 from gateway.api import batch as batch_api
 from gateway.api import emergency as emergency_api
 from gateway.api import identity as identity_api
+from gateway.api import inventory as inventory_api
 from gateway.api import lifecycle as lifecycle_api
 from gateway.api import notifications as notifications_api
 from gateway.api import policy as policy_api
@@ -29,6 +30,7 @@ ROUTERS: list[APIRouter] = [
     batch_api.router,
     emergency_api.router,
     identity_api.router,
+    inventory_api.router,
     lifecycle_api.router,
     notifications_api.router,
     queue_api.router,

@@ -8,6 +8,7 @@ from gateway.cli.approvals import approvals_group, approve, reject
 from gateway.cli.emergency import emergency_group
 from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
+from gateway.cli.nodes import nodes_cmd
 from gateway.cli.queue import queue_cmd, quota_group, stats_group
 from gateway.cli.up import demo_token, up
 from ledger.cli import ledger_group
@@ -36,6 +37,7 @@ cli.add_command(reject)
 cli.add_command(token_group)
 cli.add_command(service_account_group)
 cli.add_command(emergency_group)
+cli.add_command(nodes_cmd)
 
 
 def main() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -61,6 +63,14 @@ def ledger_entries(cluster: Cluster) -> list[dict[str, Any]]:
 def transitions_of(cluster: Cluster, job_id: str) -> list[str]:
     return [e["body"]["state_after"] for e in ledger_entries(cluster)
             if e["kind"] == "transition" and e["body"].get("job_id") == job_id]
+
+
+def cli(cluster: Cluster, who: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "JOBGATE_URL": cluster.url, "JOBGATE_TOKEN": cluster.tokens[who]}
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done
 
 
 def gpus_used(cluster: Cluster, node: str) -> int:
@@ -126,6 +136,11 @@ def test_agent_killed_mid_stop_escalates_then_reconciles(one_node: Cluster, tmp_
         kinds = {(n.principal, n.kind) for n in session.scalars(select(Notification)).all()}
     assert ("dave", "stop_failed") in kinds and ("dave", "node_lost") in kinds
     assert gpus_used(one_node, "solo-1") == len(running["placement"][0]["gpus"])
+    shown = cli(one_node, "dave", "nodes", "--json")
+    (solo,) = [n for n in json.loads(shown.stdout)["nodes"] if n["id"] == "solo-1"]
+    assert solo["state"] == "lost" and solo["gpus_withheld"] == 1 and solo["jobs"] == [job_id]
+    table = cli(one_node, "dave", "nodes")
+    assert "lost: solo-1" in table.stdout
     # No silent retry: nothing happens on its own while the node is away.
     time.sleep(1.0)
     assert one_node.job(job_id)["state"] == "stop_failed"

@@ -1,0 +1,129 @@
+"""Emergency-stop benchmark: N light real processes across M local agents, grace 0, two people deciding.
+
+Measures, from the second person's approval to the last job confirmed stopped (evidence in), the total
+time and the per-job stop latency (p50/p99, server side: job ended_at - approval time). The baseline,
+measured in the same run on the same machine, is the floor: the same number of process groups spawned
+and SIGKILLed directly, with no gateway, ledger or agents in between.
+
+    .venv/bin/python bench/stop.py                 # 1,000 jobs over 20 agents (target ≤ 10 s)
+    .venv/bin/python bench/stop.py --jobs 200 --agents 4
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Run as a script, this folder would come first on sys.path and its modules shadow the packages.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path[:0] = [str(_HERE.parent), str(_HERE.parent / "tests" / "e2e")]
+
+from stop_testkit import start_cluster, submit, wait_for  # noqa: E402
+
+TARGET_S = 10.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def baseline(n: int) -> dict[str, float]:
+    """Spawn n `sleep` process groups, then SIGKILL each group and reap it: the OS floor for n stops."""
+    procs = [subprocess.Popen(["sleep", "100000"], start_new_session=True) for _ in range(n)]
+    t0 = time.perf_counter()
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+    return {"kill_and_reap_s": round(time.perf_counter() - t0, 4)}
+
+
+def run(jobs: int, agents: int, work: Path) -> dict[str, Any]:
+    per_node = -(-jobs // agents)
+    cluster = start_cluster(work, nodes=agents, gpus=per_node, prefix="bn")
+    try:
+        owners = [cluster.client("alice"), cluster.client("bob")]
+        t_submit = time.perf_counter()
+        ids = [submit(owners[i % 2], f"light-{i}", ["sleep", "100000"], environment="production",
+                      grace_seconds=30) for i in range(jobs)]
+        submit_s = time.perf_counter() - t_submit
+        dave = cluster.client("dave")
+
+        def all_running() -> bool:
+            listed = dave.get("/v1/jobs", params={"state": "running", "limit": 1000}).json()["jobs"]
+            return len(listed) >= jobs
+
+        t_run = time.perf_counter()
+        wait_for(all_running, 600, f"{jobs} jobs to run", interval=0.5)
+        start_s = time.perf_counter() - t_run
+        body = {"scope": {"kind": "environment", "value": "production"}, "trigger": "safety",
+                "reason": "benchmark: stop everything in production", "grace_seconds": 0}
+        r = dave.post("/v1/emergency-stops", json=body)
+        assert r.status_code == 202, r.text
+        es = r.json()
+        sam = cluster.client("sam")
+        t0 = time.perf_counter()
+        ok = sam.post(f"/v1/approvals/{es['approval_id']}/approve", json={"comment": "bench"})
+        assert ok.status_code == 200, ok.text
+        approve_call_s = time.perf_counter() - t0
+
+        def done() -> dict[str, Any] | None:
+            got = dave.get(f"/v1/emergency-stops/{es['id']}").json()
+            return got if got["state"] == "done" else None
+
+        final = wait_for(done, 300, "every job to be accounted for", interval=0.05)
+        observed_s = time.perf_counter() - t0
+        latencies = [j["stop_latency_s"] for j in final["jobs"] if j["stop_latency_s"] is not None]
+        return {
+            "jobs": jobs,
+            "agents": agents,
+            "grace_seconds": 0,
+            "submit_s": round(submit_s, 2),
+            "all_running_after_s": round(start_s, 2),
+            "approve_call_s": round(approve_call_s, 3),
+            "approval_to_last_confirmed_s": final["last_confirmed_after_s"],
+            "approval_to_done_observed_s": round(observed_s, 3),
+            "per_job_stop_latency_s": {"p50": round(percentile(latencies, 0.5), 3),
+                                       "p99": round(percentile(latencies, 0.99), 3),
+                                       "max": round(max(latencies), 3) if latencies else None,
+                                       "mean": round(statistics.fmean(latencies), 3) if latencies else None},
+            "summary": final["summary"],
+            "target_s": TARGET_S,
+            "meets_target": bool(final["last_confirmed_after_s"] is not None
+                                 and final["last_confirmed_after_s"] <= TARGET_S),
+        }
+    finally:
+        cluster.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--agents", type=int, default=20)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="jobgate-bench-stop-") as tmp:
+        result = run(args.jobs, args.agents, Path(tmp) / "var")
+    result["baseline_direct_killpg"] = baseline(args.jobs)
+    result["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
