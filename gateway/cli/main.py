@@ -9,7 +9,9 @@ from gateway.cli.emergency import emergency_group
 from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
 from gateway.cli.nodes import nodes_cmd
+from gateway.cli.policy import policy_group
 from gateway.cli.queue import queue_cmd, quota_group, stats_group
+from gateway.cli.roles import role_group
 from gateway.cli.up import demo_token, up
 from ledger.cli import ledger_group
 
@@ -37,6 +39,8 @@ cli.add_command(reject)
 cli.add_command(token_group)
 cli.add_command(service_account_group)
 cli.add_command(emergency_group)
+cli.add_command(policy_group)
+cli.add_command(role_group)
 cli.add_command(nodes_cmd)
 
 

@@ -229,15 +229,16 @@ def _line_of_key(text: str, key: str) -> int:
     return text.count("\n", 0, index) + 1 if index >= 0 else 0
 
 
-def compile_rego(modules: dict[str, str], data: dict[str, Any]) -> tuple[Interpreter, Bundle]:
-    """Compile the decision bundle once. Raises RegoError."""
+def compile_rego(modules: dict[str, str], data: dict[str, Any],
+                 entrypoints: list[str] | None = None) -> tuple[Interpreter, Bundle]:
+    """Compile the decision bundle (or one with other entrypoints) once. Raises RegoError."""
     rego = Interpreter()
     # rego-cpp prints compile errors to stdout by default; they are reported through PolicyProblem.
     rego.log_level = LogLevel.NONE
     for name, source in modules.items():
         rego.add_module(name, source)
     rego.add_data(data)
-    bundle = rego.build(None, [DECISION_ENTRYPOINT])
+    bundle = rego.build(None, entrypoints or [DECISION_ENTRYPOINT])
     return rego, bundle
 
 
