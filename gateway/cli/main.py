@@ -12,6 +12,7 @@ from gateway.cli.nodes import nodes_cmd
 from gateway.cli.policy import policy_group
 from gateway.cli.queue import queue_cmd, quota_group, stats_group
 from gateway.cli.roles import role_group
+from gateway.cli.sim import sim_group
 from gateway.cli.up import demo_token, up
 from ledger.cli import ledger_group
 
@@ -32,6 +33,7 @@ cli.add_command(job_group)
 cli.add_command(queue_cmd)
 cli.add_command(stats_group)
 cli.add_command(quota_group)
+cli.add_command(sim_group)
 cli.add_command(ledger_group)
 cli.add_command(approvals_group)
 cli.add_command(approve)
