@@ -57,7 +57,10 @@ def _banner(url: str, data_dir: Path, demo: bool) -> str:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path))
-def up(demo: bool, host: str, port: int, data_dir: Path) -> None:
+@click.option("--policy-engine", type=click.Choice(["embedded", "opa"]), envvar="JOBGATE_POLICY_ENGINE",
+              default="embedded", show_default=True, help="Decide with embedded Rego or an OPA server.")
+@click.option("--opa-url", envvar="JOBGATE_OPA_URL", help="OPA server URL (with --policy-engine opa).")
+def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa_url: str | None) -> None:
     """Start the gateway on the embedded default (SQLite business DB, separate SQLite ledger, embedded Rego)."""
     import uvicorn
 
@@ -67,7 +70,9 @@ def up(demo: bool, host: str, port: int, data_dir: Path) -> None:
     from gateway.settings import Settings
 
     data_dir = data_dir.resolve()
-    settings = Settings(data_dir=data_dir, host=host, port=port)
+    if policy_engine == "opa" and not opa_url:
+        raise click.ClickException("--policy-engine opa needs --opa-url (or JOBGATE_OPA_URL)")
+    settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url)
     url = f"http://{host}:{port}"
     agents: list[subprocess.Popen[bytes]] = []
     if demo:

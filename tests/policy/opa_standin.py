@@ -198,3 +198,31 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class StandInProcess:
+    """The stand-in as a real subprocess (tests start it, read its URL, and stop it to test fail-closed)."""
+
+    def __init__(self, timeout_s: float = 30.0) -> None:
+        import subprocess
+        import time
+
+        self.proc = subprocess.Popen([sys.executable, __file__, "--port", "0"], stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on ") or time.monotonic() > deadline:
+            self.stop()
+            raise RuntimeError(f"OPA stand-in did not start: {line!r}")
+        self.url = line.removeprefix("listening on ").strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
