@@ -62,34 +62,70 @@ def candidates(running: Sequence[RunningJob], *, now: datetime, config: Schedule
 def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob, Victim]],
                  gpus_per_node: int, nodes_needed: int, *, coming_free: Sequence[RunningJob] = ()
                  ) -> tuple[Victim, ...] | None:
-    """Rules 3 and 4. None when even every candidate is not enough; () when stopping jobs already suffice."""
-    alive = {n.id for n in nodes if n.alive}
+    """Rules 3 and 4. None when even every candidate is not enough; () when stopping jobs already suffice.
+
+    The number of nodes with at least gpus_per_node free is kept up to date victim by victim, so a plan
+    costs O(victims tried × their nodes), not a scan of the cluster per step.
+    """
     free: dict[NodeId, int] = {n.id: len(n.free) for n in nodes if n.alive}
+    fitting = sum(1 for c in free.values() if c >= gpus_per_node)
 
     def give(job: RunningJob, sign: int) -> None:
+        nonlocal fitting
         for p in job.placement:
-            if p.node in alive:
-                free[p.node] += sign * len(p.gpus)
-
-    def fits() -> bool:
-        return sum(1 for c in free.values() if c >= gpus_per_node) >= nodes_needed
+            before = free.get(p.node)
+            if before is None:  # a dead or unknown node frees nothing usable
+                continue
+            after = before + sign * len(p.gpus)
+            free[p.node] = after
+            fitting += (after >= gpus_per_node) - (before >= gpus_per_node)
 
     for job in coming_free:
         give(job, +1)
-    if fits():
+    if fitting >= nodes_needed:
         return ()
     taken: list[tuple[RunningJob, Victim]] = []
     for job, victim in ordered:
         give(job, +1)
         taken.append((job, victim))
-        if fits():
+        if fitting >= nodes_needed:
             break
     else:
         return None
     for item in reversed(list(taken)):
         give(item[0], -1)
-        if fits():
+        if fitting >= nodes_needed:
             taken.remove(item)
         else:
             give(item[0], +1)
+    return tuple(v for _, v in taken)
+
+
+def plan_victims_naive(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob, Victim]],
+                       gpus_per_node: int, nodes_needed: int, *, coming_free: Sequence[RunningJob] = ()
+                       ) -> tuple[Victim, ...] | None:
+    """The same plan with a full scan of the cluster after every step: the benchmark's baseline."""
+    base = {n.id: len(n.free) for n in nodes if n.alive}
+
+    def fits(chosen: Sequence[RunningJob]) -> bool:
+        free = dict(base)
+        for job in [*coming_free, *chosen]:
+            for p in job.placement:
+                if p.node in free:
+                    free[p.node] += len(p.gpus)
+        return sum(1 for c in free.values() if c >= gpus_per_node) >= nodes_needed
+
+    if fits([]):
+        return ()
+    taken: list[tuple[RunningJob, Victim]] = []
+    for item in ordered:
+        taken.append(item)
+        if fits([j for j, _ in taken]):
+            break
+    else:
+        return None
+    for item in reversed(list(taken)):
+        rest = [j for j, _ in taken if j is not item[0]]
+        if fits(rest):
+            taken.remove(item)
     return tuple(v for _, v in taken)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from scheduler.cycle import run_cycle
+from scheduler.cycle import CycleResult, run_cycle
 from scheduler.errors import InvalidConfig
 from scheduler.model import (
     DEFAULT_CONFIG,
@@ -117,8 +117,11 @@ def jain(values: Sequence[float]) -> float:
 
 def simulate(trace: Sequence[TraceJob], *, cluster: SimCluster = SimCluster(),
              config: SchedulerConfig = DEFAULT_CONFIG, quotas: Quotas | None = None, tick_s: float = 60.0,
-             grace_s: float = 30.0, max_series: int = 2000) -> SimReport:
-    """Run the trace to completion (or until nothing more can ever start). Raises nothing on a valid trace."""
+             grace_s: float = 30.0, max_series: int = 2000,
+             cycle: Callable[..., CycleResult] = run_cycle) -> SimReport:
+    """Run the trace to completion (or until nothing more can ever start). Raises nothing on a valid trace.
+
+    `cycle` is run_cycle; the benchmark passes its naive twin to time the same replay."""
     nodes = [NodeId(f"n{i:05d}") for i in range(cluster.nodes)]
     free: dict[NodeId, set[int]] = {n: set(range(cluster.gpus_per_node)) for n in nodes}
     total_gpus = cluster.nodes * cluster.gpus_per_node
@@ -202,7 +205,7 @@ def simulate(trace: Sequence[TraceJob], *, cluster: SimCluster = SimCluster(),
                                      stop_by=None if j.stop_by is None else EPOCH + timedelta(seconds=j.stop_by))
                           for j in running.values()),
             quotas=quotas, usage={ProjectId(k): v for k, v in used_by_tenant.items()})
-        result = run_cycle(snap, now=now, config=config)
+        result = cycle(snap, now=now, config=config)
         cycles += 1
         for a in result.admits:
             job = pending.pop(a.job_id)

@@ -1,10 +1,11 @@
 """Properties over random clusters with quotas: after any cycles, no quota tier and no node is exceeded,
-and every gang is whole (Q4, Q5, Q6)."""
+and every gang is whole (Q4, Q5, Q6); the incremental victim plan equals the naive full-scan plan."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import timedelta
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,12 +17,15 @@ from scheduler.model import (
     NodeId,
     NodeState,
     PendingJob,
+    Placement,
     ProjectId,
     Quotas,
     RunningJob,
+    SchedulerConfig,
     Snapshot,
     TenantQuota,
 )
+from scheduler.preemption import candidates, plan_victims, plan_victims_naive
 
 TENANTS = [ProjectId("t0"), ProjectId("t1"), ProjectId("t2")]
 USERS = ["u0", "u1", "u2", "u3"]
@@ -109,3 +113,31 @@ def test_no_tier_or_node_is_ever_exceeded_and_gangs_are_whole(world: tuple[list[
         admitted = {a.job_id for a in result.admits}
         pending = [j for j in pending if j.id not in admitted]
         _check(nodes, quotas, run)
+
+
+@st.composite
+def victim_cases(draw: st.DrawFn) -> tuple[list[NodeState], list[RunningJob], int, int]:
+    nodes: list[NodeState] = []
+    run: list[RunningJob] = []
+    for i in range(draw(st.integers(1, 6))):
+        nid = NodeId(f"n{i}")
+        g = 8
+        cut = sorted(draw(st.sets(st.integers(1, 7), max_size=3)))
+        edges = [0, *cut, draw(st.integers(max(cut, default=0), 8))]
+        for k, (a, b) in enumerate(pairwise(edges)):
+            if b > a:
+                started = NOW - timedelta(hours=draw(st.integers(1, 5)))
+                run.append(RunningJob(JobId(f"r{i}-{k}"), TENANTS[k % 3], "u", "normal",
+                                      float(draw(st.integers(0, 5))), started,
+                                      (Placement(nid, tuple(range(a, b))),), borrowed=draw(st.booleans())))
+        nodes.append(NodeState(nid, g, frozenset(range(edges[-1], g))))
+    return nodes, run, draw(st.sampled_from([1, 4, 8])), draw(st.integers(1, 4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(victim_cases())
+def test_victim_plan_matches_the_naive_full_scan(case: tuple[list[NodeState], list[RunningJob], int, int]) -> None:
+    nodes, run, g, n = case
+    ordered = candidates(run, now=NOW, config=SchedulerConfig(), preemptor_priority=100.0,
+                         preemptor_project="t9", reclaim=False)
+    assert plan_victims(nodes, ordered, g, n) == plan_victims_naive(nodes, ordered, g, n)
