@@ -1,0 +1,109 @@
+"""`jobgate policy check|test|explain`: the reviewers' tools, run as the CLI (no server)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gateway.cli.main import cli
+
+POLICIES = Path(__file__).resolve().parents[2] / "policies"
+
+
+@pytest.fixture
+def policy_dir(tmp_path: Path) -> Path:
+    target = tmp_path / "policies"
+    shutil.copytree(POLICIES, target)
+    return target
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+def test_check_ok_and_broken(policy_dir: Path) -> None:
+    code, out = run("policy", "check", str(policy_dir))
+    assert code == 0 and out.startswith("ok "), out
+    (policy_dir / "extra.rego").write_text("package jobgate.authz\n\nimport rego.v1\n\nbad if {\n  input.a ==\n}\n")
+    (policy_dir / "matrix.csv").write_text((policy_dir / "matrix.csv").read_text() + "p, researcher, *, job.fly\n")
+    code, out = run("policy", "check", str(policy_dir))
+    assert code == 1
+    assert "extra.rego:6:" in out and "matrix.csv:" in out and "unknown capability 'job.fly'" in out, out
+    code, out = run("policy", "check", str(policy_dir), "--json")
+    assert code == 1 and json.loads(out)["ok"] is False
+
+
+def test_check_missing_directory() -> None:
+    code, out = run("policy", "check", "/nonexistent/policies")
+    assert code == 1 and out.startswith("Error: policy directory /nonexistent/policies does not exist"), out
+
+
+def test_test_passes_with_coverage(policy_dir: Path) -> None:
+    code, out = run("policy", "test", str(policy_dir))
+    assert code == 0, out
+    assert "PASS  A4      A4 owner stops own job" in out
+    assert "PASS  rego    jobgate.authz_test.test_default_is_deny" in out
+    assert "  A4  allow, deny, needs_approval" in out
+    assert " 0 failed " in out
+
+
+def test_test_fails_on_a_broken_expectation(policy_dir: Path) -> None:
+    matrix = policy_dir / "matrix.csv"
+    matrix.write_text(matrix.read_text() + "p, researcher, *, job.stop.any\n")
+    code, out = run("policy", "test", str(policy_dir), "--failures-only")
+    assert code == 1
+    assert "FAIL  A4      A4 a researcher cannot stop another's job" in out
+    assert "tests/matrix.yaml:" in out and "effect 'needs_approval' != expected 'deny'" in out
+    code, out = run("policy", "test", str(policy_dir), "--json")
+    body = json.loads(out)
+    assert code == 1 and body["failed"] >= 1
+
+
+def test_test_reports_coverage_gaps(policy_dir: Path) -> None:
+    table = policy_dir / "tests" / "matrix.yaml"
+    kept = [block for block in table.read_text().split("\n- name:") if "row: A5" not in block]
+    table.write_text("\n- name:".join(kept))
+    code, out = run("policy", "test", str(policy_dir))
+    assert code == 1 and "gap: row A5 has no allow/deny case" in out, out
+
+
+def test_explain_shows_rules_reasons_and_where(tmp_path: Path) -> None:
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"action": "job.stop", "actor": "bob", "reason": "hung",
+                                   "targets": [{"creator": "alice", "external_rights": True}]}))
+    code, out = run("policy", "explain", "--input", str(request))
+    assert code == 0, out
+    assert out.startswith("decision: NEEDS_APPROVAL")
+    assert "A4.second_person" in out and "jobs.rego:" in out
+    assert "R3.one_notch_stricter" in out and "approvals.rego:" in out
+    assert "2 required, 2 missing" in out
+    code, out = run("policy", "explain", "--input", str(request), "--json")
+    body = json.loads(out)
+    assert body["decision"]["approvals_required"]["count"] == 2
+    assert {f["rule"] for f in body["fired"]} == {"A4.second_person", "R3.one_notch_stricter"}
+
+
+def test_explain_takes_a_ledger_entry_and_bindings(tmp_path: Path) -> None:
+    entry = {"kind": "decision", "body": {"input": {
+        "action": "job.stop", "actor": {"id": "zoe", "kind": "person"}, "project": "vision", "reason": "x",
+        "targets": [{"id": "j-9", "project": "vision", "creator": "alice", "creator_kind": "person",
+                     "owner": "alice", "external_rights": False, "gpus": 1, "expired": False}],
+        "approvals": [], "granularity": "job", "now": "2026-11-29T10:00:00Z"}}}
+    (tmp_path / "entry.json").write_text(json.dumps(entry))
+    (tmp_path / "b.csv").write_text("g, zoe, oncall, *\n")
+    code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"), "--bindings", str(tmp_path / "b.csv"))
+    assert code == 0 and "A4.second_person" in out and "*: " in out, out
+    code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"))
+    assert code == 0 and out.startswith("decision: DENY"), out  # zoe holds nothing in the fixture bindings
+
+
+@pytest.mark.parametrize(("text", "needle"), [("{not json", "not JSON"), ('{"x": 1}', "at least `action`")])
+def test_explain_bad_input_is_one_line(tmp_path: Path, text: str, needle: str) -> None:
+    (tmp_path / "bad.json").write_text(text)
+    code, out = run("policy", "explain", "--input", str(tmp_path / "bad.json"))
+    assert code == 1 and out.startswith("Error: ") and needle in out and out.count("\n") == 1, out
