@@ -28,6 +28,7 @@ class Caller:
     responsible: str | None = None
     trigger: str | None = None
     source: dict[str, Any] = field(default_factory=dict)
+    breakglass: str | None = None  # the grant id when the call uses a break-glass credential (F2)
 
     @property
     def real_identity(self) -> str:
@@ -41,6 +42,7 @@ class Caller:
             "responsible": self.responsible,
             "trigger": self.trigger,
             "token_id": self.token_id,
+            "bypass": self.breakglass is not None,
         }
 
     def check_scope(self, action: str, projects: list[str]) -> None:

@@ -11,13 +11,14 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
+from gateway.breakglass import sweep_expired
 from gateway.context import Gateway
 from gateway.obligations import sweep_timed_out_receipts
 
 log = logging.getLogger("jobgate.housekeeping")
 
 Task = Callable[[Gateway, Session], object]
-TASKS: list[tuple[str, Task]] = [("receipts", sweep_timed_out_receipts)]
+TASKS: list[tuple[str, Task]] = [("receipts", sweep_timed_out_receipts), ("break-glass expiry", sweep_expired)]
 
 
 def register(name: str, task: Task) -> None:

@@ -10,7 +10,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -135,6 +135,15 @@ def decide(
     except Forbidden as e:
         decision = _refused(gw, e.detail, "token_scope")
     DECISION_SECONDS.observe(time.perf_counter() - started)
+    policy_said = None
+    if caller.breakglass and decision.effect == "needs_approval":
+        # F2: an approved break-glass grant stands in for the second person, nothing else; the policy's
+        # own answer is kept beside the override.
+        policy_said = decision.to_json()
+        decision = replace(decision, effect="allow", approvals_required={},
+                           reasons=(f"break-glass grant {caller.breakglass} stands in for the second person",
+                                    *decision.reasons),
+                           rules=(*decision.rules, "F2.break_glass"))
     DECISIONS.labels(action, decision.effect).inc()
     if not record:
         return Recorded(request_id, decision, -1, decision_input)
@@ -145,6 +154,8 @@ def decide(
         "input": decision_input,
         "decision": decision.to_json(),
         "policy_hash": decision.policy_hash,
+        "bypass": caller.breakglass is not None,
+        **({"policy_decision": policy_said} if policy_said else {}),
         **({"context": dict(context)} if context else {}),
     }
     try:

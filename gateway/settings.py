@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = Field(1.0, gt=0)
     max_long_poll_s: float = Field(30.0, gt=0)
     service_token_max_days: int = Field(90, gt=0)
+    alert_webhook_url: str | None = Field(None, description="POSTed a JSON alert on every break-glass use (F3).")
     rate_limit_storage: str = Field(
         "memory://", description="`limits` storage URI; redis://host:6379 shares counts across replicas."
     )

@@ -6,6 +6,7 @@ Add one import line here when you add a module with tables (they all share `gate
 from __future__ import annotations
 
 import gateway.approvals
+import gateway.breakglass
 import gateway.models
 import gateway.notifications
 import gateway.stop_tables

@@ -98,6 +98,8 @@ findings := [stop_finding(t) | some t in targets] if {
 } else := [delete_finding(t) | some t in targets] if {
 	input.action == "job.delete"
 	count(targets) > 0
+} else := [breakglass_finding] if {
+	input.action == "breakglass.request"
 } else := [emergency_finding] if {
 	input.action == "emergency.stop"
 } else := [confirm_finding(t) | some t in targets] if {

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
+from gateway import breakglass
 from gateway.auth import TRIGGER_HEADER, Caller, authenticate
 from gateway.context import Gateway
 
@@ -20,7 +21,16 @@ class RequestContext:
     source: dict[str, str | bool | None]
 
     def caller(self, session: Session) -> Caller:
+        secret = break_glass_secret(self.authorization)
+        if secret:
+            return breakglass.caller_for(self.gw, session, secret, source=dict(self.source))
         return authenticate(session, self.authorization, trigger=self.trigger, source=self.source, now=self.gw.clock())
+
+
+def break_glass_secret(authorization: str | None) -> str | None:
+    scheme, _, secret = (authorization or "").partition(" ")
+    secret = secret.strip()
+    return secret if scheme.lower() == "bearer" and secret.startswith(breakglass.PREFIX) else None
 
 
 def get_context(
@@ -38,7 +48,12 @@ def get_context(
         "script": x_jobgate_trigger is not None or not user_agent.startswith("Mozilla"),
         "request_id": request.headers.get("x-request-id"),
     }
-    return RequestContext(request.app.state.gateway, authorization, x_jobgate_trigger, source)
+    gw = request.app.state.gateway
+    secret = break_glass_secret(authorization)
+    if secret:
+        # A spent grant is revoked (and ledgered) in its own transaction before the call is refused.
+        breakglass.settle_credential(gw, secret)
+    return RequestContext(gw, authorization, x_jobgate_trigger, source)
 
 
 Ctx = Annotated[RequestContext, Depends(get_context)]

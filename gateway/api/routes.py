@@ -8,6 +8,7 @@ from gateway import metrics
 from gateway.api import agents, health, jobs, ledger, nodes
 from gateway.api import approvals as approvals_api
 from gateway.api import batch as batch_api
+from gateway.api import breakglass as breakglass_api
 from gateway.api import emergency as emergency_api
 from gateway.api import identity as identity_api
 from gateway.api import inventory as inventory_api
@@ -28,6 +29,7 @@ ROUTERS: list[APIRouter] = [
     agents.router,
     approvals_api.router,
     batch_api.router,
+    breakglass_api.router,
     emergency_api.router,
     identity_api.router,
     inventory_api.router,

@@ -48,6 +48,7 @@ CAPABILITIES = frozenset(
         "approval.grant",
         "emergency.stop",
         "job.confirm_stopped",
+        "breakglass.request",
     }
 )
 
@@ -63,6 +64,8 @@ REQUIRED_NUMBERS: tuple[tuple[str, ...], ...] = (
     ("external_rights_extra_approvals",),
     ("cross_project_extra_approvals",),
     ("stop", "grace_window_seconds"),
+    ("breakglass", "max_seconds"),
+    ("breakglass", "second_oncall_approvals"),
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
