@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gateway.cli.approvals import approvals_group, approve, reject
+from gateway.cli.breakglass import break_glass_group
 from gateway.cli.emergency import emergency_group
 from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
@@ -36,6 +37,7 @@ cli.add_command(quota_group)
 cli.add_command(sim_group)
 cli.add_command(ledger_group)
 cli.add_command(approvals_group)
+cli.add_command(break_glass_group)
 cli.add_command(approve)
 cli.add_command(reject)
 cli.add_command(token_group)
