@@ -10,6 +10,7 @@ from gateway.api import approvals as approvals_api
 from gateway.api import batch as batch_api
 from gateway.api import breakglass as breakglass_api
 from gateway.api import emergency as emergency_api
+from gateway.api import forensics as forensics_api
 from gateway.api import identity as identity_api
 from gateway.api import inventory as inventory_api
 from gateway.api import lifecycle as lifecycle_api
@@ -31,6 +32,7 @@ ROUTERS: list[APIRouter] = [
     batch_api.router,
     breakglass_api.router,
     emergency_api.router,
+    forensics_api.router,
     identity_api.router,
     inventory_api.router,
     lifecycle_api.router,

@@ -7,6 +7,7 @@ import click
 from gateway.cli.approvals import approvals_group, approve, reject
 from gateway.cli.breakglass import break_glass_group
 from gateway.cli.emergency import emergency_group
+from gateway.cli.forensics import forensics_group
 from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
 from gateway.cli.nodes import nodes_cmd
@@ -46,6 +47,7 @@ cli.add_command(emergency_group)
 cli.add_command(policy_group)
 cli.add_command(role_group)
 cli.add_command(nodes_cmd)
+cli.add_command(forensics_group)
 
 
 def main() -> None:

@@ -73,6 +73,12 @@ def cli(cluster: Cluster, who: str, *args: str) -> subprocess.CompletedProcess[s
     return done
 
 
+def cli_may_fail(cluster: Cluster, who: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "JOBGATE_URL": cluster.url, "JOBGATE_TOKEN": cluster.tokens[who]}
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
 def gpus_used(cluster: Cluster, node: str) -> int:
     nodes = cluster.client("dave").get("/v1/nodes").json()["nodes"]
     return int(next(n["gpus_used"] for n in nodes if n["id"] == node))
@@ -207,3 +213,52 @@ def test_forged_and_replayed_commands_are_refused_and_reported(one_node: Cluster
     with gw.transaction() as session:
         alerts = [n.body for n in session.scalars(select(Notification).where(Notification.kind == "command_rejected"))]
     assert any("forged" in a["detail"] for a in alerts) and not any("replayed" in a["detail"] for a in alerts)
+
+
+def test_forensics_bundle_of_a_stopped_job_verifies_offline(one_node: Cluster, tmp_path: Path) -> None:
+    alice = one_node.client("alice")
+    job_id = submit(alice, "ckpt", script(tmp_path, "ckpt.py", CHECKPOINTING_JOB), grace_seconds=20)
+    one_node.wait_state(job_id, ("running",))
+    log = one_node.work_dir("solo-1") / "jobs" / job_id / "output.log"
+    wait_for(lambda: "training" in log.read_text(), 10, "the job to start training")
+    alice.post(f"/v1/jobs/{job_id}/stop", json={"reason": "incident 7"})
+    one_node.wait_state(job_id, ("stopped",))
+
+    out = tmp_path / "case.bundle"
+    assert cli_may_fail(one_node, "alice", "forensics", "export", "--job", job_id, "--out", str(out)).returncode == 1
+    done = cli(one_node, "audrey", "forensics", "export", "--job", job_id, "--out", str(out), "--json")
+    summary = json.loads(done.stdout)
+    assert summary["jobs"] == [job_id] and out.stat().st_size == summary["bytes"]
+    sections = summary["sections"]
+    assert [x["name"] for x in sections] == ["queue_snapshots", "scheduler_job_events", "node_process_records",
+                                             "checkpoint_integrity"]
+    seqs = [x["seq"] for x in sections]
+    assert seqs == sorted(seqs) and seqs[-1] == summary["to_seq"]  # frozen in F4 order, after the range
+
+    lines = [json.loads(line.split(" ", 2)[2]) for line in out.read_text().splitlines()[1:]
+             if line[:1].isdigit()]
+    assert lines[0]["seq"] == summary["from_seq"] and lines[-1]["kind"] == "forensics"
+    blobs = {json.loads(line)["blob"]: json.loads(line)["data"] for line in out.read_text().splitlines()
+             if line.startswith('{"blob"')}
+    integrity_digest = lines[-1]["blobs"]["checkpoint_integrity"]
+    import base64
+
+    integrity = json.loads(base64.b64decode(blobs[integrity_digest.removeprefix("sha256:")]
+                                            if integrity_digest.removeprefix("sha256:") in blobs
+                                            else blobs[integrity_digest]))
+    assert integrity[job_id]["db_matches_ledger"] is True
+    assert integrity[job_id]["checkpoints"][0]["path"] == "checkpoints/final.ckpt"
+
+    vkey = one_node.data_dir / "keys" / "ledger.vkey"
+    verified = subprocess.run([sys.executable, "-m", "gateway.cli", "ledger", "verify", "--bundle", str(out),
+                               "--public-key", str(vkey)], capture_output=True, text=True, timeout=60)
+    assert verified.returncode == 0 and verified.stdout.startswith("OK"), verified.stdout + verified.stderr
+    # One flipped byte in the frozen evidence and the bundle no longer verifies.
+    raw = bytearray(out.read_bytes())
+    at = raw.index(b'"node_process_records"')
+    raw[at + 1] = ord("N")
+    (tmp_path / "tampered.bundle").write_bytes(bytes(raw))
+    bad = subprocess.run([sys.executable, "-m", "gateway.cli", "ledger", "verify", "--bundle",
+                          str(tmp_path / "tampered.bundle"), "--public-key", str(vkey)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0

@@ -1,0 +1,181 @@
+"""Forensics export (F4): freeze the evidence in a fixed order, then hand out one offline-verifiable bundle.
+
+Order, as F4 asks — each step is frozen as a signed ledger entry (its data a content-addressed blob)
+before the next one is read:
+  1. the ledger range itself (every entry about the job, or since T), with proofs and checkpoints;
+  2. the queue snapshots (the current one; those taken at each decision are already blobs of the range);
+  3. the scheduler's job events (each job's state history and placements);
+  4. the node-side process records and stop evidence (allocations, signed commands and their acks);
+  5. checkpoint integrity results (the evidence in the business DB against the ledger's evidence blobs,
+     and what retention or deletion did to each checkpoint).
+The file is a `jobgate-ledger-bundle/1` (ledger/bundle.py) covering the range plus those five entries, so
+`jobgate ledger verify --bundle FILE --public-key ledger.vkey` verifies all of it offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import rfc8785
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.auth import Caller
+from gateway.context import Gateway
+from gateway.errors import Invalid, NotFound
+from gateway.jobs import refuse_unless_allowed
+from gateway.models import Allocation, Job, Node, NodeCommand
+from gateway.pipeline import decide, queue_snapshot, record_outcome
+from gateway.stop_tables import CheckpointRetention, CommandAck, JobDeletion
+from ledger.bundle import export_bundle
+from ledger.store import open_store
+
+SECTIONS = ("queue_snapshots", "scheduler_job_events", "node_process_records", "checkpoint_integrity")
+
+
+def _mentions(entry: dict[str, Any], job_ids: set[str]) -> bool:
+    body = entry.get("body") or {}
+    if body.get("job_id") in job_ids:
+        return True
+    targets = (body.get("input") or {}).get("targets") or []
+    if any(isinstance(t, dict) and t.get("id") in job_ids for t in targets):
+        return True
+    listed = body.get("targets") or body.get("executed_on") or []
+    return any(isinstance(t, str) and t in job_ids for t in listed)
+
+
+def _scan(gw: Gateway, job_ids: set[str] | None, since: datetime | None) -> tuple[int, set[str]]:
+    """First seq of the range, and (for --since) the jobs the range touches."""
+    ledger = gw.ledger
+    size = ledger.size()
+    start: int | None = None
+    touched: set[str] = set()
+    seq = 0
+    while seq < size:
+        batch = ledger.entries(seq, 1000)
+        for e in batch:
+            entry = json.loads(e.raw)
+            if job_ids is not None:
+                if start is None and _mentions(entry, job_ids):
+                    start = e.seq
+            elif since is not None and datetime.fromisoformat(str(entry["time"]).replace("Z", "+00:00")) >= since:
+                if start is None:
+                    start = e.seq
+                body = entry.get("body") or {}
+                if isinstance(body.get("job_id"), str):
+                    touched.add(body["job_id"])
+        seq += len(batch) or 1
+    if start is None:
+        raise NotFound("the ledger has no entry for that job" if job_ids is not None else "no ledger entry since then")
+    return start, touched
+
+
+def _section(gw: Gateway, name: str, data: Any, job_ids: list[str]) -> int:
+    blob = rfc8785.dumps(data)
+    body = {"section": name, "jobs": job_ids, "sha256": hashlib.sha256(blob).hexdigest()}
+    return record_outcome(gw, "forensics", body, blobs={name: blob})
+
+
+def _job_events(session: Session, jobs: list[Job]) -> dict[str, Any]:
+    return {j.id: {"state": j.state, "history": j.history, "placement": j.placement, "queue": j.queue,
+                   "submitted_at": j.submitted_at.isoformat(), "stop_request": j.stop_request} for j in jobs}
+
+
+def _iso(dt: datetime | None) -> str | None:
+    return dt.isoformat() if dt else None
+
+
+def _node_records(session: Session, ids: list[str]) -> dict[str, Any]:
+    parts = session.scalars(select(Allocation).where(Allocation.job_id.in_(ids)).order_by(Allocation.id)).all()
+    commands = session.scalars(select(NodeCommand).where(NodeCommand.job_id.in_(ids))
+                               .order_by(NodeCommand.created_at)).all()
+    acks = {a.nonce: a for a in session.scalars(select(CommandAck).where(
+        CommandAck.nonce.in_([c.nonce for c in commands]))).all()}
+    nodes = {n.id: n for n in session.scalars(select(Node)).all()}
+    return {
+        "allocations": [{"job_id": p.job_id, "node": p.node, "gpus": p.gpus, "state": p.state, "pid": p.pid,
+                         "exit_code": p.exit_code, "released": p.released, "evidence": p.evidence} for p in parts],
+        "commands": [{"nonce": c.nonce, "node": c.node, "job_id": c.job_id, "kind": c.kind, "envelope": c.envelope,
+                      "created_at": c.created_at.isoformat(),
+                      "delivered_at": c.delivered_at.isoformat() if c.delivered_at else None,
+                      "acked": {"at": acks[c.nonce].acked_at.isoformat(), "event": acks[c.nonce].event}
+                      if c.nonce in acks else None} for c in commands],
+        "nodes": {p.node: {"state": nodes[p.node].state, "running_at_last_heartbeat": nodes[p.node].running,
+                           "last_heartbeat": _iso(nodes[p.node].last_heartbeat)} for p in parts if p.node in nodes},
+    }
+
+
+def _integrity(gw: Gateway, session: Session, jobs: list[Job], start: int) -> dict[str, Any]:
+    """Does the stop evidence the business DB shows match the evidence blob the ledger holds?"""
+    ledger = gw.ledger
+    ledgered: dict[str, str] = {}
+    seq, size = start, ledger.size()
+    while seq < size:
+        batch = ledger.entries(seq, 1000)
+        for e in batch:
+            entry = json.loads(e.raw)
+            digest = (entry.get("blobs") or {}).get("evidence")
+            job_id = (entry.get("body") or {}).get("job_id")
+            if entry["kind"] == "outcome" and digest and job_id:
+                ledgered[job_id] = str(digest)
+        seq += len(batch) or 1
+    out: dict[str, Any] = {}
+    for job in jobs:
+        retention = session.get(CheckpointRetention, job.id)
+        deletion = session.get(JobDeletion, job.id)
+        checkpoints = [c for ev in (job.evidence.get("nodes") or {}).values() if isinstance(ev, dict)
+                       for c in ev.get("checkpoints") or []]
+        db_digest = hashlib.sha256(rfc8785.dumps(job.evidence)).hexdigest() if job.evidence else None
+        led = ledgered.get(job.id)
+        out[job.id] = {
+            "evidence_in_ledger": led,
+            "evidence_in_db": db_digest,
+            "db_matches_ledger": None if led is None else led.removeprefix("sha256:") == db_digest,
+            "checkpoints": [{"path": c.get("path"), "sha256": c.get("sha256"), "size": c.get("size"),
+                             "status": "deleted" if deletion is not None and deletion.state == "purged"
+                             else "cleaned" if retention is not None and retention.state == "cleaned" else "kept"}
+                            for c in checkpoints],
+            "retention": {"tier": retention.tier, "state": retention.state} if retention else None,
+        }
+    return out
+
+
+def export(gw: Gateway, session: Session, caller: Caller, *, job_id: str | None, since: datetime | None,
+           exported_at: str) -> tuple[bytes, dict[str, Any]]:
+    """Freeze the sections, export the bundle; returns (file bytes, summary).
+
+    Raises Invalid (neither or both of job/since), NotFound, PolicyDenied, LedgerUnavailable, ledger BundleError.
+    """
+    if (job_id is None) == (since is None):
+        raise Invalid("give exactly one of job_id or since")
+    asked = {"job_id": job_id, "since": since.isoformat() if since else None}
+    rec = decide(gw, session, caller, "ledger.read", params={"forensics": asked}, reason="forensics export")
+    refuse_unless_allowed(rec)
+    if job_id is not None and session.get(Job, job_id) is None:
+        raise NotFound(f"no job with id {job_id!r}")
+    start, touched = _scan(gw, {job_id} if job_id else None, since)
+    ids = sorted({job_id} if job_id else touched)
+    jobs = list(session.scalars(select(Job).where(Job.id.in_(ids)).order_by(Job.id)).all())
+    seqs = [
+        _section(gw, "queue_snapshots", {"at_export": queue_snapshot(session)}, ids),
+        _section(gw, "scheduler_job_events", _job_events(session, jobs), ids),
+        _section(gw, "node_process_records", _node_records(session, ids), ids),
+        _section(gw, "checkpoint_integrity", _integrity(gw, session, jobs, start), ids),
+    ]
+    store = open_store(gw.settings.resolved_ledger_url(), create=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="jobgate-forensics-") as tmp:
+            out = Path(tmp) / "bundle.jsonl"
+            summary = export_bundle(store, out, from_seq=start, to_seq=seqs[-1], keys=[gw.ledger.vkey],
+                                    exported_at=exported_at)
+            data = out.read_bytes()
+    finally:
+        store.close()
+    sections = [{"name": n, "seq": q} for n, q in zip(SECTIONS, seqs, strict=True)]
+    return data, {"from_seq": start, "to_seq": seqs[-1], "sections": sections, "jobs": ids,
+                  "entries": summary.to_json().get("entries"), "request_id": rec.request_id}
