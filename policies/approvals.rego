@@ -6,6 +6,7 @@ import rego.v1
 
 # Each granted finding's need. `missing` = required - recorded valid approvals (never below zero).
 needs contains w if {
+	second_person_possible
 	some f in findings
 	f.kind == "grant"
 	required := required_approvals(f)
@@ -20,6 +21,22 @@ needs contains w if {
 		"missing": max([0, required - have]),
 		"eligible": eligible,
 	}
+}
+
+# Whether any subject can need a second person at all: a rule asking for one, or a notch (R3, H2).
+# Checked first, so the common request that needs nobody skips the per-subject work below.
+second_person_possible if {
+	some f in findings
+	f.base > 0
+}
+
+second_person_possible if any_external_target
+
+second_person_possible if cross_project_batch
+
+any_external_target if {
+	some t in targets
+	t.external_rights == true
 }
 
 # Raise the rule's own need one notch per aggravating fact, then to the granularity floor (C2).
@@ -58,6 +75,7 @@ cross_project_batch if {
 
 # The notches that applied, for the audit record.
 notches_fired contains {"rule": "R3.one_notch_stricter", "reason": sprintf("job %s uses external-rights data: one more approval is required", [f.target.id])} if {
+	any_external_target
 	some f in findings
 	f.kind == "grant"
 	external_target(f)
