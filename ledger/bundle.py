@@ -25,26 +25,22 @@ import binascii
 import hashlib
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from ledger.compact import compact_range
-from ledger.errors import LedgerError
+from ledger.errors import BundleError
 from ledger.merkle import HASH_SIZE, MerkleTree
 from ledger.note import peek_checkpoint
 from ledger.rotation import ROTATION_MARK, Rotation, rotation_in
-from ledger.store import LedgerStore, Row
+from ledger.store import LedgerStore
 from ledger.verify import CheckpointRecord, KeyHistoryItem, Material
 
 FORMAT = "jobgate-ledger-bundle/1"
 _CHUNK = 8 << 20
 _TRAILER_MAX = 64 << 20
-
-
-class BundleError(LedgerError):
-    """The bundle file is unreadable, truncated, corrupt or not a bundle; or an export is impossible."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +141,11 @@ def export_bundle(
                     keys = ([rotations[0].previous.vkey] if rotations else []) + [r.new.vkey for r in rotations]
                 header["keys"] = keys
                 f.write(json.dumps(header).encode() + b"\n")
+                entries_start = f.tell()
                 body.seek(0)
                 while chunk := body.read(_CHUNK):
                     f.write(chunk)
+                entries_end = f.tell()
             finally:
                 body.close()
                 os.unlink(body.name)
@@ -179,6 +177,7 @@ def export_bundle(
             trailer = {
                 "end": FORMAT,
                 "entries": n,
+                "entries_bytes": [entries_start, entries_end],
                 "blobs": n_blobs,
                 "checkpoints": len(chosen),
                 "left": _b64(compact_range(tree, 0, from_seq)) if tree is not None else [],
@@ -252,7 +251,7 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
-def _read_trailer(f: IO[bytes]) -> bytes:
+def _read_trailer(f: IO[bytes]) -> tuple[bytes, int]:
     f.seek(0, os.SEEK_END)
     size = f.tell()
     if size == 0:
@@ -266,9 +265,9 @@ def _read_trailer(f: IO[bytes]) -> bytes:
             raise BundleError("bundle is truncated (it does not end with its trailer line)")
         cut = tail.rfind(b"\n", 0, len(tail) - 1)
         if cut >= 0:
-            return tail[cut + 1 : -1]
+            return tail[cut + 1 : -1], start + cut + 1
         if start == 0:
-            return tail[:-1]
+            return tail[:-1], 0
         if want >= _TRAILER_MAX:
             raise BundleError("bundle trailer is too large")
         want *= 4
@@ -293,7 +292,7 @@ def open_bundle(path: Path) -> tuple[BundleHeader, Material, IO[bytes]]:
 
 def _open(f: IO[bytes]) -> tuple[BundleHeader, Material, IO[bytes]]:
     try:
-        last = _read_trailer(f)
+        last, trailer_at = _read_trailer(f)
         try:
             trailer = _json_line(last, "trailer")
         except BundleError as e:
@@ -378,38 +377,27 @@ def _open(f: IO[bytes]) -> tuple[BundleHeader, Material, IO[bytes]]:
         if f.read(1):
             raise BundleError("bundle is corrupt: data after the trailer")
 
-    def entries() -> Iterator[Row]:
-        buf = b""
-        left = n_entries
-        while left:
-            chunk = f.read(_CHUNK)
-            if not chunk:
-                raise BundleError(f"bundle is truncated: {left} of {n_entries} entries are missing")
-            lines = (buf + chunk).split(b"\n")
-            buf = lines.pop()
-            if len(lines) >= left:
-                # The entries end inside this chunk: rewind to the first byte after them.
-                extra = lines[left:]
-                lines = lines[:left]
-                f.seek(-(sum(len(x) + 1 for x in extra) + len(buf)), os.SEEK_CUR)
-                buf = b""
-            for line in lines:
-                sp = line.find(b" ", 0, 21)
-                if sp <= 0 or line[sp + 65 : sp + 66] != b" ":
-                    raise BundleError(
-                        f"bundle is corrupt: entry line {n_entries - left + 1} is not '<seq> <hash> <entry>'"
-                    )
-                try:
-                    seq = int(line[:sp])
-                except ValueError as e:
-                    raise BundleError("bundle is corrupt: entry line does not start with a seq") from e
-                left -= 1
-                yield seq, line[sp + 1 : sp + 65].decode("ascii", "replace"), line[sp + 66 :]
+    span = trailer.get("entries_bytes")
+    if not (isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span)):
+        raise BundleError("bundle is corrupt: trailer lacks the entries' byte range")
+    start, end = span
+    if start != len(first) or not start <= end <= trailer_at or (n_entries == 0) != (start == end):
+        raise BundleError("bundle is corrupt: the entries' byte range does not fit the file")
+    if end > start:
+        f.seek(end - 1)
+        if f.read(1) != b"\n":
+            raise BundleError("bundle is corrupt: the entries' byte range does not end at a line end")
+
+    def after_entries() -> None:
+        f.seek(end)
         rest()
 
     material = Material(
-        entries=entries(),
+        entries=(),
         total=n_entries,
+        bundle_path=str(Path(f.name)),
+        entries_span=(start, end),
+        after_entries=after_entries,
         checkpoints=checkpoints,
         blob_problem=lambda d: blobs.get(d, "is missing"),
         start=header.from_seq,

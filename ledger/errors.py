@@ -70,3 +70,7 @@ class UnknownKey(NoteError):
 
 class BadSignature(NoteError):
     """A signature line from the verifier's key does not verify."""
+
+
+class BundleError(LedgerError):
+    """The bundle file is unreadable, truncated, corrupt or not a bundle; or an export is impossible."""

@@ -66,6 +66,42 @@ class MerkleTree:
             level = nxt
         return tree
 
+    @classmethod
+    def from_parts(cls, size: int, parts: Sequence[tuple[bytes, Sequence[tuple[int, int, bytes]]]]) -> MerkleTree:
+        """Assemble a tree from the leaf hashes and partial levels computed by workers (subtree_levels).
+
+        parts are (leaf hashes, levels) in leaf order; a level holds the aligned blocks inside one
+        worker's range; the few blocks that straddle two ranges are hashed here.
+        """
+        leaves = b"".join(p[0] for p in parts)
+        if len(leaves) != size * HASH_SIZE:
+            raise ProofError("leaf hashes do not add up to the tree size")
+        tree = cls()
+        tree._size = size
+        tree._levels = [bytearray(leaves)]
+        k = 1
+        while size >> k:
+            count = size >> k
+            buf = bytearray(count * HASH_SIZE)
+            covered: list[tuple[int, int]] = []
+            for _, levels in parts:
+                for kk, j0, data in levels:
+                    if kk == k:
+                        buf[j0 * HASH_SIZE : j0 * HASH_SIZE + len(data)] = data
+                        covered.append((j0, j0 + len(data) // HASH_SIZE))
+            below = tree._levels[k - 1]
+            j = 0
+            for a, b in [*sorted(covered), (count, count)]:
+                while j < min(a, count):
+                    buf[j * 32 : j * 32 + 32] = node_hash(
+                        bytes(below[j * 64 : j * 64 + 32]), bytes(below[j * 64 + 32 : j * 64 + 64])
+                    )
+                    j += 1
+                j = max(j, b)
+            tree._levels.append(buf)
+            k += 1
+        return tree
+
     @property
     def size(self) -> int:
         return self._size
@@ -245,3 +281,27 @@ def verify_consistency(old: int, new: int, proof: Sequence[bytes], old_root: byt
         fn >>= 1
         sn >>= 1
     return fr == old_root and sr == new_root and sn == 0
+
+
+def subtree_levels(leaves: bytes, lo: int) -> list[tuple[int, int, bytes]]:
+    """For leaf hashes at indices [lo, lo + n): (level, first block index, hashes) of every aligned
+    perfect subtree inside that range, level by level (the worker half of MerkleTree.from_parts)."""
+    out: list[tuple[int, int, bytes]] = []
+    one = _sha256(b"\x01")
+    cur, cur_lo, cur_n, k = leaves, lo, len(leaves) // HASH_SIZE, 0
+    while True:
+        j0, j1 = (cur_lo + 1) // 2, (cur_lo + cur_n) // 2
+        if j1 <= j0:
+            return out
+        off = (2 * j0 - cur_lo) * HASH_SIZE
+        mv = memoryview(cur)
+        hashes = []
+        for i in range(off, off + (j1 - j0) * 64, 64):
+            h = one.copy()
+            h.update(mv[i : i + 64])
+            hashes.append(h.digest())
+        mv.release()
+        nxt = b"".join(hashes)
+        k += 1
+        out.append((k, j0, nxt))
+        cur, cur_lo, cur_n = nxt, j0, j1 - j0

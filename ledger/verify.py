@@ -30,9 +30,10 @@ from typing import Any
 
 import rfc8785
 
+from ledger import fastscan
 from ledger.compact import Frontier, compact_range
 from ledger.entry import HEX64_RE, ZERO_HASH, field_problem
-from ledger.errors import BadSignature, LedgerError, MalformedNote, ProofError, UnknownKey
+from ledger.errors import BadSignature, BundleError, LedgerError, MalformedNote, ProofError, UnknownKey
 from ledger.keys import NoteVerifier
 from ledger.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from ledger.note import Checkpoint, open_checkpoint, peek_checkpoint
@@ -106,6 +107,12 @@ class Material:
     anchor: int | None = None  # tree size of the anchor checkpoint; None = the largest checkpoint
     right: list[bytes] = field(default_factory=list)
     key_history: list[KeyHistoryItem] = field(default_factory=list)
+    # A bundle: entry lines are scanned from the file (in parallel); blobs and checkpoints are read
+    # by after_entries() once the entries are done.
+    bundle_path: str | None = None
+    entries_span: tuple[int, int] = (0, 0)
+    after_entries: Callable[[], None] | None = None
+    workers: int | None = None
 
 
 class _Fail(Exception):
@@ -172,10 +179,13 @@ def verify_material(
     """Run steps 1-5 over m. Raises TrustedCheckpointError for an unusable trusted checkpoint."""
     state = _State(m.start)
     try:
-        leaves, rotations, blob_refs = _scan_entries(m, state, progress, deep)
+        if m.bundle_path is not None:
+            leaves, rotations, blob_refs = _scan_bundle(m, state, progress, deep)
+        else:
+            leaves, rotations, blob_refs = _scan_entries(m, state, progress, deep)
         _check_blobs(m, blob_refs)
         schedule = _schedule(m, verifier, leaves, rotations)
-        roots = _Roots(m, leaves, state.end)
+        roots = _Roots(m, leaves, state.end, state.tree)
         n_cp = _check_checkpoints(m, schedule, roots)
         if trusted is not None:
             t_size = _check_trusted(trusted, schedule, roots, verifier)
@@ -212,6 +222,7 @@ class _State:
     def __init__(self, start: int) -> None:
         self.end = start
         self.trusted_size: int | None = None
+        self.tree: MerkleTree | None = None  # prebuilt by parallel workers
 
 
 def _verdict_fail(state: _State, v: NoteVerifier, seq: int | None, problem: str, message: str) -> Verdict:
@@ -276,6 +287,75 @@ def _scan_entries(
     return leaves, rotations, blob_refs
 
 
+def _scan_bundle(
+    m: Material, state: _State, progress: Callable[[int, int], None] | None, deep: bool
+) -> tuple[bytearray, list[Rotation], list[tuple[int, str, str]]]:
+    """The fast scan of a bundle's entry lines, split over worker processes for large bundles."""
+    assert m.bundle_path is not None
+    a, b = m.entries_span
+    workers = m.workers if m.workers is not None else fastscan.workers_for(m.total)
+    prev0 = ZERO_HASH if m.start == 0 else None
+    ranges = fastscan.split_points(m.bundle_path, a, b, workers) if workers > 1 and b > a else [(a, b)]
+    if len(ranges) > 1:
+        parts = fastscan.scan_parallel(m.bundle_path, ranges, m.start, prev0, deep, progress, m.total)
+    else:
+        part = fastscan.Part(m.start)
+        done = [0]
+
+        def tick(k: int) -> None:
+            done[0] += k
+            if progress is not None:
+                progress(min(done[0], m.total), m.total)
+
+        try:
+            with open(m.bundle_path, "rb") as f:
+                prev = prev0
+                for lines in fastscan.iter_lines(f, a, b, tick):
+                    prev = fastscan.scan_lines(lines, part, prev, deep)
+                    if part.problem is not None:
+                        break
+        except OSError as e:
+            raise BundleError(f"cannot read bundle: {e.strerror or e}") from e
+        parts = [part]
+    leaves = bytearray()
+    rotations: list[Rotation] = []
+    refs: list[tuple[int, str, str]] = []
+    expect = m.start
+    last: str | None = prev0
+    for p in parts:
+        if p.problem is None or p.problem[0] > p.first_seq:
+            if p.first_seq != expect:
+                raise BundleError(f"bundle is corrupt: entry lines jump from seq {expect - 1} to {p.first_seq}")
+            if last is not None and p.first_prev is not None and p.first_prev != last:
+                state.end = p.first_seq
+                raise _Fail(p.first_seq, "modified", "prev does not match the hash of the previous entry")
+        leaves += p.leaves
+        refs += p.blob_refs
+        for seq, raw in p.rotations:
+            try:
+                rot = rotation_in(seq, raw)
+            except RotationError as e:
+                raise _Fail(seq, "malformed", e.diagnostics()) from e
+            if rot is not None:
+                rotations.append(rot)
+        if p.problem is not None:
+            seq, code, message = p.problem
+            state.end = seq
+            if code == "corrupt":
+                raise BundleError(f"bundle is corrupt: {message}")
+            raise _Fail(seq, code, message)
+        expect = p.first_seq + p.count
+        last = p.last_hash or last
+    state.end = expect
+    if m.start == 0 and len(parts) > 1:
+        state.tree = MerkleTree.from_parts(expect, [(p.leaves, p.levels) for p in parts])
+    if expect - m.start != m.total:
+        raise BundleError(f"bundle is corrupt: the trailer says {m.total} entries, the file holds {expect - m.start}")
+    if m.after_entries is not None:
+        m.after_entries()
+    return leaves, rotations, refs
+
+
 def _slow_entry(
     data: bytes,
     seq: int,
@@ -317,7 +397,7 @@ def _check_blobs(m: Material, refs: list[tuple[int, str, str]]) -> None:
 class _Roots:
     """Tree roots at the sizes the checks need: inside the held range, and at the anchor."""
 
-    def __init__(self, m: Material, leaves: bytearray, end: int) -> None:
+    def __init__(self, m: Material, leaves: bytearray, end: int, tree: MerkleTree | None = None) -> None:
         self.start, self.end = m.start, end
         sizes = sorted({c.size for c in m.checkpoints if m.start <= c.size <= end})
         largest = max((c.size for c in m.checkpoints), default=0)
@@ -325,7 +405,7 @@ class _Roots:
         self._at: dict[int, bytes] = {}
         self._tree: MerkleTree | None = None
         if m.start == 0:
-            self._tree = MerkleTree.from_leaf_hashes(leaves)
+            self._tree = tree if tree is not None else MerkleTree.from_leaf_hashes(leaves)
             frontier: Frontier | None = None
         else:
             frontier = Frontier(m.start, m.left)

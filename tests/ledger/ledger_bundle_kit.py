@@ -70,7 +70,10 @@ class Bundle:
 
     def write(self, path: Path) -> Path:
         self.trailer.update(entries=len(self.entries), blobs=len(self.blobs), checkpoints=len(self.checkpoints))
-        out = [json.dumps(self.header).encode(), *self.entries]
+        head = json.dumps(self.header).encode() + b"\n"
+        body = sum(len(e) + 1 for e in self.entries)
+        self.trailer["entries_bytes"] = [len(head), len(head) + body]
+        out = [head[:-1], *self.entries]
         out += [json.dumps(x).encode() for x in self.blobs + self.checkpoints]
         out.append(json.dumps(self.trailer).encode())
         path.write_bytes(b"\n".join(out) + b"\n")

@@ -384,3 +384,52 @@ def test_progress_bar_only_on_a_terminal(full: Path, key: Path) -> None:
     assert b"verifying [" in seen and b"100%" in seen and f"{N}/{N}".encode() in seen
     # Not a terminal (CliRunner): nothing on stderr.
     assert verify(full, key)[2] == ""
+
+
+# -- parallel verification agrees with the sequential one ------------------------------------------
+
+
+def _verdict(bundle: Path, key: Path, workers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str | None, object]:
+    monkeypatch.setenv("JOBGATE_VERIFY_WORKERS", str(workers))
+    code, out, err = verify(bundle, key, "--json")
+    if code == 2:
+        return code, "error", err
+    v = json.loads(out)
+    return code, v["problem"], v["first_bad_seq"]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [None, _modify_raw, _modify_and_rehash, _drop, _swap, _insert, _truncate_keep_checkpoints, _flip_signature],
+    ids=["intact", "modified", "rehashed", "missing", "reordered", "inserted", "truncated", "bad-signature"],
+)
+def test_parallel_workers_give_the_same_verdict(
+    full: Path, key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: object
+) -> None:
+    bundle = full if edit is None else Bundle.read(full).edit(edit, tmp_path / "bad.bundle")  # type: ignore[arg-type]
+    one = _verdict(bundle, key, 1, monkeypatch)
+    for workers in (2, 3, 7):
+        assert _verdict(bundle, key, workers, monkeypatch) == one
+
+
+def test_parallel_workers_catch_a_break_exactly_at_a_range_boundary(
+    full: Path, key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ledger import fastscan
+
+    b = Bundle.read(full)
+    span = b.trailer["entries_bytes"]
+    ranges = fastscan.split_points(str(full), span[0], span[1], 2)  # type: ignore[index]
+    with open(full, "rb") as f:
+        f.seek(ranges[1][0])
+        first_of_second = int(f.read(20).split(b" ")[0])
+    last_of_first = first_of_second - 1
+
+    def rehash(x: Bundle) -> None:
+        seq, _, raw = x.entry(last_of_first)
+        bad = raw.replace(b'"alice"', b'"mallory"')
+        x.set_entry(last_of_first, seq, hashlib.sha256(bad).hexdigest().encode(), bad)
+
+    bad = Bundle.read(full).edit(rehash, tmp_path / "edge.bundle")
+    assert _verdict(bad, key, 1, monkeypatch) == (1, "modified", first_of_second)
+    assert _verdict(bad, key, 2, monkeypatch) == (1, "modified", first_of_second)

@@ -1,0 +1,256 @@
+"""The verifier's hot loop over bundle entry lines (``<seq> <hex sha256> <entry bytes>``), optionally
+split across processes.
+
+Per entry the format forces two SHA-256 passes over the bytes (the entry hash for the chain and
+the RFC 6962 leaf hash), so the rest is kept to a few slice comparisons: the canonical tail
+``,"prev":"<64 hex>","seq":<n>,"time":"<27 chars>"}`` sits at a fixed distance from the end. Entries
+that do not take this fast path (blobs, key rotations, anything unusual, or all under deep=True)
+are parsed and checked in full, exactly as for a store. A bundle's entries section is split at
+line boundaries into byte ranges that worker processes scan independently; the parent stitches
+them: each range's first ``prev`` must be the previous range's last hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import re
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import rfc8785
+
+from ledger.entry import HEX64_RE, ZERO_HASH, field_problem
+from ledger.merkle import subtree_levels
+from ledger.rotation import ROTATION_KIND
+
+_EMPTY_HEAD = b'{"blobs":{},"body":{'
+_ROTATION_TAIL = b',"kind":"' + ROTATION_KIND.encode() + b'"'
+_TIME_END = re.compile(rb'[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z"\}')
+_CHUNK = 8 << 20
+PARALLEL_MIN_ENTRIES = 20_000
+
+
+@dataclass
+class Part:
+    """What one scan of a run of entry lines found."""
+
+    first_seq: int
+    count: int = 0
+    first_prev: str | None = None  # the first entry's own prev field (for stitching)
+    last_hash: str = ""
+    leaves: bytes = b""
+    problem: tuple[int, str, str] | None = None  # (seq, code, message); code "corrupt" = not a bundle line
+    rotations: list[tuple[int, bytes]] = field(default_factory=list)
+    blob_refs: list[tuple[int, str, str]] = field(default_factory=list)
+    levels: list[tuple[int, int, bytes]] = field(default_factory=list)  # subtree_levels, from workers
+
+
+class _Stop(Exception):
+    pass
+
+
+def _slow(raw: bytes, seq: int, prev: str | None, part: Part) -> None:
+    """Full checks of one entry (parse, fields, RFC 8785 bytes); records blobs and rotations."""
+    try:
+        value: Any = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        part.problem = (seq, "malformed", f"entry is not valid JSON ({type(e).__name__})")
+        raise _Stop from e
+    if prev is None:
+        p = value.get("prev") if isinstance(value, dict) else None
+        prev = p if isinstance(p, str) and HEX64_RE.fullmatch(p) else ZERO_HASH
+        part.first_prev = prev
+    problem = field_problem(value, seq, prev)
+    if problem is not None:
+        part.problem = (seq, *problem)
+        raise _Stop
+    try:
+        canonical = rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, ValueError, TypeError) as e:
+        part.problem = (seq, "malformed", "entry is not I-JSON")
+        raise _Stop from e
+    if canonical != raw:
+        part.problem = (seq, "malformed", "entry bytes are not RFC 8785 canonical JSON")
+        raise _Stop
+    part.blob_refs.extend((seq, name, d) for name, d in sorted(value["blobs"].items()))
+    if value["kind"] == ROTATION_KIND:
+        part.rotations.append((seq, raw))
+
+
+def scan_lines(lines: Iterable[bytes], part: Part, prev: str | None, deep: bool) -> str | None:
+    """Check lines continuing part (seq part.first_seq + part.count, after the entry hashed prev).
+
+    prev None means the previous entry is not held (a range's first line): the first entry's own
+    prev is taken and recorded for stitching. Returns the last entry's hash; sets part.problem and
+    stops at the first problem.
+    """
+    sha = hashlib.sha256
+    zero = sha(b"\x00")
+    time_end = _TIME_END.fullmatch
+    seq = part.first_seq + part.count
+    prev_b = prev.encode() if prev is not None else None
+    leaves = bytearray()
+    n = 0
+    try:
+        for line in lines:
+            pre = b"%d " % seq
+            if not line.startswith(pre):
+                sp = line.find(b" ", 0, 21)
+                got = line[:sp]
+                if sp <= 0 or not got.isdigit():
+                    part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
+                else:
+                    part.problem = (seq, "missing", f"entry {seq} is missing (the next stored entry is {int(got)})")
+                raise _Stop
+            k = len(pre)
+            stored = line[k : k + 64]
+            if line[k + 64 : k + 65] != b" ":
+                part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
+                raise _Stop
+            raw = line[k + 65 :]
+            digest = sha(raw).hexdigest()
+            digest_b = digest.encode()
+            if digest_b != stored:
+                part.problem = (seq, "modified", "stored hash does not match its bytes")
+                raise _Stop
+            # The canonical tail: ,"prev":"<64>","seq":<k-1 digits>,"time":"<27>"}
+            t0 = len(raw) - 29
+            p0 = t0 - k - 89
+            if (
+                deep
+                or prev_b is None
+                or not raw.startswith(_EMPTY_HEAD)
+                or raw[p0:t0] != b',"prev":"' + prev_b + b'","seq":' + pre[:-1] + b',"time":"'
+                or time_end(raw, t0) is None
+                or raw[p0 - 29 : p0] == _ROTATION_TAIL
+            ):
+                _slow(raw, seq, None if prev_b is None else prev_b.decode(), part)
+            h = zero.copy()
+            h.update(raw)
+            leaves += h.digest()
+            prev_b = digest_b
+            seq += 1
+            n += 1
+    except _Stop:
+        pass
+    part.leaves += bytes(leaves)
+    part.count += n
+    if prev_b is not None:
+        part.last_hash = prev_b.decode()
+    return part.last_hash or None
+
+
+# -- ranges of a bundle file ------------------------------------------------------------------
+
+_counter: Any = None
+
+
+def _init(counter: Any) -> None:
+    global _counter
+    _counter = counter
+
+
+def iter_lines(f: Any, start: int, end: int, on_chunk: Callable[[int], None] | None = None) -> Iterable[list[bytes]]:
+    """Complete lines (without LF) of the byte range [start, end) of file f, in chunks."""
+    f.seek(start)
+    left = end - start
+    carry = b""
+    while left > 0:
+        chunk = f.read(min(_CHUNK, left))
+        if not chunk:
+            break
+        left -= len(chunk)
+        lines = (carry + chunk).split(b"\n")
+        carry = lines.pop()
+        if on_chunk is not None:
+            on_chunk(len(lines))
+        yield lines
+    if carry:
+        yield [carry]
+
+
+def scan_range(path: str, start: int, end: int, first_seq: int | None, prev: str | None, deep: bool) -> Part:
+    """Scan the entry lines in bytes [start, end) of the bundle at path (run in a worker process)."""
+    with open(path, "rb") as f:
+        if first_seq is None:
+            f.seek(start)
+            head = f.read(min(32, end - start)) if end > start else b""
+            sp = head.find(b" ")
+            first_seq = int(head[:sp]) if sp > 0 and head[:sp].isdigit() else -1
+        part = Part(first_seq)
+        if first_seq < 0:
+            part.problem = (0, "corrupt", "entry line does not start with a seq")
+            return part
+
+        def tick(k: int) -> None:
+            if _counter is not None:
+                with _counter.get_lock():
+                    _counter.value += k
+
+        for lines in iter_lines(f, start, end, tick):
+            prev = scan_lines(lines, part, prev, deep)
+            if part.problem is not None:
+                break
+    if part.problem is None:
+        # The tree's interior, for this range's aligned subtrees: the parent only stitches.
+        part.levels = subtree_levels(part.leaves, part.first_seq)
+    return part
+
+
+def split_points(path: str, start: int, end: int, parts: int) -> list[tuple[int, int]]:
+    """Cut [start, end) into about equal byte ranges at line boundaries."""
+    cuts = [start]
+    with open(path, "rb") as f:
+        for i in range(1, parts):
+            pos = start + (end - start) * i // parts
+            if pos <= cuts[-1]:
+                continue
+            f.seek(pos)
+            rest = f.read(1 << 20)
+            nl = rest.find(b"\n")
+            if nl < 0 or pos + nl + 1 >= end:
+                break
+            cuts.append(pos + nl + 1)
+    cuts.append(end)
+    return list(itertools.pairwise(cuts))
+
+
+def workers_for(total: int) -> int:
+    """How many processes to verify total entries with (JOBGATE_VERIFY_WORKERS overrides)."""
+    env = os.environ.get("JOBGATE_VERIFY_WORKERS")
+    if env is not None and env.isdigit():
+        return max(1, int(env))
+    if total < PARALLEL_MIN_ENTRIES or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return min(os.cpu_count() or 1, 8)
+
+
+def scan_parallel(
+    path: str,
+    ranges: list[tuple[int, int]],
+    start_seq: int,
+    prev: str | None,
+    deep: bool,
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> list[Part]:
+    """scan_range over each range in its own process; parts in range order."""
+    ctx = multiprocessing.get_context("fork")
+    counter = ctx.Value("q", 0)
+    with ProcessPoolExecutor(len(ranges), mp_context=ctx, initializer=_init, initargs=(counter,)) as pool:
+        futures = [
+            pool.submit(scan_range, path, a, b, start_seq if i == 0 else None, prev if i == 0 else None, deep)
+            for i, (a, b) in enumerate(ranges)
+        ]
+        pending = set(futures)
+        while pending:
+            _, pending = wait(pending, timeout=0.2)
+            if progress is not None:
+                progress(min(int(counter.value), total), total)
+        return [f.result() for f in futures]
