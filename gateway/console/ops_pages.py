@@ -1,0 +1,140 @@
+"""Console pages for operators: admin (usage, heat map, waits, preemptions, fragmentation, suggestions,
+nodes), emergency stops with live progress, the active policy set, and the auditor's ledger browser."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, Response
+from sqlalchemy import select
+from starlette.background import BackgroundTask
+
+from gateway import emergency, preemption
+from gateway.console import insights, ledger_view
+from gateway.console.web import ADMIN_CAPABILITIES, View, need_view, page
+from gateway.errors import Forbidden, Invalid
+from gateway.jobs import refuse_unless_allowed
+from gateway.models import Allocation, Node
+from gateway.pipeline import decide
+from gateway.stop_tables import AgentSession
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+def require_admin(view: View) -> None:
+    """Cluster-wide views are for people holding an operator capability everywhere (platform admin,
+    on-call, security reviewer). Raises Forbidden naming what is missing."""
+    if not view.capabilities() & ADMIN_CAPABILITIES:
+        raise Forbidden(f"{view.cs.principal} may not see cluster administration data"
+                        f" (needs one of {', '.join(sorted(ADMIN_CAPABILITIES))} in every project)")
+
+
+def require_ledger_read(view: View) -> None:
+    """The same check as GET /v1/ledger/*: the policy decides `ledger.read`. Raises PolicyDenied."""
+    with view.gw.transaction(immediate=False) as session:
+        refuse_unless_allowed(decide(view.gw, session, view.caller(session), "ledger.read", record=False))
+
+
+@router.get("/admin", response_class=HTMLResponse)
+@page
+def admin(request: Request, period: str = "month") -> Response:
+    view = need_view(request)
+    require_admin(view)
+    if period not in ("month", "quarter"):
+        raise Invalid("period must be month or quarter")
+    now = view.gw.clock()
+    with view.gw.transaction(immediate=False) as session:
+        view.caller(session)
+        usage = insights.cluster_usage(session)
+        heat = insights.heatmap(session, now)
+        waits = insights.waits(session, now)
+        frag = insights.fragmentation(session)
+        tips = insights.suggestions(session, now)
+        pre = preemption.stats(session, None, period)
+        nodes = _nodes(session)
+    return view.render("admin.html", usage=usage, heat=heat, waits=waits, frag=frag, tips=tips, pre=pre,
+                       period=period, nodes=nodes, refresh=True)
+
+
+def _nodes(session: object) -> list[dict[str, object]]:
+    from sqlalchemy.orm import Session
+    assert isinstance(session, Session)
+    used: dict[str, int] = {}
+    for node, gpus in session.execute(select(Allocation.node, Allocation.gpus)
+                                      .where(Allocation.released.is_(False))).all():
+        used[node] = used.get(node, 0) + len(gpus)
+    agents = {a.node: a for a in session.scalars(select(AgentSession)).all()}
+    return [{"id": n.id, "state": n.state, "gpus": n.gpus, "used": used.get(n.id, 0),
+             "last_heartbeat": n.last_heartbeat, "agent_since": agents[n.id].since if n.id in agents else None}
+            for n in session.scalars(select(Node).order_by(Node.id)).all()]
+
+
+@router.get("/emergency", response_class=HTMLResponse)
+@page
+def emergency_list(request: Request) -> Response:
+    view = need_view(request)
+    with view.gw.transaction() as session:
+        emergency.may_view(view.gw, view.caller(session), None)
+        now = view.gw.clock()
+        stops = [emergency.report(session, row, now) for row in emergency.list_stops(session, 50)]
+    return view.render("emergency.html", stops=stops, one=None, refresh=True)
+
+
+@router.get("/emergency/{emergency_id}", response_class=HTMLResponse)
+@page
+def emergency_one(request: Request, emergency_id: str) -> Response:
+    """Per-job progress of one emergency stop; the page reloads itself every few seconds until done."""
+    view = need_view(request)
+    with view.gw.transaction() as session:
+        row = emergency.load(view.gw, session, view.caller(session), emergency_id)
+        one = emergency.report(session, row, view.gw.clock())
+    return view.render("emergency.html", stops=[], one=one, refresh=one["state"] != "done")
+
+
+@router.get("/policy", response_class=HTMLResponse)
+@page
+def policy(request: Request) -> Response:
+    """What GET /v1/policy shows: the active set, its hash, and the reload history with errors."""
+    view = need_view(request)
+    with view.gw.transaction(immediate=False) as session:
+        view.caller(session)
+    status = request.app.state.policy_reloader.status()
+    return view.render("policy.html", status=status)
+
+
+@router.get("/ledger", response_class=HTMLResponse)
+@page
+def ledger_browser(request: Request, job: str = "", actor: str = "", action: str = "", effect: str = "",
+                   kind: str = "", since: str = "", until: str = "",
+                   before: Annotated[int | None, Query(ge=0)] = None) -> Response:
+    view = need_view(request)
+    require_ledger_read(view)
+    f = ledger_view.Filter(job=job.strip() or None, actor=actor.strip() or None, action=action.strip() or None,
+                           effect=effect.strip() or None, kind=kind.strip() or None,
+                           since=ledger_view.parse_time(since, "since"), until=ledger_view.parse_time(until, "until"))
+    found = ledger_view.search(view.gw, f, before=before)
+    form = {"job": job, "actor": actor, "action": action, "effect": effect, "kind": kind, "since": since,
+            "until": until}
+    return view.render("ledger.html", found=found, form=form)
+
+
+@router.get("/ledger/export")
+@page
+def ledger_export(request: Request) -> Response:
+    """A bundle of every signed entry, for `jobgate ledger verify --bundle FILE --public-key ledger.vkey`."""
+    view = need_view(request)
+    require_ledger_read(view)
+    path = ledger_view.export(view.gw)
+    return FileResponse(path, filename="jobgate-ledger.bundle", media_type="application/octet-stream",
+                        background=BackgroundTask(shutil.rmtree, path.parent, ignore_errors=True))
+
+
+@router.get("/ledger/{seq}", response_class=HTMLResponse)
+@page
+def ledger_entry(request: Request, seq: int) -> Response:
+    view = need_view(request)
+    require_ledger_read(view)
+    detail = ledger_view.entry_detail(view.gw, seq)
+    return view.render("entry.html", d=detail, pretty=ledger_view.pretty)

@@ -1,0 +1,224 @@
+"""Console pages for everyone: sign in/out, my jobs (researcher), one job, notices, the approvals inbox."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
+from sqlalchemy import select
+
+from gateway import approvals, jobs, priority_history
+from gateway.console import insights
+from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
+from gateway.console.web import need_view, new_login_nonce, page, store, templates
+from gateway.context import Gateway
+from gateway.errors import Forbidden, GatewayError, Invalid
+from gateway.models import Job, Project
+from gateway.notifications import Notification
+from gateway.obligations import acknowledge, note_json
+from gateway.scheduler_tables import SchedJob
+from gateway.schemas import StopRequest
+from gateway.states import ENDED_STATES
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+Field_ = Annotated[str | None, Form()]
+
+
+def _cookie_flags(request: Request) -> dict[str, Any]:
+    # Secure only over HTTPS: `make run` serves plain HTTP on localhost and the cookie must still work there.
+    return {"httponly": True, "samesite": "strict", "secure": request.url.scheme == "https", "path": "/ui"}
+
+
+def _login_form(request: Request, error: str | None = None, status: int = 200) -> HTMLResponse:
+    nonce = new_login_nonce()
+    resp = templates.TemplateResponse(request, "login.html", {"me": None, "nav": [], "csrf": nonce, "error": error},
+                                      status_code=status)
+    resp.set_cookie(LOGIN_COOKIE, nonce, max_age=1800, **_cookie_flags(request))
+    return resp
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request) -> Response:
+    return _login_form(request)
+
+
+@router.post("/login")
+def login(request: Request, token: Field_ = None, csrf: Field_ = None) -> Response:
+    """Paste a token → a server-side session. The form is CSRF-checked by double submit (cookie + field)."""
+    if not csrf_ok(request.cookies.get(LOGIN_COOKIE, ""), csrf):
+        return _login_form(request, "The sign-in form expired or was not sent from this page; try again.", 403)
+    gw: Gateway = request.app.state.gateway
+    try:
+        with gw.transaction(immediate=False) as session:
+            digest, principal = check_token(session, token or "", gw.clock())
+    except GatewayError as e:
+        return _login_form(request, f"Not signed in: {e.detail}.", 401)
+    cs = store(request).create(digest, principal, gw.clock())
+    resp = RedirectResponse("/ui/", status_code=303)
+    resp.set_cookie(COOKIE, cs.id, **_cookie_flags(request))
+    resp.delete_cookie(LOGIN_COOKIE, path="/ui")
+    return resp
+
+
+@router.post("/logout")
+@page
+def logout(request: Request, csrf: Field_ = None) -> Response:
+    view = need_view(request)
+    view.require_csrf(csrf)
+    store(request).drop(view.cs.id)
+    resp = RedirectResponse("/ui/login", status_code=303)
+    resp.delete_cookie(COOKIE, path="/ui")
+    return resp
+
+
+def _queue_facts(session: Any, job: Job) -> dict[str, Any]:
+    row = session.get(SchedJob, job.id)
+    pending = job.state == "pending"
+    return {
+        "position": row.position if row and pending else None,
+        "estimated_start": row.estimated_start if row and pending else None,
+        "why": ((row.blocked_reason if row and pending else "") or job.state_reason) or "",
+        "priority": row.priority if row else None,
+        "parts": dict(row.parts) if row else {},
+        "quota": ("borrowed" if row and row.borrowed else "owned") if job.state in insights.RUNNING_STATES else None,
+        "preemptions": row.preemptions if row else 0,
+    }
+
+
+@router.get("/", response_class=HTMLResponse)
+@page
+def home(request: Request) -> Response:
+    """Researcher home: the F5 first screen, my jobs with where they stand, my notices, the queues."""
+    view = need_view(request)
+    with view.gw.transaction(immediate=False) as session:
+        caller = view.caller(session)
+        me = caller.real_identity
+        mine = [j for j in jobs.list_jobs(view.gw, session, caller, project=None, state=None, limit=500)
+                if me in (j.owner, j.creator)]
+        rows = [{"job": j, **_queue_facts(session, j)} for j in mine[:100]]
+        notes = [note_json(n, view.gw.clock()) for n in session.scalars(
+            select(Notification).where(Notification.principal == me)
+            .order_by(Notification.created_at.desc()).limit(30)).all()]
+        usage = insights.cluster_usage(session)
+        visible = jobs.visible_projects(view.gw, session, caller, list(session.scalars(select(Project.id)).all()))
+        queues = _queues(session, visible)
+    return view.render("home.html", rows=rows, notes=notes, usage=usage, queues=queues)
+
+
+def _queues(session: Any, visible: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """Waiting jobs per queue in order with their priority (Q10); ids only where the caller may look."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    rows = session.execute(select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+                           .where(Job.state == "pending")).all()
+    for job, sched in sorted(rows, key=lambda js: (-(js[1].priority if js[1] else 0.0), js[0].submitted_at)):
+        out.setdefault(job.queue, []).append({
+            "id": job.id if job.project in visible else None, "project": job.project if job.project in visible
+            else "(other tenant)", "priority": sched.priority if sched else None,
+            "gpus": job.gpus_per_node * job.nodes})
+    return out
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+@page
+def job_page(request: Request, job_id: str) -> Response:
+    """One job: state and history, queue position and priority parts, stop evidence and checkpoints."""
+    view = need_view(request)
+    with view.gw.transaction(immediate=False) as session:
+        caller = view.caller(session)
+        job = jobs.get_job(view.gw, session, caller, job_id)
+        facts = _queue_facts(session, job)
+        history = priority_history.history(session, job.id)
+    # Reload while the job moves by itself (starting, stopping); never while someone may be typing a reason.
+    refresh = job.state in ("starting", "stop_requested", "stopping")
+    return view.render("job.html", job=job, q=facts, priority_history=history, ended=job.state in ENDED_STATES,
+                       refresh=refresh)
+
+
+@router.post("/jobs/{job_id}/stop")
+@page
+def stop_job(request: Request, job_id: str, csrf: Field_ = None, reason: Field_ = None,
+             ticket: Field_ = None) -> Response:
+    """The same service and decision as POST /v1/jobs/{id}/stop, with the signed-in person as caller."""
+    view = need_view(request)
+    view.require_csrf(csrf)
+    try:
+        body = StopRequest(reason=(reason or "").strip(), ticket=(ticket or "").strip() or None)
+    except ValidationError as e:
+        raise Invalid("a stop needs a written reason of at least 3 characters") from e
+    with view.gw.transaction() as session:
+        _, _rec, approval = jobs.stop(view.gw, session, view.caller(session), job_id, body)
+        approval_id = approval.id if approval is not None else None
+    if approval_id is not None:
+        return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
+    return RedirectResponse(f"/ui/jobs/{job_id}", status_code=303)
+
+
+@router.post("/notifications/{notification_id}/ack")
+@page
+def ack_notice(request: Request, notification_id: str, csrf: Field_ = None) -> Response:
+    view = need_view(request)
+    view.require_csrf(csrf)
+    with view.gw.transaction() as session:
+        acknowledge(view.gw, session, view.caller(session).real_identity, notification_id)
+    return RedirectResponse("/ui/#notices", status_code=303)
+
+
+@router.get("/approvals", response_class=HTMLResponse)
+@page
+def approvals_inbox(request: Request, state: str = "pending") -> Response:
+    """Requests I made or could approve: exact targets, blast radius, reason, requester, expiry."""
+    view = need_view(request)
+    if state not in ("pending", "executed", "rejected", "expired", "all"):
+        raise Invalid(f"unknown approval state {state!r}")
+    with view.gw.transaction() as session:
+        caller = view.caller(session)
+        found = approvals.visible_to(view.gw, session, caller, None if state == "all" else state)
+        items = [_approval_view(view.gw, session, caller, a) for a in found]
+    return view.render("approvals.html", items=items, state=state)
+
+
+def _approval_view(gw: Gateway, session: Any, caller: Any, a: approvals.Approval) -> dict[str, Any]:
+    targets = list(session.scalars(select(Job).where(Job.id.in_(a.target_ids)).order_by(Job.id)).all())
+    mine = caller.real_identity == a.requester_real
+    return {"a": approvals.to_json(a), "targets": targets, "mine": mine,
+            "can_approve": a.state == "pending" and not mine and approvals.may_approve(gw, session, caller, a)}
+
+
+@router.get("/approvals/{approval_id}", response_class=HTMLResponse)
+@page
+def approval_page(request: Request, approval_id: str) -> Response:
+    view = need_view(request)
+    with view.gw.transaction() as session:
+        caller = view.caller(session)
+        found = [a for a in approvals.visible_to(view.gw, session, caller, None) if a.id == approval_id]
+        if not found:
+            raise Forbidden(f"no approval request {approval_id!r} visible to {caller.id}")
+        item = _approval_view(view.gw, session, caller, found[0])
+    return view.render("approvals.html", items=[item], state=item["a"]["state"], single=True)
+
+
+@router.post("/approvals/{approval_id}/approve")
+@page
+def approve(request: Request, approval_id: str, csrf: Field_ = None, comment: Field_ = None) -> Response:
+    """approvals.approve in one transaction: re-decided with the recorded approvals, executed once."""
+    view = need_view(request)
+    view.require_csrf(csrf)
+    with view.gw.transaction() as session:
+        approvals.approve(view.gw, session, view.caller(session), approval_id, (comment or "").strip() or None)
+    return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
+
+
+@router.post("/approvals/{approval_id}/reject")
+@page
+def reject(request: Request, approval_id: str, csrf: Field_ = None, reason: Field_ = None) -> Response:
+    view = need_view(request)
+    view.require_csrf(csrf)
+    text = (reason or "").strip()
+    if len(text) < 3:
+        raise Invalid("a rejection needs a written reason of at least 3 characters")
+    with view.gw.transaction() as session:
+        approvals.reject(view.gw, session, view.caller(session), approval_id, text)
+    return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
+

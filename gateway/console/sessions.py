@@ -1,0 +1,126 @@
+"""Console sessions: an opaque id in an httpOnly, SameSite=Strict cookie, mapped server-side to the token hash.
+
+The raw token never leaves the sign-in request: the server keeps only its SHA-256 (the same hash the token
+table holds), so a stolen session store cannot be replayed against the API. Each session carries its own
+CSRF token, checked on every POST. Sessions live in memory: a gateway restart signs everyone out, which
+fails closed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.auth import Caller
+from gateway.errors import Unauthenticated
+from gateway.models import Principal, Token
+from gateway.tokens import TOKEN_PATTERN, hash_token
+
+COOKIE = "jg_session"
+LOGIN_COOKIE = "jg_login"  # pre-session CSRF value for the sign-in form (double submit)
+IDLE = timedelta(hours=8)
+
+
+@dataclass
+class ConsoleSession:
+    id: str
+    token_hash: str
+    principal: str
+    csrf: str
+    created_at: datetime
+    last_seen: datetime
+
+
+class SessionStore:
+    """Thread-safe map session id → ConsoleSession."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sessions: dict[str, ConsoleSession] = {}
+
+    def create(self, token_hash: str, principal: str, now: datetime) -> ConsoleSession:
+        s = ConsoleSession(secrets.token_urlsafe(32), token_hash, principal, secrets.token_urlsafe(32), now, now)
+        with self._lock:
+            self._sessions[s.id] = s
+        return s
+
+    def get(self, session_id: str | None, now: datetime) -> ConsoleSession | None:
+        if not session_id:
+            return None
+        with self._lock:
+            s = self._sessions.get(session_id)
+            if s is None:
+                return None
+            if now - s.last_seen > IDLE:
+                del self._sessions[session_id]
+                return None
+            s.last_seen = now
+            return s
+
+    def drop(self, session_id: str | None) -> None:
+        with self._lock:
+            self._sessions.pop(session_id or "", None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+
+def csrf_ok(expected: str, given: str | None) -> bool:
+    return bool(given) and hmac.compare_digest(expected.encode(), (given or "").encode())
+
+
+def check_token(session: Session, secret: str, now: datetime) -> tuple[str, str]:
+    """Validate a pasted token for console use; return (token hash, principal id).
+
+    Only people sign in to the console: service accounts act for a pipeline run and node agents are not
+    users. Raises Unauthenticated with the reason.
+    """
+    secret = secret.strip()
+    if not TOKEN_PATTERN.match(secret):
+        raise Unauthenticated("that is not a jobgate token (they start with 'jg_')")
+    digest = hash_token(secret)
+    principal = _resolve(session, digest, now)
+    if principal.kind != "person":
+        raise Unauthenticated(f"{principal.id} is a {principal.kind} identity; only people sign in to the console")
+    return digest, principal.id
+
+
+def caller_for(session: Session, cs: ConsoleSession, now: datetime, source: dict[str, Any]) -> Caller:
+    """The Caller behind a console session, re-checked on every request exactly as `auth.authenticate`
+    checks a bearer token (revoked, expired, disabled). Raises Unauthenticated."""
+    token, principal = _row(session, cs.token_hash)
+    _check(token, principal, now)
+    return Caller(id=principal.id, kind=principal.kind, token_id=token.id, token_projects=tuple(token.projects),
+                  token_actions=tuple(token.actions), responsible=principal.responsible, trigger=None,
+                  source=source)
+
+
+def _row(session: Session, digest: str) -> tuple[Token, Principal]:
+    row = session.execute(select(Token, Principal).join(Principal, Principal.id == Token.principal_id)
+                          .where(Token.token_hash == digest)).first()
+    if row is None:
+        raise Unauthenticated("unknown token")
+    return row[0], row[1]
+
+
+def _check(token: Token, principal: Principal, now: datetime) -> None:
+    if token.revoked_at is not None:
+        raise Unauthenticated(f"token {token.id} was revoked at {token.revoked_at.isoformat()}")
+    if token.expires_at <= now.astimezone(UTC):
+        raise Unauthenticated(f"token {token.id} expired at {token.expires_at.isoformat()}")
+    if principal.disabled:
+        raise Unauthenticated(f"principal {principal.id} is disabled")
+
+
+def _resolve(session: Session, digest: str, now: datetime) -> Principal:
+    token, principal = _row(session, digest)
+    _check(token, principal, now)
+    return principal

@@ -1,0 +1,91 @@
+"""/v1/stats/* (Q10, Q11) and /v1/audit/* : the JSON behind the console's admin and auditor pages, so the
+CLI shows the same (`jobgate stats usage|waits|fragmentation|suggestions`, `jobgate audit ...`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from gateway.api.deps import Ctx, RequestContext
+from gateway.console import insights, ledger_view
+from gateway.console.web import ADMIN_CAPABILITIES
+from gateway.errors import Forbidden
+from gateway.jobs import refuse_unless_allowed
+from gateway.pipeline import decide
+
+router = APIRouter(tags=["statistics"])
+_ADMIN = " Needs an operator capability in every project (platform admin, on-call, security reviewer)."
+
+
+def _admin(ctx: RequestContext) -> None:
+    with ctx.gw.transaction(immediate=False) as session:
+        who = ctx.caller(session).real_identity
+    if not ctx.gw.policy.capabilities(who, "*") & ADMIN_CAPABILITIES:
+        raise Forbidden(f"{who} may not read cluster administration statistics"
+                        f" (needs one of {', '.join(sorted(ADMIN_CAPABILITIES))} in every project)")
+
+
+@router.get("/v1/stats/usage", summary="Cluster usage and the quota heat map (tenant × day)",
+            description="GPU totals, per-tenant owned/borrowed GPUs in use, and quota utilisation per tenant and"
+                        " UTC day (GPU-hours used ÷ quota GPUs × 24 h)." + _ADMIN)
+def usage(ctx: Ctx, days: Annotated[int, Query(ge=1, le=92)] = 7) -> dict[str, Any]:
+    _admin(ctx)
+    now = ctx.gw.clock()
+    with ctx.gw.transaction(immediate=False) as session:
+        return {"cluster": insights.cluster_usage(session), "heatmap": insights.heatmap(session, now, days)}
+
+
+@router.get("/v1/stats/waits", summary="Wait-time distribution per queue",
+            description="Per queue: bucket counts and p50/p90/max of submitted → started, and the jobs waiting"
+                        " now." + _ADMIN)
+def waits(ctx: Ctx) -> dict[str, Any]:
+    _admin(ctx)
+    with ctx.gw.transaction(immediate=False) as session:
+        return insights.waits(session, ctx.gw.clock())
+
+
+@router.get("/v1/stats/fragmentation", summary="Free GPUs per node and how scattered they are" )
+def fragmentation(ctx: Ctx) -> dict[str, Any]:
+    """`fragmentation` = 1 − largest free block ÷ free GPUs (0: all free GPUs on one node)."""
+    _admin(ctx)
+    with ctx.gw.transaction(immediate=False) as session:
+        return insights.fragmentation(session)
+
+
+@router.get("/v1/stats/suggestions", summary="Suggested adjustments: idle quota, stale reservations, starved tenants")
+def suggestions(ctx: Ctx) -> dict[str, Any]:
+    _admin(ctx)
+    with ctx.gw.transaction(immediate=False) as session:
+        return {"suggestions": insights.suggestions(session, ctx.gw.clock())}
+
+
+def _ledger_read(ctx: RequestContext) -> None:
+    with ctx.gw.transaction(immediate=False) as session:
+        refuse_unless_allowed(decide(ctx.gw, session, ctx.caller(session), "ledger.read", record=False))
+
+
+@router.get("/v1/audit/entries", tags=["ledger"], summary="Search ledger entries (newest first)",
+            description="Filter by job, actor, action, effect (or outcome result), kind and time. Walks back at"
+                        " most 50,000 entries per call; pass `next_before` as `before` to go on. Needs"
+                        " `ledger.read`.")
+def audit_entries(
+    ctx: Ctx,
+    job: str | None = None, actor: str | None = None, action: str | None = None, effect: str | None = None,
+    kind: str | None = None, since: str | None = None, until: str | None = None,
+    before: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict[str, Any]:
+    _ledger_read(ctx)
+    f = ledger_view.Filter(job=job, actor=actor, action=action, effect=effect, kind=kind,
+                           since=ledger_view.parse_time(since, "since"), until=ledger_view.parse_time(until, "until"))
+    return ledger_view.search(ctx.gw, f, before=before, limit=limit)
+
+
+@router.get("/v1/audit/entries/{seq}", tags=["ledger"], summary="One entry, its inclusion proof, and the check",
+            description="The entry, the latest signed checkpoint, the RFC 9162 inclusion proof in that tree, and"
+                        " `verified`: the checkpoint's signature checks with the ledger key and the proof leads"
+                        " from the entry's leaf hash to its root. Needs `ledger.read`.")
+def audit_entry(seq: int, ctx: Ctx) -> dict[str, Any]:
+    _ledger_read(ctx)
+    return ledger_view.entry_detail(ctx.gw, seq)

@@ -1,0 +1,133 @@
+"""Plumbing shared by the console's pages: templates, the signed-in view, CSRF, HTML error pages."""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
+
+from gateway.auth import Caller
+from gateway.console.sessions import COOKIE, ConsoleSession, SessionStore, caller_for, csrf_ok
+from gateway.context import Gateway
+from gateway.errors import Forbidden, GatewayError, Unauthenticated
+
+templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
+P = ParamSpec("P")
+
+# Console pages by who tends to need them; each page still checks with the policy before showing data.
+NAV = (
+    ("/ui/", "My jobs", None),
+    ("/ui/approvals", "Approvals", None),
+    ("/ui/admin", "Admin", "admin"),
+    ("/ui/emergency", "Emergency stops", "emergency"),
+    ("/ui/policy", "Policy", None),
+    ("/ui/ledger", "Ledger", "ledger.read"),
+)
+ADMIN_CAPABILITIES = frozenset({"quota.change", "role.manage", "emergency.stop", "job.pause.any"})
+EMERGENCY_CAPABILITIES = frozenset({"emergency.stop", "ledger.read"})
+
+
+def store(request: Request) -> SessionStore:
+    app_state = request.app.state
+    existing: SessionStore | None = getattr(app_state, "console_sessions", None)
+    if existing is None:
+        existing = SessionStore()
+        app_state.console_sessions = existing
+    return existing
+
+
+def source(request: Request) -> dict[str, Any]:
+    return {"ip": request.client.host if request.client else None,
+            "user_agent": request.headers.get("user-agent", ""), "script": False, "via": "console",
+            "request_id": request.headers.get("x-request-id")}
+
+
+@dataclass
+class View:
+    """A signed-in console request."""
+
+    request: Request
+    gw: Gateway
+    cs: ConsoleSession
+
+    def caller(self, session: Session) -> Caller:
+        return caller_for(session, self.cs, self.gw.clock(), source(self.request))
+
+    def capabilities(self) -> frozenset[str]:
+        return self.gw.policy.capabilities(self.cs.principal, "*")
+
+    def require_csrf(self, given: str | None) -> None:
+        """Raises Forbidden unless the form carried this session's CSRF token."""
+        if not csrf_ok(self.cs.csrf, given):
+            raise Forbidden("this form is missing its CSRF token or it is stale; reload the page and try again")
+
+    def render(self, template: str, code: int = 200, **ctx: Any) -> HTMLResponse:
+        caps = self.capabilities()
+        nav = [(href, label) for href, label, need in NAV
+               if need is None or (need == "admin" and caps & ADMIN_CAPABILITIES)
+               or (need == "emergency" and caps & EMERGENCY_CAPABILITIES) or need in caps]
+        return templates.TemplateResponse(self.request, template, {
+            "me": self.cs.principal, "csrf": self.cs.csrf, "nav": nav, "path": self.request.url.path, **ctx},
+            status_code=code)
+
+
+def current(request: Request) -> View | None:
+    gw: Gateway = request.app.state.gateway
+    cs = store(request).get(request.cookies.get(COOKIE), gw.clock())
+    return View(request, gw, cs) if cs else None
+
+
+def to_login(request: Request) -> RedirectResponse:
+    resp = RedirectResponse("/ui/login", status_code=303)
+    resp.delete_cookie(COOKIE, path="/ui")
+    return resp
+
+
+def error_page(request: Request, view: View | None, err: GatewayError) -> HTMLResponse:
+    ctx = {"title": err.title, "detail": err.detail, "status": err.status, "extra": err.extra}
+    if view is not None:
+        return view.render("error.html", code=err.status, **ctx)
+    return templates.TemplateResponse(request, "error.html", {"me": None, "nav": [], "csrf": "", **ctx},
+                                      status_code=err.status)
+
+
+def page(fn: Callable[P, Response]) -> Callable[P, Response]:
+    """Route decorator: no session → sign-in page; a GatewayError → an HTML page with its status and
+    detail (the same refusal the API gives as problem+json)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
+        request = kwargs.get("request")
+        assert isinstance(request, Request), "console routes take `request` as a keyword"
+        view = current(request)
+        if view is None:
+            return to_login(request)
+        try:
+            return fn(*args, **kwargs)
+        except Unauthenticated:
+            store(request).drop(view.cs.id)
+            return to_login(request)
+        except GatewayError as e:
+            return error_page(request, view, e)
+
+    return wrapper
+
+
+def need_view(request: Request) -> View:
+    """The View of a request already admitted by @page."""
+    view = current(request)
+    if view is None:  # @page checked this; a session dropped in between fails closed
+        raise Unauthenticated("signed out")
+    return view
+
+
+def new_login_nonce() -> str:
+    return secrets.token_urlsafe(24)
