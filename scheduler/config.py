@@ -39,7 +39,7 @@ def config_from_mapping(data: Mapping[str, Any] | None) -> SchedulerConfig:
             if not isinstance(value, list | tuple) or not all(isinstance(q, str) for q in value):
                 raise InvalidConfig(key, "must be a list of queue names")
             values[key] = tuple(value)
-        elif key == "backfill_depth":
+        elif key in ("backfill_depth", "max_preemption_attempts"):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidConfig(key, "must be an integer")
             values[key] = value

@@ -4,7 +4,7 @@ reason for every job left waiting (Q2, Q3, Q6, Q7; after kueue's `scheduler.go` 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import accumulate
@@ -23,8 +23,8 @@ from scheduler.model import (
     Snapshot,
 )
 from scheduler.placement import FreeIndex
-from scheduler.preemption import Preempt, candidates, plan_victims
-from scheduler.priority import PriorityParts, effective_priority, fair_share_points
+from scheduler.preemption import Preempt, Victim, eligible, for_preemptor, plan_victims
+from scheduler.priority import LazyParts, PriorityParts, effective_priority, fair_share_points, priority_totals
 from scheduler.quota import QuotaUsage
 from scheduler.reservation import Release, earliest_start
 
@@ -68,7 +68,7 @@ class CycleResult:
     blocked: tuple[Blocked, ...]
     preemptions: tuple[Preempt, ...] = ()
     # Effective priority and its parts of every waiting job this cycle (Q3 basis, Q10 explain).
-    priorities: dict[JobId, PriorityParts] = field(default_factory=dict)
+    priorities: Mapping[JobId, PriorityParts] = field(default_factory=dict)
 
 
 def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DEFAULT_CONFIG) -> CycleResult:
@@ -95,9 +95,10 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        and tenant tiers; it is admitted owned within its tenant's quota, else borrowed within its
        borrow limit and the idle GPUs others lend. A job refused by a quota waits without holding
        anything (it blocks nobody and gets no reservation).
-    6. Preemption (Q5, Q8), at most one plan per cycle, for the first job that passes its quotas but
-       does not fit: a job within its tenant's owned quota reclaims borrowed GPUs of other tenants; a
-       job of a preempting queue (urgent) preempts lower-priority jobs. Victims are chosen by
+    6. Preemption (Q5, Q8), at most one plan per cycle, tried for at most max_preemption_attempts
+       jobs that pass their quotas but do not fit, in priority order: a job within its tenant's
+       owned quota reclaims borrowed GPUs of other tenants; a job of a preempting queue (urgent)
+       preempts lower-priority jobs. Victims are chosen by
        scheduler.preemption on a copy of the free GPUs; no new plan is made while jobs already being
        stopped would free enough. GPUs of stopping jobs count as released at their stop deadline.
 
@@ -127,14 +128,17 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
 
     # Rule 1: order.
     share = fair_share_points(snapshot, config) if config.fairshare_weight else {}
-    parts = {job.id: effective_priority(job, now, config, share.get(job.project, 0.0)) for job in snapshot.pending}
+    totals = priority_totals(snapshot.pending, now, config, share)
+    parts = LazyParts({job.id: job for job in snapshot.pending}, now, config, share)
     quota = (QuotaUsage.of(snapshot.quotas, sum(n.gpus for n in alive), snapshot.running)
              if snapshot.quotas is not None else None)
     if quota is not None:
         quota.claim((j.project, j.gpus) for j in snapshot.pending)
     stopping = [job for job in snapshot.running if job.stop_by is not None]
     preemptions: list[Preempt] = []
-    ordered = sorted(snapshot.pending, key=lambda j: (-parts[j.id].total, j.submitted_at, j.id))
+    attempts = 0
+    victim_pool: list[tuple[RunningJob, Victim]] | None = None  # built on the first attempt, once per cycle
+    ordered = sorted(snapshot.pending, key=lambda j: (-totals[j.id], j.submitted_at, j.id))
     # smallest_after[i]: the smallest per-node request among ordered[i:], for the early stop in rule 3.
     smallest_after = list(accumulate(reversed([j.gpus_per_node for j in ordered]), min))[::-1]
 
@@ -189,9 +193,13 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             continue
         fitting = index.count_fitting(g, use_held)
         planned = None
-        if not preemptions:
-            planned = _plan_preemption(job, parts[job.id].total, borrowed, quota, snapshot, stopping, alive, index,
-                                       now, config)
+        if not preemptions and attempts < config.max_preemption_attempts and _may_preempt(job, borrowed, quota,
+                                                                                         snapshot, config):
+            attempts += 1
+            if victim_pool is None:
+                victim_pool = eligible(snapshot.running, now=now, config=config)
+            planned = _plan_preemption(job, totals[job.id], borrowed, quota, snapshot, stopping, alive, index,
+                                       victim_pool, config)
             if planned is not None:
                 preemptions.append(planned)
         if head is None:
@@ -237,25 +245,31 @@ def _expected_end(job: RunningJob) -> datetime:
     return job.started_at + timedelta(seconds=job.runtime_limit_s)
 
 
+def _reclaims(job: PendingJob, borrowed: bool, quota: QuotaUsage | None, snapshot: Snapshot) -> bool:
+    return quota is not None and not borrowed and any(
+        r.borrowed and r.project != job.project and r.stop_by is None for r in snapshot.running)
+
+
+def _may_preempt(job: PendingJob, borrowed: bool, quota: QuotaUsage | None, snapshot: Snapshot,
+                 config: SchedulerConfig) -> bool:
+    return job.queue in config.preempting_queues or _reclaims(job, borrowed, quota, snapshot)
+
+
 def _plan_preemption(job: PendingJob, priority: float, borrowed: bool, quota: QuotaUsage | None,
                      snapshot: Snapshot, stopping: Sequence[RunningJob], alive: Sequence[NodeState],
-                     index: FreeIndex, now: datetime, config: SchedulerConfig) -> Preempt | None:
+                     index: FreeIndex, pool: Sequence[tuple[RunningJob, Victim]],
+                     config: SchedulerConfig) -> Preempt | None:
     """Rule 6: a reclaim or a priority preemption for a job that passed its quotas but does not fit."""
-    reclaim = quota is not None and not borrowed and any(
-        r.borrowed and r.project != job.project and r.stop_by is None for r in snapshot.running)
+    reclaim = _reclaims(job, borrowed, quota, snapshot)
     by_priority = job.queue in config.preempting_queues
-    if not reclaim and not by_priority:
-        return None
     # Rule 4 of scheduler.preemption: counts copied from this cycle's working index, not live state.
     copy = [NodeState(n.id, n.gpus, frozenset(index.free[r]), n.alive) for r, n in enumerate(alive)]
     kind = "reclaim" if reclaim else "priority"
-    ordered = candidates(snapshot.running, now=now, config=config, preemptor_priority=priority,
-                         preemptor_project=job.project, reclaim=reclaim)
+    ordered = for_preemptor(pool, preemptor_priority=priority, preemptor_project=job.project, reclaim=reclaim)
     victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping)
     if not victims and reclaim and by_priority:
         kind = "priority"
-        ordered = candidates(snapshot.running, now=now, config=config, preemptor_priority=priority,
-                             preemptor_project=job.project, reclaim=False)
+        ordered = for_preemptor(pool, preemptor_priority=priority, preemptor_project=job.project, reclaim=False)
         victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping)
     if not victims:
         return None

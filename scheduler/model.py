@@ -185,6 +185,8 @@ class SchedulerConfig:
     preemption_compensation: float = 50.0
     # Queues whose jobs may preempt lower-priority running jobs (Q2: urgent has the preemption right).
     preempting_queues: tuple[str, ...] = ("urgent",)
+    # Waiting jobs per cycle for which a victim search is tried (the first ones in priority order).
+    max_preemption_attempts: int = 3
     # Q3 weighted fair share in the normal queue: up to this many points for a tenant with no recent usage.
     fairshare_weight: float = 100.0
     # Q10 estimates: assumed run time of a job that declared no runtime limit.
@@ -210,6 +212,8 @@ class SchedulerConfig:
             raise InvalidConfig("reservation_window_s", f"must be positive, got {self.reservation_window_s}")
         if self.backfill_depth < 0:
             raise InvalidConfig("backfill_depth", f"must not be negative, got {self.backfill_depth}")
+        if self.max_preemption_attempts < 0:
+            raise InvalidConfig("max_preemption_attempts", f"must not be negative, got {self.max_preemption_attempts}")
         unknown = [q for q in self.preempting_queues if q not in QUEUES]
         if unknown:
             raise InvalidConfig("preempting_queues", f"unknown queues {unknown}")

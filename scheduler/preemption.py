@@ -39,9 +39,10 @@ class Preempt:
     reason: str
 
 
-def candidates(running: Sequence[RunningJob], *, now: datetime, config: SchedulerConfig, preemptor_priority: float,
-               preemptor_project: str, reclaim: bool) -> list[tuple[RunningJob, Victim]]:
-    """Rules 1 and 2: eligible victims in the order they are taken."""
+def eligible(running: Sequence[RunningJob], *, now: datetime, config: SchedulerConfig
+             ) -> list[tuple[RunningJob, Victim]]:
+    """Rule 1's first half and rule 2's order, for every preemptor of a cycle: running, not stopping,
+    past its queue's minimum runtime; borrowed first, then lowest priority, least lost work, job id."""
     out: list[tuple[RunningJob, Victim]] = []
     for job in running:
         if job.stop_by is not None:
@@ -49,14 +50,25 @@ def candidates(running: Sequence[RunningJob], *, now: datetime, config: Schedule
         ran_s = max(0.0, (now - job.started_at).total_seconds())
         if ran_s < config.min_runtime_s[job.queue]:
             continue
-        if reclaim:
-            if not job.borrowed or job.project == preemptor_project:
-                continue
-        elif not job.priority < preemptor_priority:
-            continue
         out.append((job, Victim(job.id, job.borrowed, job.priority, job.gpus, ran_s * job.gpus)))
     out.sort(key=lambda jv: (not jv[1].borrowed, jv[1].priority, jv[1].lost_gpu_s, jv[1].job_id))
     return out
+
+
+def for_preemptor(pool: Sequence[tuple[RunningJob, Victim]], *, preemptor_priority: float, preemptor_project: str,
+                  reclaim: bool) -> list[tuple[RunningJob, Victim]]:
+    """Rule 1's second half: a reclaim takes only borrowed jobs of other tenants; a priority preemption only
+    jobs of lower effective priority. Keeps the order of `pool`."""
+    if reclaim:
+        return [jv for jv in pool if jv[0].borrowed and jv[0].project != preemptor_project]
+    return [jv for jv in pool if jv[0].priority < preemptor_priority]
+
+
+def candidates(running: Sequence[RunningJob], *, now: datetime, config: SchedulerConfig, preemptor_priority: float,
+               preemptor_project: str, reclaim: bool) -> list[tuple[RunningJob, Victim]]:
+    """Rules 1 and 2: eligible victims in the order they are taken."""
+    return for_preemptor(eligible(running, now=now, config=config), preemptor_priority=preemptor_priority,
+                         preemptor_project=preemptor_project, reclaim=reclaim)
 
 
 def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob, Victim]],
@@ -92,13 +104,13 @@ def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob,
             break
     else:
         return None
-    for item in reversed(list(taken)):
-        give(item[0], -1)
-        if fitting >= nodes_needed:
-            taken.remove(item)
-        else:
-            give(item[0], +1)
-    return tuple(v for _, v in taken)
+    kept: list[Victim] = []
+    for job, victim in reversed(taken):
+        give(job, -1)
+        if fitting < nodes_needed:
+            give(job, +1)
+            kept.append(victim)
+    return tuple(reversed(kept))
 
 
 def plan_victims_naive(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob, Victim]],

@@ -27,7 +27,11 @@ class QuotaVerdict:
 
 @dataclass
 class QuotaUsage:
-    """GPUs in use per tier, mutable during one cycle (admits are added as they are decided)."""
+    """GPUs in use per tier, mutable during one cycle (admits are added as they are decided).
+
+    What each tenant lends (its idle owned quota within its lend cap) is kept per tenant with a running
+    sum, so a borrowing check costs O(1) however many tenants there are.
+    """
 
     quotas: Quotas
     capacity: int
@@ -37,6 +41,14 @@ class QuotaUsage:
     # Owned quota that waiting jobs of the tenant claim: not lendable, so reclaimed GPUs are not lent again.
     demand: dict[ProjectId, int] = field(default_factory=lambda: defaultdict(int))
     total: int = 0
+    lent: int = 0
+    _lends: dict[ProjectId, int] = field(default_factory=dict)
+    _lend_sum: int = 0
+
+    def __post_init__(self) -> None:
+        self._owned_quota = sum(q.gpus for q in self.quotas.tenants.values())
+        for t in self.quotas.tenants:
+            self._refresh(t)
 
     @classmethod
     def of(cls, quotas: Quotas, capacity: int, running: Iterable[RunningJob]) -> QuotaUsage:
@@ -45,6 +57,13 @@ class QuotaUsage:
             usage.add(job.project, job.user, job.gpus, job.borrowed)
         return usage
 
+    def _refresh(self, project: ProjectId) -> None:
+        q = self.quotas.tenant(project)
+        idle = max(0, q.gpus - self.owned.get(project, 0) - self.demand.get(project, 0))
+        lend = idle if q.lend_limit is None else min(idle, q.lend_limit)
+        self._lend_sum += lend - self._lends.get(project, 0)
+        self._lends[project] = lend
+
     def claim(self, pending: Iterable[tuple[ProjectId, int]]) -> None:
         """Record what waiting jobs ask of their tenants' owned quota (capped at what is idle)."""
         for project, gpus in pending:
@@ -52,13 +71,17 @@ class QuotaUsage:
         for project in list(self.demand):
             idle = max(0, self.quotas.tenant(project).gpus - self.owned.get(project, 0))
             self.demand[project] = min(self.demand[project], idle)
+            self._refresh(project)
 
     def add(self, project: ProjectId, user: str, gpus: int, borrowed: bool) -> None:
         if not borrowed and gpus > 0 and self.demand.get(project):
             self.demand[project] = max(0, self.demand[project] - gpus)
         (self.borrowed if borrowed else self.owned)[project] += gpus
+        if borrowed:
+            self.lent += gpus
         self.users[user] += gpus
         self.total += gpus
+        self._refresh(project)
 
     def remove(self, project: ProjectId, user: str, gpus: int, borrowed: bool) -> None:
         self.add(project, user, -gpus, borrowed)
@@ -71,19 +94,8 @@ class QuotaUsage:
 
     def lendable(self, borrower: ProjectId) -> int:
         """GPUs the borrower could take from others: idle owned quota within lend caps, plus unowned capacity."""
-        tenants = set(self.quotas.tenants) | set(self.owned) | set(self.borrowed)
-        pool = 0
-        owned_quota = 0
-        for t in tenants:
-            q = self.quotas.tenant(t)
-            owned_quota += q.gpus if t in self.quotas.tenants else 0
-            if t == borrower:
-                continue
-            idle = max(0, q.gpus - self.owned.get(t, 0) - self.demand.get(t, 0))
-            pool += idle if q.lend_limit is None else min(idle, q.lend_limit)
-        pool += max(0, self.cluster_limit() - owned_quota)
-        lent = sum(v for t, v in self.borrowed.items())
-        return max(0, pool - lent)
+        pool = self._lend_sum - self._lends.get(borrower, 0) + max(0, self.cluster_limit() - self._owned_quota)
+        return max(0, pool - self.lent)
 
     def check(self, project: ProjectId, user: str, gpus: int) -> QuotaVerdict:
         """Whether `gpus` more GPUs for this tenant and user fit every tier, and whether they are borrowed."""
