@@ -146,6 +146,52 @@ def scan_lines(lines: Iterable[bytes], part: Part, prev: str | None, deep: bool)
     return part.last_hash or None
 
 
+def scan_rows(rows: Iterable[tuple[int, str, bytes]], part: Part, prev: str | None, deep: bool) -> str | None:
+    """scan_lines() over a store's (seq, hash, bytes) rows."""
+    sha = hashlib.sha256
+    zero = sha(b"\x00")
+    time_end = _TIME_END.fullmatch
+    seq = part.first_seq + part.count
+    prev_b = prev.encode() if prev is not None else None
+    leaves = bytearray()
+    n = 0
+    try:
+        for got, stored, raw in rows:
+            if got != seq:
+                part.problem = (seq, "missing", f"entry {seq} is missing (the next stored entry is {got})")
+                raise _Stop
+            digest = sha(raw).hexdigest()
+            if digest != stored:
+                part.problem = (seq, "modified", "stored hash does not match its bytes")
+                raise _Stop
+            digest_b = digest.encode()
+            digits = b"%d" % seq
+            t0 = len(raw) - 29
+            p0 = t0 - len(digits) - 90
+            if (
+                deep
+                or prev_b is None
+                or not raw.startswith(_EMPTY_HEAD)
+                or raw[p0:t0] != b',"prev":"' + prev_b + b'","seq":' + digits + b',"time":"'
+                or time_end(raw, t0) is None
+                or raw[p0 - 29 : p0] == _ROTATION_TAIL
+            ):
+                _slow(raw, seq, None if prev_b is None else prev_b.decode(), part)
+            h = zero.copy()
+            h.update(raw)
+            leaves += h.digest()
+            prev_b = digest_b
+            seq += 1
+            n += 1
+    except _Stop:
+        pass
+    part.leaves += bytes(leaves)
+    part.count += n
+    if prev_b is not None:
+        part.last_hash = prev_b.decode()
+    return part.last_hash or None
+
+
 # -- ranges of a bundle file ------------------------------------------------------------------
 
 _counter: Any = None

@@ -22,22 +22,19 @@ Steps, in order; the first failure is reported with its seq and problem code:
 from __future__ import annotations
 
 import hashlib
-import json
-import re
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import rfc8785
-
 from ledger import fastscan
 from ledger.compact import Frontier, compact_range
-from ledger.entry import HEX64_RE, ZERO_HASH, field_problem
+from ledger.entry import ZERO_HASH
 from ledger.errors import BadSignature, BundleError, LedgerError, MalformedNote, ProofError, UnknownKey
 from ledger.keys import NoteVerifier
 from ledger.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from ledger.note import Checkpoint, open_checkpoint, peek_checkpoint
-from ledger.rotation import ROTATION_MARK, KeySchedule, Rotation, RotationError, parse_rotation, rotation_in
+from ledger.rotation import KeySchedule, Rotation, RotationError, rotation_in
 from ledger.store import LedgerStore, Row, open_store
 
 PROBLEMS = (
@@ -51,10 +48,7 @@ PROBLEMS = (
     "blob_mismatch",
     "malformed",
 )
-_TIME = re.compile(rb"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z")
-_TIME_LEN = 27
 _PROGRESS_EVERY = 16384
-_EMPTY_HEAD = b'{"blobs":{},"body":{'
 
 
 class TrustedCheckpointError(LedgerError):
@@ -230,61 +224,38 @@ def _verdict_fail(state: _State, v: NoteVerifier, seq: int | None, problem: str,
     return Verdict(False, state.end, seq, problem, f"{where}{problem}: {message}", origin=v.name)
 
 
-def _parse(data: bytes, seq: int) -> Any:
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as e:
-        raise _Fail(seq, "malformed", f"entry is not valid JSON ({type(e).__name__})") from e
-
-
 def _scan_entries(
     m: Material, state: _State, progress: Callable[[int, int], None] | None, deep: bool
 ) -> tuple[bytearray, list[Rotation], list[tuple[int, str, str]]]:
-    sha = hashlib.sha256
-    time_match = _TIME.fullmatch
-    mark = ROTATION_MARK
-    total = m.total
-    leaves = bytearray()
+    """The fast scan over a store's rows, in slices so progress can be reported."""
+    part = fastscan.Part(m.start)
+    prev: str | None = ZERO_HASH if m.start == 0 else None
+    it = iter(m.entries)
+    while True:
+        block = list(itertools.islice(it, _PROGRESS_EVERY))
+        if not block:
+            break
+        prev = fastscan.scan_rows(block, part, prev, deep)
+        if part.problem is not None:
+            break
+        if progress is not None:
+            progress(part.count, m.total)
     rotations: list[Rotation] = []
-    blob_refs: list[tuple[int, str, str]] = []
-    seq = m.start
-    prev: str | None = ZERO_HASH if seq == 0 else None  # a partial range takes its first prev on trust
-    prev_b = prev.encode() if prev else b""
-    leaf0 = sha(b"\x00")
-    next_report = _PROGRESS_EVERY
-    for got, stored_hash, data in m.entries:
-        if got != seq:
-            state.end = seq
-            raise _Fail(seq, "missing", f"entry {seq} is missing (the next stored entry is {got})")
-        digest = sha(data).hexdigest()
-        if digest != stored_hash:
-            state.end = seq
-            raise _Fail(seq, "modified", "stored hash does not match its bytes")
-        # Fast path: the canonical tail is ,"prev":"<64 hex>","seq":<n>,"time":"<27 chars>"}
-        end = len(data) - _TIME_LEN - 2
-        tail = b',"prev":"' + prev_b + b'","seq":' + str(seq).encode() + b',"time":"'
-        if (
-            deep
-            or prev is None
-            or not data.startswith(_EMPTY_HEAD)
-            or data[end - len(tail) : end] != tail
-            or not data.endswith(b'"}')
-            or time_match(data, end, end + _TIME_LEN) is None
-            or mark in data
-        ):
-            _slow_entry(data, seq, prev, rotations, blob_refs, state)
-        lh = leaf0.copy()
-        lh.update(data)
-        leaves += lh.digest()
-        prev, prev_b = digest, digest.encode()
-        seq += 1
-        if progress is not None and seq - m.start >= next_report:
-            next_report += _PROGRESS_EVERY
-            progress(seq - m.start, total)
-    state.end = seq
+    for seq, raw in part.rotations:
+        try:
+            rot = rotation_in(seq, raw)
+        except RotationError as e:
+            raise _Fail(seq, "malformed", e.diagnostics()) from e
+        if rot is not None:
+            rotations.append(rot)
+    if part.problem is not None:
+        seq, code, message = part.problem
+        state.end = seq
+        raise _Fail(seq, code, message)
+    state.end = m.start + part.count
     if progress is not None:
-        progress(seq - m.start, total)
-    return leaves, rotations, blob_refs
+        progress(part.count, m.total)
+    return bytearray(part.leaves), rotations, part.blob_refs
 
 
 def _scan_bundle(
@@ -354,37 +325,6 @@ def _scan_bundle(
     if m.after_entries is not None:
         m.after_entries()
     return leaves, rotations, refs
-
-
-def _slow_entry(
-    data: bytes,
-    seq: int,
-    prev: str | None,
-    rotations: list[Rotation],
-    blob_refs: list[tuple[int, str, str]],
-    state: _State,
-) -> None:
-    state.end = seq
-    value = _parse(data, seq)
-    if prev is None:
-        p = value.get("prev") if isinstance(value, dict) else None
-        prev = p if isinstance(p, str) and HEX64_RE.fullmatch(p) else ZERO_HASH
-    problem = field_problem(value, seq, prev)
-    if problem is not None:
-        raise _Fail(seq, *problem)
-    try:
-        canonical = rfc8785.dumps(value)
-    except (rfc8785.CanonicalizationError, ValueError, TypeError) as e:
-        raise _Fail(seq, "malformed", "entry is not I-JSON") from e
-    if canonical != data:
-        raise _Fail(seq, "malformed", "entry bytes are not RFC 8785 canonical JSON")
-    blob_refs.extend((seq, name, d) for name, d in sorted(value["blobs"].items()))
-    try:
-        rot = parse_rotation(seq, value)
-    except RotationError as e:
-        raise _Fail(seq, "malformed", e.diagnostics()) from e
-    if rot is not None:
-        rotations.append(rot)
 
 
 def _check_blobs(m: Material, refs: list[tuple[int, str, str]]) -> None:
