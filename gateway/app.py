@@ -14,6 +14,7 @@ from gateway.bootstrap import open_gateway
 from gateway.errors import install_error_handlers
 from gateway.policy_reload import PolicyReloader
 from gateway.housekeeping import HousekeepingLoop
+from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
 from gateway.scheduling import SchedulerLoop
 from gateway.settings import Settings
 
@@ -61,4 +62,6 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
     for router in ROUTERS:
         app.include_router(router)
     logging.getLogger("jobgate").setLevel(logging.INFO)
+    configure_json_logging()
+    app.add_middleware(RequestIdMiddleware)  # X-Request-Id on every response and log line
     return app
