@@ -77,14 +77,30 @@ def escalate(gw: Gateway, session: Session, job: Job, now: datetime, why: str, *
 
 
 def escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> int:
-    """Escalate stops not confirmed within grace + margin, or whose node is unreachable. Returns how many."""
+    """Escalate stops not confirmed within grace + margin, or whose node is unreachable. Returns how many.
+
+    Runs every scheduler cycle while thousands of jobs may be stopping, so it costs two queries, not one
+    per job: deadlines are checked in memory, lost nodes' unconfirmed parts come from one query.
+    """
     lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
+    on_lost: dict[str, set[str]] = {}
+    if lost:
+        for job_id, node in session.execute(select(Allocation.job_id, Allocation.node).where(
+                Allocation.node.in_(sorted(lost)), Allocation.state.not_in(PART_DONE))).all():
+            on_lost.setdefault(job_id, set()).add(node)
     count = 0
-    for job in session.scalars(select(Job).where(Job.state.in_(STOPPING_STATES))).all():
-        asked = datetime.fromisoformat(job.stop_request["at"]) if job.stop_request.get("at") else job.submitted_at
-        waiting = unconfirmed_nodes(session, job)
-        if waiting & lost:
-            escalate(gw, session, job, now, f"node {', '.join(sorted(waiting & lost))} is unreachable",
+    rows = session.execute(select(Job.id, Job.stop_request, Job.grace_seconds, Job.submitted_at)
+                           .where(Job.state.in_(STOPPING_STATES))).all()
+    for job_id, stop_request, grace_seconds, submitted_at in rows:
+        asked = datetime.fromisoformat(stop_request["at"]) if stop_request.get("at") else submitted_at
+        grace = float(stop_request.get("grace_seconds", grace_seconds))
+        if job_id not in on_lost and now - asked <= timedelta(seconds=grace + STOP_CONFIRM_MARGIN_S):
+            continue
+        job = session.get(Job, job_id)
+        if job is None:
+            continue
+        if job.id in on_lost:
+            escalate(gw, session, job, now, f"node {', '.join(sorted(on_lost[job.id]))} is unreachable",
                      unreachable=True)
             count += 1
         elif now - asked > timedelta(seconds=grace_of(job) + STOP_CONFIRM_MARGIN_S):

@@ -142,8 +142,9 @@ def start_cluster(data_dir: Path, nodes: int, gpus: int = 16, *, prefix: str = "
                   settings_overrides: dict[str, Any] | None = None, start_agents: bool = True) -> Cluster:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    settings = Settings(data_dir=data_dir, port=port, node_heartbeat_timeout_s=3.0, scheduler_interval_s=0.2,
-                        **(settings_overrides or {}))
+    values: dict[str, Any] = {"node_heartbeat_timeout_s": 3.0, "scheduler_interval_s": 0.2,
+                              **(settings_overrides or {})}
+    settings = Settings(data_dir=data_dir, port=port, **values)
     load_or_create_command_key(settings.keys_dir)
     db = Database(settings.resolved_database_url())
     db.create_schema()
