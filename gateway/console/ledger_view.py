@@ -65,6 +65,9 @@ def _actors(body: dict[str, Any]) -> list[str]:
     elif isinstance(by, str):
         out.append(by)
     out += [str(a) for a in body.get("approvers", []) if isinstance(a, str)]
+    context = body.get("context")
+    if isinstance(context, dict) and isinstance(context.get("approver"), dict):
+        out.append(str(context["approver"].get("id")))
     return [a for a in out if a and a != "None"]
 
 

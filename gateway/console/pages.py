@@ -182,7 +182,9 @@ def approvals_inbox(request: Request, state: str = "pending") -> Response:
 def _approval_view(gw: Gateway, session: Any, caller: Any, a: approvals.Approval) -> dict[str, Any]:
     targets = list(session.scalars(select(Job).where(Job.id.in_(a.target_ids)).order_by(Job.id)).all())
     mine = caller.real_identity == a.requester_real
-    return {"a": approvals.to_json(a), "targets": targets, "mine": mine,
+    radius = {"jobs": len(targets), "gpus": sum(j.gpus_per_node * j.nodes for j in targets),
+              "projects": sorted({j.project for j in targets}), "owners": sorted({j.owner for j in targets})}
+    return {"a": approvals.to_json(a), "targets": targets, "mine": mine, "radius": radius,
             "can_approve": a.state == "pending" and not mine and approvals.may_approve(gw, session, caller, a)}
 
 
