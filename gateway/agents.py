@@ -13,7 +13,7 @@ from typing import Any
 
 import rfc8785
 from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from gateway import stops
 from gateway.auth import Caller
@@ -249,9 +249,9 @@ def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: da
     stops.ledger_transition(gw, job, state, now, by=f"node:{node_id}",
                             reason=job.outcome or f"exit code {job.exit_code}", node=node_id)
     blob = rfc8785.dumps(job.evidence)
-    record_outcome(gw, "outcome", {"action": action, "job_id": job.id, "result": state, "outcome": job.outcome,
-                                   "exit_code": job.exit_code, "stop_request": job.stop_request},
-                   blobs={"evidence": blob})
+    stops.record(gw, object_session(job), "outcome",
+                 {"action": action, "job_id": job.id, "result": state, "outcome": job.outcome,
+                  "exit_code": job.exit_code, "stop_request": job.stop_request}, blobs={"evidence": blob})
     if state in ("stopped", "paused"):
         from gateway import retention  # imported late: retention imports the agent channel's helpers
 

@@ -119,12 +119,15 @@ def execute(gw: Gateway, session: Session, row: EmergencyStop, targets: list[Job
     now = gw.clock()
     row.state, row.approved_at, row.deciders = "executing", now, list(dict.fromkeys(deciders))
     reason = f"emergency stop {row.id} ({row.trigger}): {row.reason}"
-    for job in targets:
-        if job.state not in STOPPABLE_STATES:
-            continue
-        stops.request_stop(gw, session, job, now, by=row.requested_by, reason=reason, request_id=row.request_id,
-                           decision_seq=decision_seq, grace_seconds=row.grace_seconds, approved_by=row.deciders[1:],
-                           emergency_id=row.id, trigger=row.trigger)
+    lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
+    with stops.ledger_batch(gw, session):
+        for job in targets:
+            if job.state not in STOPPABLE_STATES:
+                continue
+            stops.request_stop(gw, session, job, now, by=row.requested_by, reason=reason,
+                               request_id=row.request_id, decision_seq=decision_seq,
+                               grace_seconds=row.grace_seconds, approved_by=row.deciders[1:], lost_nodes=lost,
+                               emergency_id=row.id, trigger=row.trigger)
     record_outcome(gw, "emergency", {"emergency_id": row.id, "result": "executing", "deciders": row.deciders,
                                      "trigger": row.trigger, "at": now.isoformat(), "targets": row.target_ids})
 

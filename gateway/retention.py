@@ -69,9 +69,11 @@ def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
         session.add(row)
     else:
         row.tier, row.kept_since, row.keep_until, row.state = tier, now, until, "kept"
-    record_outcome(gw, "retention", {"job_id": job.id, "tier": tier, "kept_since": now.isoformat(),
-                                     "keep_until": until.isoformat() if until else "until the next job on quota "
-                                     + job.project + " starts"})
+    from gateway.stops import record  # late: stops imports this module's callers
+
+    record(gw, session, "retention", {"job_id": job.id, "tier": tier, "kept_since": now.isoformat(),
+                                      "keep_until": until.isoformat() if until else "until the next job on quota "
+                                      + job.project + " starts"})
 
 
 def expired(session: Session, row: CheckpointRetention, now: datetime) -> str | None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from gateway.auth import Caller
 from gateway.commands import enqueue
@@ -43,13 +45,57 @@ PART_DONE = ("stopped", "exited", "failed")
 ONCALL_ROLE = "oncall"
 
 
+_LEDGER_BATCH = "ledger_batch"
+_APPENDERS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="ledger-batch")
+
+
+@contextmanager
+def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
+    """Collect the ledger appends `record` is asked for inside the block and make them durable at its end,
+    concurrently (the ledger group-commits them), still before the business transaction commits.
+
+    Entries about one job keep their order; different jobs' entries interleave. A block that raises
+    appends nothing. Raises LedgerUnavailable (the caller's transaction then rolls back).
+    """
+    if _LEDGER_BATCH in session.info:  # nested: the outer block flushes
+        yield
+        return
+    pending: list[tuple[str, dict[str, Any], dict[str, bytes] | None]] = []
+    session.info[_LEDGER_BATCH] = pending
+    try:
+        yield
+    finally:
+        session.info.pop(_LEDGER_BATCH, None)
+    by_job: dict[str, list[tuple[str, dict[str, Any], dict[str, bytes] | None]]] = {}
+    for item in pending:
+        by_job.setdefault(str(item[1].get("job_id") or ""), []).append(item)
+
+    def append_all(items: list[tuple[str, dict[str, Any], dict[str, bytes] | None]]) -> None:
+        for kind, body, blobs in items:
+            record_outcome(gw, kind, body, blobs)
+
+    for future in [_APPENDERS.submit(append_all, items) for items in by_job.values()]:
+        future.result()
+
+
+def record(gw: Gateway, session: Session | None, kind: str, body: dict[str, Any],
+           blobs: dict[str, bytes] | None = None) -> int:
+    """Append to the ledger now, or at the end of the enclosing `ledger_batch` (then returns -1)."""
+    batch = session.info.get(_LEDGER_BATCH) if session is not None else None
+    if batch is None:
+        return record_outcome(gw, kind, body, blobs)
+    batch.append((kind, body, blobs))
+    return -1
+
+
 def ledger_transition(gw: Gateway, job: Job, state: str, now: datetime, *, by: str, reason: str,
                       **extra: Any) -> int:
     """Move `job` to `state`, keep the step in its history and append it to the ledger. Raises LedgerUnavailable."""
     before = job.state
     transition(job, state, now, by=by, reason=reason)
-    return record_outcome(gw, "transition", {"job_id": job.id, "state_before": before, "state_after": state,
-                                             "by": by, "reason": reason, "at": now.isoformat(), **extra})
+    return record(gw, object_session(job), "transition",
+                  {"job_id": job.id, "state_before": before, "state_after": state, "by": by, "reason": reason,
+                   "at": now.isoformat(), **extra})
 
 
 def oncall_people(session: Session) -> list[str]:
@@ -117,7 +163,8 @@ def grace_of(job: Job) -> float:
 
 def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: str, reason: str,
                  request_id: str, decision_seq: int, ticket: str | None = None, grace_seconds: float | None = None,
-                 approved_by: list[str] | None = None, pause: bool = False, **extra: Any) -> None:
+                 approved_by: list[str] | None = None, pause: bool = False, lost_nodes: set[str] | None = None,
+                 **extra: Any) -> None:
     """running → stop_requested (ledgered) and one signed stop command per node; a queued job is cancelled.
 
     A job whose node is already lost goes straight to stop_failed (unreachable): nobody can confirm it.
@@ -138,7 +185,8 @@ def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: 
         return
     ledger_transition(gw, job, "stop_requested", now, by=by, reason=reason, request_id=request_id,
                       decision_seq=decision_seq, grace_seconds=grace, **extra)
-    lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
+    lost = lost_nodes if lost_nodes is not None else set(
+        session.scalars(select(Node.id).where(Node.state == "lost")).all())
     for part in job.placement:
         enqueue(gw, session, part["node"], job.id, "stop",
                 {"grace_seconds": grace, "stop_signal": job.stop_signal, "reason": reason})

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import Field
 
-from gateway import agents
+from gateway import agents, stops
 from gateway.api.deps import Ctx
 from gateway.schemas import AgentReports, Heartbeat
 
@@ -57,6 +57,8 @@ def reports(node_id: str, body: AgentReports, ctx: Ctx) -> dict[str, int]:
     with ctx.gw.transaction() as session:
         agents.require_node(ctx.caller(session), node_id)
         agents.node_or_404(session, node_id)
-        for report in body.reports:
-            agents.apply_report(ctx.gw, session, node_id, report)
+        # The batch's ledger entries are appended together (group commit) before this transaction commits.
+        with stops.ledger_batch(ctx.gw, session):
+            for report in body.reports:
+                agents.apply_report(ctx.gw, session, node_id, report)
     return {"accepted": len(body.reports)}
