@@ -6,6 +6,7 @@ is exactly what the reporter thread would send.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,3 +232,50 @@ def test_restarted_agent_adopts_running_job_and_can_stop_it(harness: Harness) ->
     assert stopped["evidence"]["process_group_gone"] is True
     assert stopped["evidence"]["outcome"] == "graceful"  # sleep dies of SIGTERM within the window
     assert json.loads((harness.work_dir / "processes.json").read_text()) == {}
+
+
+CHECKPOINTER = py(
+    "import os, pathlib, signal, sys, time\n"
+    "def on_term(*_):\n"
+    "    pathlib.Path(os.environ['JOBGATE_CHECKPOINT_DIR'], 'c.ckpt').write_bytes(b'w')\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, on_term)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_delete_artifacts_lists_every_removed_file_and_refuses_a_running_job(harness: Harness) -> None:
+    harness.agent.handle_envelope(command(harness.key, "start", "j-del", argv=CHECKPOINTER, gpus=[0],
+                                          grace_seconds=5))
+    harness.wait("j-del", "started")
+    log = harness.work_dir / "jobs" / "j-del" / "output.log"
+    wait_until(lambda: log.exists() and "ready" in log.read_text(), 10, "the job to be ready")
+    running = command(harness.key, "delete_artifacts", "j-del", what="checkpoints", reason="retention")
+    harness.agent.handle_envelope(running)
+    [refused] = harness.reports("j-del", "rejected")
+    assert refused["detail"].startswith("conflict: ") and refused["nonce"] == nonce_of(running)
+
+    harness.agent.handle_envelope(command(harness.key, "stop", "j-del"))
+    harness.wait("j-del", "stopped")
+    harness.agent.runner.join_stops(10)
+    ckpt = harness.work_dir / "jobs" / "j-del" / "checkpoints" / "c.ckpt"
+    assert ckpt.exists()  # a stop never deletes (C5)
+
+    delete = command(harness.key, "delete_artifacts", "j-del", what="checkpoints", reason="retention: next job")
+    harness.agent.handle_envelope(delete)
+    report = harness.wait("j-del", "deleted")
+    assert report["nonce"] == nonce_of(delete)
+    assert [d["path"] for d in report["evidence"]["deleted"]] == ["checkpoints/c.ckpt"]
+    assert report["evidence"]["deleted"][0]["sha256"] == hashlib.sha256(b"w").hexdigest()
+    assert not ckpt.exists() and log.exists()  # only the checkpoints went
+
+    everything = command(harness.key, "delete_artifacts", "j-del", what="all", reason="delete: job deleted")
+    harness.agent.handle_envelope(everything)
+    wait_until(lambda: len(harness.reports("j-del", "deleted")) == 2, 10, "the second deletion report")
+    last = harness.reports("j-del", "deleted")[-1]
+    assert [d["path"] for d in last["evidence"]["deleted"]] == ["output.log"]
+    assert not (harness.work_dir / "jobs" / "j-del").exists()
+    bad = command(harness.key, "delete_artifacts", "j-del", what="everything-else")
+    harness.agent.handle_envelope(bad)
+    assert harness.reports("j-del", "rejected")[-1]["detail"].startswith("invalid: ")
