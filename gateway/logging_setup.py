@@ -56,16 +56,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, sort_keys=True)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is at the time of the call (test runners swap it)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure_json_logging(level: int = logging.INFO) -> None:
-    """Route the `jobgate` logger tree to stderr as JSON lines (idempotent)."""
+    """Route the `jobgate` logger tree to stderr as JSON lines (idempotent). Records still propagate, so
+a host application's own handlers see them too."""
     root = logging.getLogger("jobgate")
     if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(JsonFormatter())
     root.addHandler(handler)
     root.setLevel(level)
-    root.propagate = False
 
 
 class RequestIdMiddleware:

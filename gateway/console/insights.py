@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.models import Allocation, Job, Node
+from gateway.models import Allocation, Job, Node, Project
 from gateway.quotas import usage_by_tenant
 from gateway.scheduler_tables import QuotaRow, SchedJob
 from scheduler.model import QUEUES
@@ -41,7 +41,7 @@ def cluster_usage(session: Session, projects: set[str] | None = None) -> dict[st
     by_tenant = usage_by_tenant(session)
     in_use = sum(v["owned"] + v["borrowed"] for v in by_tenant.values())
     quotas = {q.project: q.gpus for q in session.scalars(select(QuotaRow)).all()}
-    tenants = sorted((set(by_tenant) | set(quotas)) - {"*"})
+    tenants = sorted((set(by_tenant) | set(quotas) | set(session.scalars(select(Project.id)).all())) - {"*"})
     rows = [{"tenant": t, "quota_gpus": quotas.get(t), **by_tenant.get(t, {"owned": 0, "borrowed": 0})}
             for t in tenants if projects is None or t in projects]
     return {"gpus": total, "in_use": in_use, "free": max(0, total - in_use), "tenants": rows}
@@ -72,7 +72,7 @@ def heatmap(session: Session, now: datetime, days: int = 7, projects: set[str] |
         for i, lo in enumerate(day_starts):
             hi = min(lo + timedelta(days=1), now)
             used[project][i] += g * n * _overlap_hours(started, ended or now, lo, hi)
-    tenants = sorted((set(used) | set(quotas)) - {"*"})
+    tenants = sorted((set(used) | set(quotas) | set(session.scalars(select(Project.id)).all())) - {"*"})
     out_rows = []
     for t in tenants:
         if projects is not None and t not in projects:

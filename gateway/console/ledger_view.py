@@ -76,6 +76,9 @@ def _jobs(body: dict[str, Any]) -> list[str]:
     inp = body.get("input")
     if isinstance(inp, dict):
         ids += [str(t.get("id")) for t in inp.get("targets", []) if isinstance(t, dict)]
+        params = inp.get("params")
+        if isinstance(params, dict) and isinstance(params.get("job_id"), str):  # a submission names its new id
+            ids.append(params["job_id"])
     if isinstance(body.get("job_id"), str):
         ids.append(body["job_id"])
     for key in ("targets", "executed_on"):

@@ -1,0 +1,86 @@
+"""An in-process gateway with the demo cast, and a console client that signs in like a browser does."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.db import Database
+from gateway.demo import seed_demo
+from gateway.settings import Settings
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+@dataclass
+class Console:
+    app: Any
+    tokens: dict[str, str]
+    clients: list[TestClient] = field(default_factory=list)
+
+    @property
+    def gateway(self) -> Any:
+        return self.app.state.gateway
+
+    def browser(self) -> TestClient:
+        """A fresh cookie jar on the same app (one person's browser)."""
+        c = TestClient(self.app, base_url="http://testserver")
+        self.clients.append(c)
+        return c
+
+    def sign_in(self, who: str) -> tuple[TestClient, str]:
+        """Sign in through the form; returns the client and the session's CSRF token."""
+        c = self.browser()
+        nonce = csrf_of(c.get("/ui/login"))
+        r = c.post("/ui/login", data={"token": self.tokens[who], "csrf": nonce}, follow_redirects=False)
+        assert r.status_code == 303, r.text
+        return c, csrf_of(c.get("/ui/"))
+
+    def api(self, method: str, path: str, who: str, **kw: Any) -> httpx.Response:
+        c = self.browser()
+        return c.request(method, path, headers={"Authorization": f"Bearer {self.tokens[who]}",
+                                                **kw.pop("headers", {})}, **kw)
+
+
+def csrf_of(r: httpx.Response) -> str:
+    m = CSRF.search(r.text)
+    assert m, f"no CSRF field in {r.url}: {r.status_code}"
+    return m.group(1)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def console(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Console]:
+    if request.param == "sqlite":
+        settings = Settings(data_dir=tmp_path)
+    else:
+        make = request.getfixturevalue("fresh_pg_database")
+        settings = Settings(data_dir=tmp_path, database_url=make("jobgate_biz"), ledger_url=make("jobgate_ledger"))
+    db = Database(settings.resolved_database_url())
+    db.create_schema()
+    with db.transaction() as session:
+        seed_demo(session, settings.data_dir)
+    db.close()
+    tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
+    app = create_app(settings, run_scheduler=False)
+    with TestClient(app) as lifespan:
+        con = Console(app, tokens, [lifespan])
+        yield con
+        for c in con.clients[1:]:
+            c.close()
+
+
+def submit(con: Console, who: str = "alice", **spec: Any) -> str:
+    body = {"name": "train", "project": "vision", "gpus_per_node": 2, "nodes": 1, "command": ["sleep", "600"],
+            **spec}
+    r = con.api("POST", "/v1/jobs", who, json=body)
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])

@@ -1,0 +1,111 @@
+"""What each person may see and do in the console: the same answers as the API, from the same pipeline."""
+
+from __future__ import annotations
+
+import re
+
+from console_testkit import Console, submit
+
+
+def test_researcher_cannot_see_admin_ledger_or_emergency_data(console: Console) -> None:
+    submit(console)
+    c, _ = console.sign_in("alice")
+    home = c.get("/ui/").text
+    assert 'href="/ui/admin"' not in home and 'href="/ui/ledger"' not in home
+    for path, marker in (("/ui/admin", 'id="heatmap"'), ("/ui/ledger", 'id="entries"'),
+                         ("/ui/ledger/0", 'id="verdict"'), ("/ui/emergency", "Emergency stops</h1>")):
+        r = c.get(path)
+        assert r.status_code == 403, path
+        assert marker not in r.text, path
+    r = c.get("/ui/ledger/export")
+    assert r.status_code == 403 and r.headers["content-type"].startswith("text/html")
+    # The JSON behind those pages refuses the same way.
+    for path in ("/v1/stats/usage", "/v1/stats/waits", "/v1/stats/fragmentation", "/v1/stats/suggestions",
+                 "/v1/audit/entries", "/v1/audit/entries/0"):
+        r = console.api("GET", path, "alice")
+        assert r.status_code == 403 and r.headers["content-type"] == "application/problem+json", path
+
+
+def test_admin_and_auditor_see_their_pages(console: Console) -> None:
+    submit(console, gpus_per_node=4)
+    erin, _ = console.sign_in("erin")
+    page = erin.get("/ui/admin")
+    assert page.status_code == 200
+    assert 'id="heatmap"' in page.text and "vision" in page.text and "Fragmentation" in page.text
+    audrey, _ = console.sign_in("audrey")
+    assert audrey.get("/ui/admin").status_code == 403  # auditors read the ledger, not cluster admin data
+    ledger = audrey.get("/ui/ledger")
+    assert ledger.status_code == 200 and 'id="entries"' in ledger.text
+    r = audrey.get("/ui/ledger/export")
+    assert r.status_code == 200 and r.content.startswith(b'{"format": "jobgate-ledger-bundle/1"')
+
+
+def test_console_refusal_is_the_policys_and_is_ledgered(console: Console) -> None:
+    job = submit(console)
+    c, csrf = console.sign_in("mallory")  # another tenant
+    r = c.post(f"/ui/jobs/{job}/stop", data={"reason": "I need the GPUs", "csrf": csrf})
+    assert r.status_code == 403
+    m = re.search(r"recorded in the ledger as entry (\d+)", r.text)
+    assert m, r.text
+    entry = console.gateway.ledger.entry(int(m.group(1))).value
+    assert entry["body"]["actor"]["id"] == "mallory"
+    assert entry["body"]["decision"]["effect"] == "deny"
+    assert entry["body"]["source"]["via"] == "console"
+    assert console.api("GET", f"/v1/jobs/{job}", "alice").json()["state"] == "pending"
+
+
+def test_two_person_stop_through_the_console(console: Console) -> None:
+    job = submit(console)
+    carol, carol_csrf = console.sign_in("carol")
+    r = carol.post(f"/ui/jobs/{job}/stop", data={"reason": "queue hog", "csrf": carol_csrf}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/approvals/apr-")
+    approval_id = r.headers["location"].rsplit("/", 1)[1]
+    mine = carol.get(f"/ui/approvals/{approval_id}").text
+    assert "a second person must approve it" in mine and 'name="approve"' not in mine
+    # carol cannot approve her own request, even by posting the form by hand.
+    r = carol.post(f"/ui/approvals/{approval_id}/approve", data={"csrf": carol_csrf})
+    assert r.status_code == 403 and "second person" in r.text
+    # alice (the owner) sees the exact target in her inbox and approves.
+    alice, alice_csrf = console.sign_in("alice")
+    inbox = alice.get("/ui/approvals").text
+    assert approval_id in inbox and job in inbox and "queue hog" in inbox and "carol" in inbox
+    r = alice.post(f"/ui/approvals/{approval_id}/approve", data={"csrf": alice_csrf, "comment": "fine"},
+                   follow_redirects=False)
+    assert r.status_code == 303
+    assert console.api("GET", f"/v1/approvals/{approval_id}", "alice").json()["state"] == "executed"
+    assert console.api("GET", f"/v1/jobs/{job}", "alice").json()["state"] == "stopped"
+    # Approving again is refused with the API's reason.
+    r = alice.post(f"/ui/approvals/{approval_id}/approve", data={"csrf": alice_csrf})
+    assert r.status_code == 409 and "already executed" in r.text
+
+
+def test_auditor_entry_page_verifies_the_inclusion_proof(console: Console) -> None:
+    job = submit(console)
+    found = console.api("GET", "/v1/audit/entries", "audrey", params={"job": job, "action": "job.submit"}).json()
+    (hit,) = found["entries"]
+    assert hit["actors"][0] == "alice" and hit["effect"] == "allow"
+    detail = console.api("GET", f"/v1/audit/entries/{hit['seq']}", "audrey").json()
+    assert detail["verified"] is True and detail["checkpoint_signature"] == "valid"
+    assert detail["proof"]["leaf_index"] == hit["seq"] and detail["proof"]["tree_size"] == detail["checkpoint_size"]
+    audrey, _ = console.sign_in("audrey")
+    page = audrey.get(f"/ui/ledger/{hit['seq']}").text
+    assert "verdict-ok" in page and "Inclusion proof verified" in page
+    listing = audrey.get("/ui/ledger", params={"job": job, "action": "job.submit"}).text
+    assert f'data-seq="{hit["seq"]}"' in listing
+    assert audrey.get("/ui/ledger", params={"since": "yesterday"}).status_code == 422
+    assert audrey.get("/ui/ledger/999999").status_code == 404
+
+
+def test_notice_acknowledged_from_the_console_is_the_ledgered_receipt(console: Console) -> None:
+    job = submit(console)
+    r = console.api("POST", f"/v1/jobs/{job}/stop", "carol", json={"reason": "queue hog"})
+    approval_id = r.json()["approval_id"]
+    assert console.api("POST", f"/v1/approvals/{approval_id}/approve", "dave").json()["state"] == "executed"
+    alice, csrf = console.sign_in("alice")
+    home = alice.get("/ui/").text
+    m = re.search(r'action="/ui/notifications/([^/"]+)/ack"', home)
+    assert m, "alice has a notice that asks for a receipt"
+    assert alice.post(f"/ui/notifications/{m.group(1)}/ack", data={}).status_code == 403
+    assert alice.post(f"/ui/notifications/{m.group(1)}/ack", data={"csrf": csrf}).status_code == 200
+    notes = console.api("GET", "/v1/notifications", "alice").json()["notifications"]
+    assert next(n for n in notes if n["id"] == m.group(1))["receipt"] == "acknowledged"
