@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +59,13 @@ def run(jobs: int, agents: int, work: Path) -> dict[str, Any]:
     per_node = -(-jobs // agents)
     # A loaded two-core machine must not mistake slow heartbeats for lost nodes.
     cluster = start_cluster(work, nodes=agents, gpus=per_node, prefix="bn",
-                            settings_overrides={"node_heartbeat_timeout_s": 20.0})
+                            settings_overrides={"node_heartbeat_timeout_s": 20.0, "scheduler_interval_s": 1.0})
     try:
         owners = [cluster.client("alice"), cluster.client("bob")]
         t_submit = time.perf_counter()
-        ids = [submit(owners[i % 2], f"light-{i}", ["sleep", "100000"], environment="production",
-                      grace_seconds=30) for i in range(jobs)]
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            ids = list(pool.map(lambda i: submit(owners[i % 2], f"light-{i}", ["sleep", "100000"],
+                                                 environment="production", grace_seconds=30), range(jobs)))
         submit_s = time.perf_counter() - t_submit
         dave = cluster.client("dave")
 
