@@ -16,6 +16,7 @@ from gateway.cli.queue import queue_cmd, quota_group, stats_group
 from gateway.cli.roles import role_group
 from gateway.cli.sim import sim_group
 from gateway.cli.up import demo_token, up
+from gateway.console.cli import STATS_COMMANDS, audit_group, notifications_cmd, policy_show
 from ledger.cli import ledger_group
 
 
@@ -48,6 +49,11 @@ cli.add_command(policy_group)
 cli.add_command(role_group)
 cli.add_command(nodes_cmd)
 cli.add_command(forensics_group)
+cli.add_command(notifications_cmd)
+cli.add_command(audit_group)
+policy_group.add_command(policy_show)
+for _cmd in STATS_COMMANDS:
+    stats_group.add_command(_cmd)
 
 
 def main() -> None:

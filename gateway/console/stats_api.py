@@ -3,9 +3,12 @@ CLI shows the same (`jobgate stats usage|waits|fragmentation|suggestions`, `jobg
 
 from __future__ import annotations
 
+import shutil
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
 
 from gateway.api.deps import Ctx, RequestContext
 from gateway.console import insights, ledger_view
@@ -89,3 +92,15 @@ def audit_entries(
 def audit_entry(seq: int, ctx: Ctx) -> dict[str, Any]:
     _ledger_read(ctx)
     return ledger_view.entry_detail(ctx.gw, seq)
+
+
+@router.get("/v1/audit/export", tags=["ledger"], response_class=FileResponse,
+            summary="Download a ledger bundle for offline verification",
+            description="Every signed entry with its blobs, checkpoints and key history, as one file (the format"
+                        " of `jobgate ledger export`). Verify anywhere with `jobgate ledger verify --bundle FILE"
+                        " --public-key ledger.vkey`. Needs `ledger.read`.")
+def audit_export(ctx: Ctx) -> FileResponse:
+    _ledger_read(ctx)
+    path = ledger_view.export(ctx.gw)
+    return FileResponse(path, filename="jobgate-ledger.bundle", media_type="application/octet-stream",
+                        background=BackgroundTask(shutil.rmtree, path.parent, ignore_errors=True))

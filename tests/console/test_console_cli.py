@@ -1,0 +1,118 @@
+"""CLI parity: every console view has a command with --json, over real HTTP to the same app."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from console_testkit import Console, submit
+
+# The CLI only speaks HTTP; which database is behind the app is covered by the other console tests.
+pytestmark = pytest.mark.parametrize("console", ["sqlite"], indirect=True)
+
+
+@pytest.fixture
+def served(console: Console) -> Iterator[tuple[Console, str]]:
+    """The fixture's app (lifespan already running) behind a real uvicorn socket."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(console.app, host="127.0.0.1", port=port, lifespan="off",
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield console, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def run(url: str, con: Console, who: str, *args: str) -> tuple[int, str]:
+    """Run `jobgate ARGS` as its own process; exit code and stdout, or on failure stderr."""
+    env = {**os.environ, "JOBGATE_URL": url, "JOBGATE_TOKEN": con.tokens[who]}
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", *args], env=env, capture_output=True, text=True,
+                            timeout=60)
+    return result.returncode, result.stderr if result.returncode else result.stdout
+
+
+def test_stats_commands_match_the_admin_page(served: tuple[Console, str]) -> None:
+    con, url = served
+    submit(con, gpus_per_node=4)
+    code, out = run(url, con, "erin", "stats", "usage", "--json")
+    assert code == 0
+    usage = json.loads(out)
+    assert [r["tenant"] for r in usage["heatmap"]["rows"]] == ["speech", "vision"]
+    assert len(usage["heatmap"]["days"]) == 7
+    code, out = run(url, con, "erin", "stats", "waits", "--json")
+    assert code == 0 and json.loads(out)["queues"]["normal"]["waiting_now"] == 1
+    code, out = run(url, con, "erin", "stats", "fragmentation", "--json")
+    assert code == 0 and {"free_gpus", "largest_free_block", "fragmentation"} <= set(json.loads(out))
+    code, out = run(url, con, "erin", "stats", "suggestions", "--json")
+    assert code == 0 and "suggestions" in json.loads(out)
+    code, out = run(url, con, "erin", "stats", "usage")
+    assert code == 0 and "quota utilisation" in out and "vision" in out
+    # A researcher gets the API's refusal as one line, not a traceback.
+    code, out = run(url, con, "alice", "stats", "usage")
+    assert code == 1 and out.startswith("Error: 403 alice may not read cluster administration statistics")
+
+
+def test_notifications_and_ack(served: tuple[Console, str]) -> None:
+    con, url = served
+    job = submit(con)
+    approval = con.api("POST", f"/v1/jobs/{job}/stop", "carol", json={"reason": "queue hog"}).json()["approval_id"]
+    con.api("POST", f"/v1/approvals/{approval}/approve", "dave")
+    code, out = run(url, con, "alice", "notifications", "--json")
+    assert code == 0
+    notes = json.loads(out)["notifications"]
+    pending = [n for n in notes if n["receipt"] == "pending"]
+    assert pending, notes
+    code, out = run(url, con, "alice", "notifications", "--ack", pending[0]["id"])
+    assert code == 0 and out.strip() == f"{pending[0]['id']}: acknowledged"
+    code, out = run(url, con, "alice", "notifications", "--ack", "nope")
+    assert code == 1 and out.startswith("Error: 404")
+
+
+def test_audit_entries_show_and_export(served: tuple[Console, str], tmp_path: Path) -> None:
+    con, url = served
+    job = submit(con)
+    code, out = run(url, con, "audrey", "audit", "entries", "--job", job, "--json")
+    assert code == 0
+    (hit,) = json.loads(out)["entries"]
+    code, out = run(url, con, "audrey", "audit", "show", str(hit["seq"]))
+    assert code == 0 and "inclusion proof verified" in out
+    code, out = run(url, con, "audrey", "audit", "show", str(hit["seq"]), "--json")
+    assert code == 0 and json.loads(out)["verified"] is True
+    # --limit beyond one page walks the ledger in pages.
+    code, out = run(url, con, "audrey", "audit", "entries", "--limit", "1000", "--json")
+    assert code == 0 and len(json.loads(out)["entries"]) == con.gateway.ledger.size()
+    bundle = tmp_path / "ledger.bundle"
+    code, out = run(url, con, "audrey", "audit", "export", "--out", str(bundle), "--json")
+    assert code == 0 and json.loads(out)["bytes"] == bundle.stat().st_size > 0
+    code, out = run(url, con, "alice", "audit", "entries")
+    assert code == 1 and out.startswith("Error: 403")
+    code, out = run(url, con, "alice", "audit", "export", "--out", str(tmp_path / "no.bundle"))
+    assert code == 1 and out.startswith("Error: 403") and not (tmp_path / "no.bundle").exists()
+
+
+def test_policy_show(served: tuple[Console, str]) -> None:
+    con, url = served
+    code, out = run(url, con, "sam", "policy", "show", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["policy_hash"] and data["history"]
+    code, out = run(url, con, "sam", "policy", "show")
+    assert code == 0 and data["policy_hash"] in out
