@@ -7,7 +7,7 @@ shows its blast radius instead of emptying a queue.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -20,8 +20,8 @@ from gateway.context import Gateway
 from gateway.errors import Invalid
 from gateway.jobs import decision_out, execute_stop, refuse_unless_allowed, visible_projects
 from gateway.models import Job, Project
-from gateway.pipeline import decide
-from gateway.schemas import BatchStopRequest, Selector
+from gateway.pipeline import Recorded, decide
+from gateway.schemas import BatchPriorityRequest, BatchRequest, Selector
 from gateway.states import ACTIVE_STATES, PENDING_STATES
 
 STOPPABLE_STATES = PENDING_STATES + ACTIVE_STATES
@@ -62,31 +62,57 @@ def blast_radius(jobs: Sequence[Job], now: datetime) -> dict[str, Any]:
             "gpu_hours_at_stake": round(hours, 3), "running": sum(1 for j in jobs if j.state in ACTIVE_STATES)}
 
 
-def stop_many(gw: Gateway, session: Session, caller: Caller, req: BatchStopRequest) -> dict[str, Any]:
-    """Decide one batch stop as one request. Raises Invalid, PolicyDenied, LedgerUnavailable."""
+def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, *, action: str,
+              params: dict[str, Any], apply: Callable[[Job, Recorded], object]) -> dict[str, Any]:
+    """Resolve, measure, decide once for the whole selection, then apply to each job or open one approval
+    bound to the exact id list (executed later by the action's registered executor with `params`).
+
+    Raises Invalid, PolicyDenied, LedgerUnavailable.
+    """
     jobs = resolve(gw, session, caller, req.ids, req.selector)
     radius = blast_radius(jobs, gw.clock())
     ids = [j.id for j in jobs]
     out: dict[str, Any] = {"dry_run": req.dry_run, "targets": ids, "blast_radius": radius}
     if not jobs:
-        raise Invalid("the selection matches no job; nothing to stop", **out)
+        raise Invalid("the selection matches no job; nothing to do", **out)
     project = jobs[0].project if len(radius["projects"]) == 1 else None
     granularity = "job" if len(jobs) == 1 else "workload"
-    rec = decide(gw, session, caller, "job.stop", targets=jobs, project=project, reason=req.reason,
-                 ticket=req.ticket, granularity=granularity, params={"blast_radius": radius},
+    rec = decide(gw, session, caller, action, targets=jobs, project=project, reason=req.reason,
+                 ticket=req.ticket, granularity=granularity, params={**params, "blast_radius": radius},
                  record=not req.dry_run)
     out["decision"] = decision_out(rec).model_dump()
     if req.dry_run:
         return out
     refuse_unless_allowed(rec)
     if rec.decision.effect == "needs_approval":
-        approval = open_request(gw, session, caller, rec, action="job.stop", target_ids=ids, project=project,
-                                reason=req.reason, ticket=req.ticket, granularity=granularity,
+        approval = open_request(gw, session, caller, rec, action=action, target_ids=ids, project=project,
+                                params=params, reason=req.reason, ticket=req.ticket, granularity=granularity,
                                 blast_radius=radius)
         out["approval_id"] = approval.id
         return out
     for job in jobs:
-        execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
-                     reason=req.reason, ticket=req.ticket, obligations=rec.decision.obligations)
+        apply(job, rec)
     out["states"] = {j.id: j.state for j in jobs}
     return out
+
+
+def stop_many(gw: Gateway, session: Session, caller: Caller, req: BatchRequest) -> dict[str, Any]:
+    """Stop every selected job (C3 per job). Raises Invalid, PolicyDenied, LedgerUnavailable."""
+
+    def apply(job: Job, rec: Recorded) -> None:
+        execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
+                     reason=req.reason, ticket=req.ticket, obligations=rec.decision.obligations)
+
+    return run_batch(gw, session, caller, req, action="job.stop", params={}, apply=apply)
+
+
+def reprioritize_many(gw: Gateway, session: Session, caller: Caller, req: BatchPriorityRequest) -> dict[str, Any]:
+    """Set the priority of every selected job (A2/A3). Raises Invalid, PolicyDenied, LedgerUnavailable."""
+    from gateway.api.priority import apply_priority  # the one place a priority is applied
+
+    def apply(job: Job, rec: Recorded) -> None:
+        apply_priority(gw, session, job, req.priority, by=caller.id, request_id=rec.request_id,
+                       decision_seq=rec.seq, reason=req.reason, approved_by=[])
+
+    return run_batch(gw, session, caller, req, action="job.priority", params={"priority": req.priority},
+                     apply=apply)

@@ -68,8 +68,8 @@ class Selector(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class BatchStopRequest(BaseModel):
-    """Stop several jobs as one decision: by explicit ids or by a selector, never both."""
+class BatchRequest(BaseModel):
+    """Act on several jobs as one decision: by explicit ids or by a selector, never both."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,10 +80,15 @@ class BatchStopRequest(BaseModel):
     dry_run: bool = Field(False, description="Return the exact targets and blast radius; change nothing.")
 
     @model_validator(mode="after")
-    def _one_way_to_select(self) -> BatchStopRequest:
+    def _one_way_to_select(self) -> BatchRequest:
         if (self.ids is None) == (self.selector is None):
             raise ValueError("give exactly one of `ids` or `selector`")
         return self
+
+
+class BatchPriorityRequest(BatchRequest):
+    priority: float = Field(ge=-1_000_000, le=1_000_000, allow_inf_nan=False,
+                            description="The new effective priority of every selected job.")
 
 
 class DecisionOut(BaseModel):

@@ -94,3 +94,26 @@ def test_rate_limit_per_principal_refuses_with_the_numbers_and_is_ledgered(api: 
     assert r.status_code == 403
     assert f"may make {per_minute} mutating calls per minute" in r.json()["detail"]
     assert r.json()["rules"] == ["H2.rate_limit"]
+
+
+def test_batch_reprioritize_own_jobs_and_others_jobs_through_one_approval(api: Api) -> None:
+    mine = submit_many(api, 2, labels={"sweep": "wd"})
+    r = api.post("/v1/jobs:reprioritize", "alice", json={"selector": {"labels": {"sweep": "wd"}}, "priority": 42,
+                                                         "reason": "deadline tomorrow"})
+    assert r.status_code == 202, r.text
+    assert r.json()["decision"]["effect"] == "allow" and r.json()["targets"] == sorted(mine)
+    changed = [e["body"] for e in ledger_entries(api) if e["kind"] == "outcome"
+               and e["body"].get("action") == "job.priority"]
+    assert sorted(b["job_id"] for b in changed) == sorted(mine)
+    assert {b["priority_after"] for b in changed} == {42}
+
+    r = api.post("/v1/jobs:reprioritize", "carol", json={"ids": mine, "priority": -5, "reason": "fair share"})
+    assert r.status_code == 202 and r.json()["approval_id"], r.text
+    approval = api.get(f"/v1/approvals/{r.json()['approval_id']}", "dave").json()
+    assert approval["targets"] == sorted(mine) and approval["params"] == {"priority": -5}
+    # Two jobs make a workload-sized request: two confirmations (C2), here on-call and the owner.
+    assert api.post(f"/v1/approvals/{approval['id']}/approve", "dave").json()["state"] == "pending"
+    assert api.post(f"/v1/approvals/{approval['id']}/approve", "alice").json()["state"] == "executed"
+    after = [e["body"] for e in ledger_entries(api) if e["kind"] == "outcome"
+             and e["body"].get("action") == "job.priority" and e["body"].get("priority_after") == -5]
+    assert sorted(b["job_id"] for b in after) == sorted(mine)

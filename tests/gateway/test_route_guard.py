@@ -43,6 +43,8 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/jobs"): Case("decision", action="job.submit", body=job_spec()),
     ("POST", "/v1/jobs/{job_id}/stop"): Case("decision", action="job.stop", body=REASON),
     ("POST", "/v1/jobs:stop"): Case("decision", "carol", "job.stop", body={"ids": ["{job_id}"], **REASON}),
+    ("POST", "/v1/jobs:reprioritize"): Case("decision", "carol", "job.priority",
+                                           body={"ids": ["{job_id}"], "priority": 3, **REASON}),
     ("DELETE", "/v1/jobs/{job_id}"): Case("decision", action="job.delete", body=REASON, job_state="stopped"),
     ("POST", "/v1/jobs/{job_id}/pause"): Case("decision", action="job.pause", body=REASON),
     ("POST", "/v1/jobs/{job_id}/resume"): Case("decision", action="job.resume", body=REASON, job_state="paused"),
