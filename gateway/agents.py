@@ -83,15 +83,45 @@ def has_unacked(gw: Gateway, session: Session, node_id: str) -> bool:
     return found is not None
 
 
-def _acknowledge(session: Session, node_id: str, report: AgentReport, now: datetime) -> None:
+class _Batch:
+    """What one report batch touches, loaded in four queries instead of several per report."""
+
+    def __init__(self, session: Session, reports: list[AgentReport]) -> None:
+        nonces = sorted({r.nonce for r in reports if r.nonce})
+        job_ids = sorted({r.job_id for r in reports if r.job_id})
+        self.commands = {c.nonce: c.node for c in session.scalars(
+            select(NodeCommand).where(NodeCommand.nonce.in_(nonces)))} if nonces else {}
+        self.acked = set(session.scalars(select(CommandAck.nonce).where(CommandAck.nonce.in_(nonces)))) \
+            if nonces else set()
+        # Loaded into the identity map, so session.get(Job, id) below costs no query.
+        self.jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(job_ids)))} if job_ids else {}
+        self.parts: dict[str, list[Allocation]] = {}
+        if job_ids:
+            for part in session.scalars(select(Allocation).where(Allocation.job_id.in_(job_ids))):
+                self.parts.setdefault(part.job_id, []).append(part)
+
+
+def apply_reports(gw: Gateway, session: Session, node_id: str, reports: list[AgentReport]) -> None:
+    """Fold a batch of reports in order, in the caller's transaction; ledger appends go out together."""
+    with session.no_autoflush, stops.ledger_batch(gw, session):
+        batch = _Batch(session, reports)
+        for report in reports:
+            apply_report(gw, session, node_id, report, batch)
+
+
+def _acknowledge(session: Session, node_id: str, report: AgentReport, now: datetime, batch: _Batch | None) -> None:
     if not report.nonce:
         return
-    cmd = session.get(NodeCommand, report.nonce)
-    if cmd is None or cmd.node != node_id or session.get(CommandAck, report.nonce) is not None:
-        return
+    if batch is not None:
+        if batch.commands.get(report.nonce) != node_id or report.nonce in batch.acked:
+            return
+        batch.acked.add(report.nonce)
+    else:
+        cmd = session.get(NodeCommand, report.nonce)
+        if cmd is None or cmd.node != node_id or session.get(CommandAck, report.nonce) is not None:
+            return
     session.add(CommandAck(nonce=report.nonce, node=node_id, acked_at=now, event=report.event,
                            detail=report.detail[:500]))
-    session.flush()
 
 
 def _job_state_from_parts(parts: list[Allocation]) -> str | None:
@@ -109,13 +139,14 @@ def _job_state_from_parts(parts: list[Allocation]) -> str | None:
     return None
 
 
-def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentReport) -> None:
+def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentReport,
+                 batch: _Batch | None = None) -> None:
     """Fold one agent report into allocation and job state; ledger every transition it causes (C3).
 
     GPUs are released only on the node's evidence that the process group is gone.
     """
     now = gw.clock()
-    _acknowledge(session, node_id, report, now)
+    _acknowledge(session, node_id, report, now, batch)
     if report.event == "rejected":
         _rejected(gw, session, node_id, report, now)
         return
@@ -126,9 +157,11 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
     if job is None or report.event == "unknown":
         _unknown(gw, session, node_id, report, job, now)
         return
-    part = session.scalars(
-        select(Allocation).where(Allocation.job_id == job.id, Allocation.node == node_id)
-    ).first()
+    if batch is not None:
+        parts = batch.parts.get(job.id, [])
+    else:
+        parts = list(session.scalars(select(Allocation).where(Allocation.job_id == job.id)).all())
+    part = next((p for p in parts if p.node == node_id), None)
     if part is None:
         record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
                                             "detail": report.detail, "nonce": report.nonce, "known_part": False})
@@ -157,7 +190,6 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
                 part.state = "stopped"
             else:
                 part.state = "exited" if ev.get("exit_code") == 0 else "failed"
-    parts = list(session.scalars(select(Allocation).where(Allocation.job_id == job.id)).all())
     if group_survived:
         record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
                                             "alert": "process group survived SIGKILL; GPUs withheld"},

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import Field
 
-from gateway import agents, stops
+from gateway import agents
 from gateway.api.deps import Ctx
 from gateway.schemas import AgentReports, Heartbeat
 
@@ -57,8 +57,6 @@ def reports(node_id: str, body: AgentReports, ctx: Ctx) -> dict[str, int]:
     with ctx.gw.transaction() as session:
         agents.require_node(ctx.caller(session), node_id)
         agents.node_or_404(session, node_id)
-        # The batch's ledger entries are appended together (group commit) before this transaction commits.
-        with stops.ledger_batch(ctx.gw, session):
-            for report in body.reports:
-                agents.apply_report(ctx.gw, session, node_id, report)
+        # One query per table for the batch; its ledger entries are appended together (group commit).
+        agents.apply_reports(ctx.gw, session, node_id, list(body.reports))
     return {"accepted": len(body.reports)}
