@@ -109,3 +109,30 @@ def test_notice_acknowledged_from_the_console_is_the_ledgered_receipt(console: C
     assert alice.post(f"/ui/notifications/{m.group(1)}/ack", data={"csrf": csrf}).status_code == 200
     notes = console.api("GET", "/v1/notifications", "alice").json()["notifications"]
     assert next(n for n in notes if n["id"] == m.group(1))["receipt"] == "acknowledged"
+
+
+def test_emergency_stop_page_shows_per_job_progress_and_refreshes_until_done(console: Console) -> None:
+    from sqlalchemy import update
+
+    from gateway.models import Job
+
+    running, queued = submit(console), submit(console)
+    gw = console.gateway
+    with gw.transaction() as session:  # stand in for the scheduler: one job runs on a node
+        session.execute(update(Job).where(Job.id == running).values(
+            state="running", started_at=gw.clock(), placement=[{"node": "demo-node-1", "gpus": [0, 1]}]))
+    ids = []
+    for job in (running, queued):
+        r = console.api("POST", "/v1/emergency-stops", "dave", json={
+            "scope": {"kind": "job", "value": job}, "trigger": "safety", "reason": "unsafe outputs"})
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["id"])
+    dave, _ = console.sign_in("dave")
+    listing = dave.get("/ui/emergency")
+    assert listing.status_code == 200 and all(i in listing.text for i in ids)
+    live = dave.get(f"/ui/emergency/{ids[0]}").text
+    assert running in live and "in progress" in live and 'http-equiv="refresh"' in live
+    done = dave.get(f"/ui/emergency/{ids[1]}").text
+    assert queued in done and "cancelled" in done and 'http-equiv="refresh"' not in done
+    alice, _ = console.sign_in("alice")
+    assert alice.get(f"/ui/emergency/{ids[0]}").status_code == 403

@@ -127,6 +127,14 @@ def test_console_researcher_approver_auditor(demo_system: System, tmp_path: Path
         page.screenshot(path=str(shots / "3-carol-job-stopped.png"), full_page=True)
         sign_out(page)
 
+        # erin (platform admin): usage, heat map, waits, preemptions, fragmentation, nodes.
+        sign_in(page, demo_system, "erin")
+        page.goto(demo_system.url + "/ui/admin")
+        assert "vision" in page.inner_text("#heatmap")
+        assert "demo-node-1" in page.inner_text("main") and "alive" in page.inner_text("main")
+        page.screenshot(path=str(shots / "3b-erin-admin.png"), full_page=True)
+        sign_out(page)
+
         # audrey: the stop's decision in the ledger, its inclusion proof verified against the checkpoint.
         sign_in(page, demo_system, "audrey")
         page.goto(f"{demo_system.url}/ui/ledger?job={ci_job}&action=job.stop&kind=decision")
@@ -148,6 +156,7 @@ def test_console_researcher_approver_auditor(demo_system: System, tmp_path: Path
         dl.value.save_as(saved)
         assert saved.read_bytes().startswith(b'{"format": "jobgate-ledger-bundle/1"')
     assert sorted(p.name for p in shots.iterdir()) == [
-        "1-alice-my-jobs.png", "2-carol-inbox.png", "3-carol-job-stopped.png", "4-audrey-ledger.png",
+        "1-alice-my-jobs.png", "2-carol-inbox.png", "3-carol-job-stopped.png", "3b-erin-admin.png",
+        "4-audrey-ledger.png",
         "5-audrey-proof-verified.png"]
     print("screenshots in", shots)
