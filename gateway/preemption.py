@@ -195,6 +195,7 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_
     parts_now["total"] = before + config.preemption_compensation
     row.priority, row.parts, row.recorded_priority = parts_now["total"], parts_now, parts_now["total"]
     row.borrowed = False
+    row.restart_notice_pending = True
     priority_history.record(session, job.id, now, "compensation", before, parts_now,
                             note=f"preempted by {job.stop_request['preemption']['preemptor']}: keeps priority "
                                  f"{before:g} and {row.wait_credit_s:g} s of wait, +{config.preemption_compensation:g}")

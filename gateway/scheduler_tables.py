@@ -79,6 +79,8 @@ class SchedJob(Base):
     estimated_start: Mapped[datetime | None] = mapped_column(nullable=True)
     estimated_at: Mapped[datetime | None] = mapped_column(nullable=True)
     preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    # Q9: after a requeue, the owner is told the expected restart once the next cycle has estimated it.
+    restart_notice_pending: Mapped[bool] = mapped_column(default=False)
     renewal_due_at: Mapped[datetime | None] = mapped_column(nullable=True)
     renewals: Mapped[list[Any]] = mapped_column(JSON, default=list)
 

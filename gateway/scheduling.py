@@ -19,6 +19,7 @@ from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.jobs import transition
 from gateway.models import Allocation, Job, Node
+from gateway.notifications import notify
 from gateway.pipeline import record_outcome
 from gateway.quotas import load_quotas
 from gateway.scheduler_tables import SchedJob, TenantUsage
@@ -193,6 +194,11 @@ def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: dat
             job.state_reason = b.reason
         row.position, row.blocked_reason = b.position, b.reason
         row.estimated_start, row.estimated_at = estimates.get(JobId(job.id)), now
+        if row.restart_notice_pending:  # Q9: tell a preempted job's owner when it is expected to run again
+            row.restart_notice_pending = False
+            notify(session, job.owner, "expected_restart", {
+                "job_id": job.id, "position": b.position, "queue": job.queue, "reason": b.reason,
+                "expected_restart": row.estimated_start.isoformat() if row.estimated_start else None}, now)
 
 
 class SchedulerLoop(threading.Thread):

@@ -103,6 +103,14 @@ def test_urgent_job_preempts_a_borrowed_job_which_checkpoints_and_resumes(
     assert [(r["tenant"], r["count"]) for r in stats["rows"]] == [("speech", 1)]
     text = sysd.cli("mallory", "job", "why", lent).stdout
     assert "preempted 1 time(s)" in text
+    queue = sysd.cli("mallory", "queue").stdout
+    assert queue.startswith("cluster: ") and "of 16 GPUs in use" in queue and "speech: 8 owned" in queue
+    quotas = json.loads(sysd.cli("erin", "quota", "list", "--json").stdout)
+    assert {q["project"]: q["in_use"]["owned"] for q in quotas["quotas"]}["speech"] == 8
+    asked = sysd.cli("erin", "quota", "set", "vision", "--gpus", "16", "--reason", "new cards arrived")
+    assert "needs a second platform admin: approval apr-" in asked.stdout
+    refused = sysd.cli("alice", "quota", "set", "vision", "--gpus", "64", "--reason", "more", check=False)
+    assert refused.returncode == 1 and refused.stderr.startswith("Error: 403")
 
     # Once the urgent job is done, the victim starts again on the same node and resumes from its checkpoint.
     wait_for(lambda: state(alice, urgent)["state"] == "succeeded", 60, "the urgent job to finish")

@@ -172,8 +172,11 @@ def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_re
         row = s.scalars(select(PreemptionRow).where(PreemptionRow.victim == lent)).one()
         assert row.state == "requeued" and row.checkpoint["outcome"] == "graceful"
         assert round(row.gpu_hours_lost, 2) == 8.0
-        kinds = [n.kind for n in s.scalars(select(Notification).where(Notification.principal == "mallory")).all()]
-        assert kinds == ["preempted", "requeued"]
+        notes = s.scalars(select(Notification).where(Notification.principal == "mallory")).all()
+        assert [n.kind for n in notes] == ["preempted", "requeued", "expected_restart"]
+        assert notes[1].body["checkpoint"]["outcome"] == "graceful"
+        assert notes[1].body["checkpoint"]["files"][0]["path"] == "checkpoints/last.ckpt"
+        assert notes[2].body["position"] == 1 and "expected_restart" in notes[2].body
     stats = api.get("/v1/stats/preemptions", "erin", params={"by": "tenant", "period": "quarter"}).json()
     assert [(r["tenant"], r["count"], round(r["gpu_hours_lost"], 2)) for r in stats["rows"]] == [("speech", 1, 8.0)]
     assert api.get("/v1/stats/preemptions", "alice").json()["rows"] == []  # vision cannot see speech's numbers
@@ -240,3 +243,18 @@ def test_occupancy_limit_asks_for_renewal_then_stops_and_requeues(api: Api) -> N
     node = job(api, j)["placement"][0]["node"]
     report(api, node, j, "stopped", evidence={"outcome": "graceful", "exit_code": 0})
     assert job(api, j)["state"] == "pending"
+
+
+def test_cluster_hard_cap_is_a_quota_change_too(api: Api) -> None:
+    add_second_admin(api)
+    r = api.client.put("/v1/quotas/*", headers=api.headers("erin"), json={"gpus": 8, "reason": "half the pool"})
+    assert r.status_code == 202, r.text
+    assert api.post(f"/v1/approvals/{r.json()['approval_id']}/approve", "pat", json={}).status_code == 200
+    bring_up_nodes(api)
+    r = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, nodes=2))
+    assert r.status_code == 422 and "cluster's hard quota of 8" in r.json()["detail"]
+    first = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    second = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=8)).json()["id"]
+    assert run_once(api.gateway) == 1
+    waiting = second if job(api, first)["state"] == "starting" else first
+    assert "cluster quota" in api.get(f"/v1/jobs/{waiting}/queue", "alice").json()["blocking_reason"]
