@@ -1,32 +1,44 @@
-# The two commands a newcomer needs: `make run` and `make test`.
+# The two commands a newcomer needs: `make run` and `make test`. Both create the virtualenv on first use.
+SHELL       := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+RUN_STAMP := $(VENV)/.run-stamp
+DEV_STAMP := $(VENV)/.dev-stamp
+# This machine's pip configuration names an index folder that may be missing; its warnings are noise.
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
 .PHONY: run test lint bench clean venv
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(STAMP)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 
-venv: $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP) -e . $(QUIET_PIP)
+	touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(PIP) -e '.[dev]' $(QUIET_PIP)
+	touch $@ $(RUN_STAMP)
+
+venv: $(DEV_STAMP)
 
 ## Start the whole system on the embedded default (SQLite, embedded Rego, two local node agents).
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/jobgate up --demo
 
 ## Create the environment and run the whole test suite.
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 ## Benchmarks print JSON figures, each beside a baseline measured in the same run.
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:

@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
         try:
             yield
         finally:
+            gw.bus.close()
             for loop in loops:
                 loop.stop()
             reloader.stop()

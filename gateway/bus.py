@@ -12,6 +12,7 @@ class CommandBus:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._versions: dict[str, int] = defaultdict(int)
+        self._closed = False
 
     def version(self, node: str) -> int:
         with self._cond:
@@ -26,6 +27,16 @@ class CommandBus:
             self._cond.notify_all()
 
     def wait(self, node: str, seen: int, timeout: float) -> bool:
-        """Block until the node's version differs from `seen`; True if it moved."""
+        """Block until the node's version differs from `seen` (True) or the bus closes or time runs out."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._versions[node] != seen, timeout=timeout)
+            return self._cond.wait_for(lambda: self._closed or self._versions[node] != seen, timeout=timeout)
+
+    def close(self) -> None:
+        """Release every long poll at once, so the server can shut down without waiting them out."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

@@ -46,7 +46,7 @@ def commands(
             found = agents.take_commands(gw, session, node_id)
             unacked = not found and agents.has_unacked(gw, session, node_id)
         remaining = end - time.monotonic()
-        if found or remaining <= 0:
+        if found or remaining <= 0 or gw.bus.closed:
             return {"commands": found}
         # Unacknowledged envelopes come due again; wake in time to hand them out.
         gw.bus.wait(node_id, seen, min(remaining, agents.RESEND_AFTER_S) if unacked else remaining)

@@ -40,6 +40,7 @@ def _banner(url: str, data_dir: Path, demo: bool) -> str:
             f"  demo tokens     {data_dir / 'demo-tokens.json'}",
             "",
             "Try, in another terminal:",
+            f"  export PATH={Path(sys.executable).parent}:$PATH",
             f"  export JOBGATE_URL={url}",
             f"  export JOBGATE_TOKEN=$(jobgate demo-token alice --data-dir {data_dir})",
             "  jobgate job submit --name hello --project vision --gpus 2 -- python3 -c 'import time; time.sleep(600)'",
@@ -94,7 +95,8 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="warning")
+        # Long polls from node agents would otherwise hold a graceful shutdown for their full wait.
+        uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
     except KeyboardInterrupt:
         pass
     finally:
