@@ -146,35 +146,38 @@ def suggestions(session: Session, now: datetime, projects: set[str] | None = Non
     starved tenants (waiting work, nothing running)."""
     out: list[dict[str, Any]] = []
     usage = usage_by_tenant(session)
-    pending: dict[str, list[Job]] = defaultdict(list)
-    for job in session.scalars(select(Job).where(Job.state == "pending")).all():
-        pending[job.project].append(job)
+    # Plain columns only: whole job rows would decode every JSON column of every waiting job.
+    waiting = session.execute(select(Job.id, Job.project, Job.submitted_at, SchedJob.estimated_start,
+                                     SchedJob.blocked_reason)
+                              .join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+                              .where(Job.state == "pending")).all()
+    pending: dict[str, list[datetime]] = defaultdict(list)
+    for _, project, submitted, _, _ in waiting:
+        pending[project].append(submitted)
     for q in session.scalars(select(QuotaRow).order_by(QuotaRow.project)).all():
         if q.project == "*" or q.gpus <= 0 or (projects is not None and q.project not in projects):
             continue
         owned = usage.get(q.project, {}).get("owned", 0)
-        if owned < IDLE_SHARE * q.gpus and not pending[q.project]:
+        if owned < IDLE_SHARE * q.gpus and not pending.get(q.project):
             out.append({"kind": "idle_quota", "tenant": q.project,
                         "text": f"{q.project} uses {owned} of the {q.gpus} GPUs it owns and has nothing waiting:"
                                 " lend more of it (lend_limit) or lower its quota"})
-    rows = session.execute(select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id)
-                           .where(Job.state == "pending")).all()
-    for job, sched in rows:
-        if projects is not None and job.project not in projects:
+    for job_id, project, _, estimated, blocked in sorted(waiting, key=lambda r: r[0]):
+        if projects is not None and project not in projects:
             continue
-        if sched.estimated_start is not None and sched.estimated_start < now - STALE_AFTER:
-            out.append({"kind": "stale_reservation", "tenant": job.project, "job_id": job.id,
-                        "text": f"{job.id} was expected to start at {sched.estimated_start.isoformat()} and"
-                                f" still waits ({sched.blocked_reason or 'no reason recorded'}): check the"
-                                " jobs it waits behind and their runtime limits"})
-    for tenant, jobs in sorted(pending.items()):
+        if estimated is not None and estimated < now - STALE_AFTER:
+            out.append({"kind": "stale_reservation", "tenant": project, "job_id": job_id,
+                        "text": f"{job_id} was expected to start at {estimated.isoformat()} and still waits"
+                                f" ({blocked or 'no reason recorded'}): check the jobs it waits behind and"
+                                " their runtime limits"})
+    for tenant, times in sorted(pending.items()):
         if projects is not None and tenant not in projects:
             continue
         running = usage.get(tenant, {"owned": 0, "borrowed": 0})
-        oldest = min(j.submitted_at for j in jobs)
+        oldest = min(times)
         if running["owned"] + running["borrowed"] == 0 and now - oldest > STARVED_AFTER:
             out.append({"kind": "starved_tenant", "tenant": tenant,
-                        "text": f"{tenant} has {len(jobs)} job(s) waiting, the oldest for"
+                        "text": f"{tenant} has {len(times)} job(s) waiting, the oldest for"
                                 f" {int((now - oldest).total_seconds() // 60)} min, and nothing running:"
                                 " raise its quota or check what blocks its head job"})
     return out

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import or_, select
 
 from gateway import approvals, jobs, priority_history
 from gateway.console import insights
@@ -73,8 +73,7 @@ def logout(request: Request, csrf: Field_ = None) -> Response:
     return resp
 
 
-def _queue_facts(session: Any, job: Job) -> dict[str, Any]:
-    row = session.get(SchedJob, job.id)
+def _queue_facts(job: Job, row: SchedJob | None) -> dict[str, Any]:
     pending = job.state == "pending"
     return {
         "position": row.position if row and pending else None,
@@ -87,6 +86,18 @@ def _queue_facts(session: Any, job: Job) -> dict[str, Any]:
     }
 
 
+def _my_jobs(gw: Gateway, session: Any, caller: Any, limit: int = 100) -> list[dict[str, Any]]:
+    """Jobs the caller owns or created, newest first, in projects the policy lets them see (A1)."""
+    me = caller.real_identity
+    visible = jobs.visible_projects(gw, session, caller, list(session.scalars(select(Project.id)).all()))
+    if not visible:
+        return []
+    rows = session.execute(select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+                           .where(Job.project.in_(sorted(visible)), or_(Job.owner == me, Job.creator == me))
+                           .order_by(Job.submitted_at.desc(), Job.id.desc()).limit(limit)).all()
+    return [{"job": j, **_queue_facts(j, s)} for j, s in rows]
+
+
 @router.get("/", response_class=HTMLResponse)
 @page
 def home(request: Request) -> Response:
@@ -95,9 +106,7 @@ def home(request: Request) -> Response:
     with view.gw.transaction(immediate=False) as session:
         caller = view.caller(session)
         me = caller.real_identity
-        mine = [j for j in jobs.list_jobs(view.gw, session, caller, project=None, state=None, limit=500)
-                if me in (j.owner, j.creator)]
-        rows = [{"job": j, **_queue_facts(session, j)} for j in mine[:100]]
+        rows = _my_jobs(view.gw, session, caller)
         notes = [note_json(n, view.gw.clock()) for n in session.scalars(
             select(Notification).where(Notification.principal == me)
             .order_by(Notification.created_at.desc()).limit(30)).all()]
@@ -110,13 +119,15 @@ def home(request: Request) -> Response:
 def _queues(session: Any, visible: set[str]) -> dict[str, list[dict[str, Any]]]:
     """Waiting jobs per queue in order with their priority (Q10); ids only where the caller may look."""
     out: dict[str, list[dict[str, Any]]] = {}
-    rows = session.execute(select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+    # Plain columns only: whole rows would decode every job's JSON columns for nothing.
+    rows = session.execute(select(Job.id, Job.project, Job.queue, Job.gpus_per_node, Job.nodes, Job.submitted_at,
+                                  SchedJob.priority)
+                           .join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
                            .where(Job.state == "pending")).all()
-    for job, sched in sorted(rows, key=lambda js: (-(js[1].priority if js[1] else 0.0), js[0].submitted_at)):
-        out.setdefault(job.queue, []).append({
-            "id": job.id if job.project in visible else None, "project": job.project if job.project in visible
-            else "(other tenant)", "priority": sched.priority if sched else None,
-            "gpus": job.gpus_per_node * job.nodes})
+    for job_id, project, queue, g, n, _, priority in sorted(rows, key=lambda r: (-(r[6] or 0.0), r[5], r[0])):
+        out.setdefault(queue, []).append({
+            "id": job_id if project in visible else None,
+            "project": project if project in visible else "(other tenant)", "priority": priority, "gpus": g * n})
     return out
 
 
@@ -128,7 +139,7 @@ def job_page(request: Request, job_id: str) -> Response:
     with view.gw.transaction(immediate=False) as session:
         caller = view.caller(session)
         job = jobs.get_job(view.gw, session, caller, job_id)
-        facts = _queue_facts(session, job)
+        facts = _queue_facts(job, session.get(SchedJob, job.id))
         history = priority_history.history(session, job.id)
     # Reload while the job moves by itself (starting, stopping); never while someone may be typing a reason.
     refresh = job.state in ("starting", "stop_requested", "stopping")
