@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 
 from console_testkit import Console, submit
+from sqlalchemy import update
+
+from gateway.models import Job
 
 
 def test_researcher_cannot_see_admin_ledger_or_emergency_data(console: Console) -> None:
@@ -112,10 +115,6 @@ def test_notice_acknowledged_from_the_console_is_the_ledgered_receipt(console: C
 
 
 def test_emergency_stop_page_shows_per_job_progress_and_refreshes_until_done(console: Console) -> None:
-    from sqlalchemy import update
-
-    from gateway.models import Job
-
     running, queued = submit(console), submit(console)
     gw = console.gateway
     with gw.transaction() as session:  # stand in for the scheduler: one job runs on a node
