@@ -150,7 +150,8 @@ def may_view(gw: Gateway, caller: Caller, row: EmergencyStop | None) -> None:
         raise Forbidden(f"{who} may not view emergency stops (needs emergency.stop or ledger.read)")
 
 
-def job_status(job: Job, row: EmergencyStop, lost_nodes: set[str]) -> dict[str, Any]:
+def job_status(job: Any, row: EmergencyStop, lost_nodes: set[str]) -> dict[str, Any]:
+    """One target's outcome category; `job` is a row of the columns `report` selects (or a Job)."""
     nodes = [p["node"] for p in job.placement]
     unreachable = bool(job.stop_request.get("unreachable")) or (
         job.state in ("stop_requested", "stopping", "stop_failed") and bool(set(nodes) & lost_nodes))
@@ -179,7 +180,10 @@ SUMMARY_KEYS = ("stopped_graceful", "stopped_forced", "cancelled", "confirmed_by
 
 def report(session: Session, row: EmergencyStop, now: datetime) -> dict[str, Any]:
     """Per-job state and the summary; marks the stop `done` once every target is accounted for."""
-    jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(row.target_ids))).all()}
+    # Only the columns the report needs: polled while a thousand stops land, it must stay cheap.
+    cols = (Job.id, Job.state, Job.outcome, Job.placement, Job.project, Job.owner, Job.ended_at, Job.stop_request,
+            Job.evidence)
+    jobs = {j.id: j for j in session.execute(select(*cols).where(Job.id.in_(row.target_ids))).all()}
     lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
     per_job = [job_status(jobs[i], row, lost) for i in row.target_ids if i in jobs]
     summary = dict.fromkeys(SUMMARY_KEYS, 0)
