@@ -151,8 +151,9 @@ def contribution_of(gw: Gateway, user: str) -> float:
 
 def add_mount(gw: Gateway, session: Session, caller: Caller, name: str, kind: str, path: str,
               projects: list[str], available: bool) -> MountRow:
-    """Register or update a mount / data set (admins only: decided as quota.change on the cluster, no second
-    person needed for the registry). Raises PolicyDenied, LedgerUnavailable."""
+    """Register or update a mount / data set. Decided by policy as `role.manage` on the whole cluster (platform
+    admins hold it; the policy set has no capability of its own for the registry yet) and ledgered.
+    Raises PolicyDenied, LedgerUnavailable."""
     rec = decide(gw, session, caller, "role.manage", project=CLUSTER,
                  params={"mount": {"name": name, "kind": kind, "path": path, "projects": projects}})
     from gateway.jobs import refuse_unless_allowed

@@ -124,10 +124,6 @@ class QuotaUsage:
                 f"of other tenants may be borrowed, the job needs {gpus}"))
         return QuotaVerdict(True, borrowed=True)
 
-    def would_own(self, project: ProjectId, gpus: int) -> bool:
-        """Whether the job fits the tenant's owned quota (so it may reclaim GPUs lent to borrowers)."""
-        return self.owned.get(project, 0) + gpus <= self.quotas.tenant(project).gpus
-
 
 def hard_limit_problems(quotas: Quotas, project: ProjectId, user: str, gpus: int, capacity: int) -> list[str]:
     """Q1: what makes a job of `gpus` GPUs impossible under the quotas even on an empty cluster."""
