@@ -125,7 +125,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="jobgate-bench-stop-") as tmp:
         result = run(args.jobs, args.agents, Path(tmp) / "var")
     result["baseline_direct_killpg"] = baseline(args.jobs)
-    result["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    # Other processes share these cores; the load average says how much.
+    result["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
