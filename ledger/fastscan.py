@@ -44,7 +44,7 @@ class Part:
     count: int = 0
     first_prev: str | None = None  # the first entry's own prev field (for stitching)
     last_hash: str = ""
-    leaves: bytes = b""
+    leaves: bytearray = field(default_factory=bytearray)
     problem: tuple[int, str, str] | None = None  # (seq, code, message); code "corrupt" = not a bundle line
     rotations: list[tuple[int, bytes]] = field(default_factory=list)
     blob_refs: list[tuple[int, str, str]] = field(default_factory=list)
@@ -139,7 +139,7 @@ def scan_lines(lines: Iterable[bytes], part: Part, prev: str | None, deep: bool)
             n += 1
     except _Stop:
         pass
-    part.leaves += bytes(leaves)
+    part.leaves += leaves
     part.count += n
     if prev_b is not None:
         part.last_hash = prev_b.decode()
@@ -185,7 +185,7 @@ def scan_rows(rows: Iterable[tuple[int, str, bytes]], part: Part, prev: str | No
             n += 1
     except _Stop:
         pass
-    part.leaves += bytes(leaves)
+    part.leaves += leaves
     part.count += n
     if prev_b is not None:
         part.last_hash = prev_b.decode()
@@ -212,7 +212,9 @@ def iter_lines(f: Any, start: int, end: int, on_chunk: Callable[[int], None] | N
         if not chunk:
             break
         left -= len(chunk)
-        lines = (carry + chunk).split(b"\n")
+        lines = chunk.split(b"\n")
+        if carry:
+            lines[0] = carry + lines[0]
         carry = lines.pop()
         if on_chunk is not None:
             on_chunk(len(lines))

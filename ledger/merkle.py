@@ -67,7 +67,9 @@ class MerkleTree:
         return tree
 
     @classmethod
-    def from_parts(cls, size: int, parts: Sequence[tuple[bytes, Sequence[tuple[int, int, bytes]]]]) -> MerkleTree:
+    def from_parts(
+        cls, size: int, parts: Sequence[tuple[bytes | bytearray, Sequence[tuple[int, int, bytes]]]]
+    ) -> MerkleTree:
         """Assemble a tree from the leaf hashes and partial levels computed by workers (subtree_levels).
 
         parts are (leaf hashes, levels) in leaf order; a level holds the aligned blocks inside one
@@ -283,7 +285,7 @@ def verify_consistency(old: int, new: int, proof: Sequence[bytes], old_root: byt
     return fr == old_root and sr == new_root and sn == 0
 
 
-def subtree_levels(leaves: bytes, lo: int) -> list[tuple[int, int, bytes]]:
+def subtree_levels(leaves: bytes | bytearray, lo: int) -> list[tuple[int, int, bytes]]:
     """For leaf hashes at indices [lo, lo + n): (level, first block index, hashes) of every aligned
     perfect subtree inside that range, level by level (the worker half of MerkleTree.from_parts)."""
     out: list[tuple[int, int, bytes]] = []

@@ -255,7 +255,7 @@ def _scan_entries(
     state.end = m.start + part.count
     if progress is not None:
         progress(part.count, m.total)
-    return bytearray(part.leaves), rotations, part.blob_refs
+    return part.leaves, rotations, part.blob_refs
 
 
 def _scan_bundle(
