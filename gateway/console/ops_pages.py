@@ -4,9 +4,10 @@ nodes), emergency stops with live progress, the active policy set, and the audit
 from __future__ import annotations
 
 import shutil
+import threading
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from sqlalchemy import select
 from starlette.background import BackgroundTask
@@ -14,10 +15,13 @@ from starlette.background import BackgroundTask
 from gateway import emergency, preemption
 from gateway.console import insights, ledger_view
 from gateway.console.web import ADMIN_CAPABILITIES, View, need_view, page
+from gateway.context import load_bindings
 from gateway.errors import Forbidden, Invalid
 from gateway.jobs import refuse_unless_allowed
 from gateway.models import Allocation, Node
 from gateway.pipeline import decide
+from gateway.policy import whatif
+from gateway.policy.errors import PolicyLoadError
 from gateway.stop_tables import AgentSession
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -101,7 +105,37 @@ def policy(request: Request) -> Response:
     with view.gw.transaction(immediate=False) as session:
         view.caller(session)
     status = request.app.state.policy_reloader.status()
-    return view.render("policy.html", status=status)
+    return view.render("policy.html", status=status, whatif=None, last=WHATIF_LAST)
+
+
+WHATIF_LAST = 2000
+_whatif_lock = threading.Lock()  # the replay's in-process engine is a module global of gateway.policy.whatif
+
+
+@router.post("/policy/whatif", response_class=HTMLResponse)
+@page
+def policy_whatif(request: Request, csrf: Annotated[str | None, Form()] = None) -> Response:
+    """Replay the last recorded decisions under the policy files now in the policy directory (for example a
+    change the watcher refused, or one not yet reloaded) and list the decisions that would flip. Reads
+    decision inputs from the ledger, so it needs `ledger.read`; it changes nothing."""
+    view = need_view(request)
+    view.require_csrf(csrf)
+    require_ledger_read(view)
+    gw = view.gw
+    size = gw.ledger.size()
+    start = max(0, size - WHATIF_LAST * 3)  # decisions are about a third of the entries or more
+    entries = [e.value for e in gw.ledger.entries(start, size - start)]
+    records = list(whatif.records_from_entries(entries))[-WHATIF_LAST:]
+    with gw.transaction(immediate=False) as session:
+        bindings = load_bindings(session)
+    try:
+        with _whatif_lock:
+            report = whatif.replay(gw.settings.policies_dir, records, bindings,
+                                   bindings_source="the gateway's current role bindings", workers=1)
+    except PolicyLoadError as e:
+        raise Invalid(f"the policy files on disk do not load: {e}") from e
+    status = request.app.state.policy_reloader.status()
+    return view.render("policy.html", status=status, whatif=report.to_json(), last=WHATIF_LAST)
 
 
 @router.get("/ledger", response_class=HTMLResponse)

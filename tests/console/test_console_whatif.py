@@ -1,0 +1,60 @@
+"""The reviewer's what-if on the policy page: recorded decisions replayed under the files now on disk."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+from console_testkit import Console, csrf_of, submit
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.db import Database
+from gateway.demo import seed_demo
+from gateway.settings import REPO_POLICIES, Settings
+
+
+def test_whatif_lists_the_decisions_a_policy_change_would_flip(tmp_path: Path) -> None:
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO_POLICIES, policies)
+    # No watcher: the edited files stay on disk, not loaded, as after a refused or pending reload.
+    (tmp_path / "var").mkdir()
+    settings = Settings(data_dir=tmp_path / "var", policies_dir=policies, policy_watch_interval_s=0)
+    db = Database(settings.resolved_database_url())
+    db.create_schema()
+    with db.transaction() as session:
+        seed_demo(session, settings.data_dir)
+    db.close()
+    tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
+    app = create_app(settings, run_scheduler=False)
+    with TestClient(app):
+        con = Console(app, tokens)
+        submit(con)
+        submit(con, who="bob")
+        sam, csrf = con.sign_in("sam")
+        page = sam.post("/ui/policy/whatif", data={"csrf": csrf})
+        assert page.status_code == 200
+        summary = re.search(r'id="whatif-summary">(\d+) of (\d+) decisions flip', page.text)
+        assert summary and summary.group(1) == "0" and int(summary.group(2)) >= 2
+        assert "(the active set)" in page.text
+
+        matrix = policies / "matrix.csv"
+        matrix.write_text(matrix.read_text().replace("p, researcher, *, job.submit\n", ""))
+        page = sam.post("/ui/policy/whatif", data={"csrf": csrf})
+        summary = re.search(r'id="whatif-summary">(\d+) of (\d+) decisions flip', page.text)
+        assert summary and summary.group(1) == "2", page.text
+        assert "allow→deny: 2" in page.text and "(the active set)" not in page.text
+        # Nothing changed: the active set still allows submissions.
+        submit(con)
+
+        assert sam.post("/ui/policy/whatif", data={}).status_code == 403  # CSRF
+        alice, alice_csrf = con.sign_in("alice")
+        assert alice.post("/ui/policy/whatif", data={"csrf": alice_csrf}).status_code == 403  # no ledger.read
+        (policies / "broken.rego").write_text("package jobgate.authz\nthis is not rego\n")
+        page = sam.post("/ui/policy/whatif", data={"csrf": csrf})
+        assert page.status_code == 422 and "do not load" in page.text
+        assert csrf_of(page) == csrf
+        for c in con.clients:
+            c.close()
