@@ -12,9 +12,9 @@ from fastapi import FastAPI
 from gateway.api.routes import ROUTERS
 from gateway.bootstrap import open_gateway
 from gateway.errors import install_error_handlers
-from gateway.policy_reload import PolicyReloader
 from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
+from gateway.policy_reload import PolicyReloader
 from gateway.scheduling import SchedulerLoop
 from gateway.settings import Settings
 
