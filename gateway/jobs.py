@@ -141,6 +141,11 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         raise Invalid(f"owner {owner_id!r} is not a known person")
     if spec.beneficiary_project and session.get(Project, spec.beneficiary_project) is None:
         raise Invalid(f"unknown beneficiary project {spec.beneficiary_project!r}")
+    # The rights holder is a tenant (project) whose people can consent for the data (A6); its
+    # organisation differing from the job's makes the job external-rights (R3).
+    holder = session.get(Project, spec.rights_holder) if spec.rights_holder else project
+    if holder is None:
+        raise Invalid(f"unknown rights holder {spec.rights_holder!r}: name the project that holds the rights")
     now = gw.clock()
     job_id = new_job_id(now)
     rec = decide(gw, session, caller, "job.submit", project=spec.project,
@@ -154,7 +159,6 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
                                        "action": "job.submit", "result": "rejected", "problems": problems})
         raise Invalid("the job can never run here: " + "; ".join(problems), problems=problems)
-    rights_holder = spec.rights_holder or project.organisation
     job = Job(
         id=job_id,
         name=spec.name,
@@ -171,8 +175,8 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         creator_kind=caller.kind,
         owner=owner_id,
         beneficiary_project=spec.beneficiary_project or spec.project,
-        rights_holder=rights_holder,
-        external_rights=rights_holder != project.organisation,
+        rights_holder=holder.id,
+        external_rights=holder.organisation != project.organisation,
         valid_until=spec.valid_until,
         auto_offline=spec.auto_offline,
         contact=spec.contact or owner_id,

@@ -31,7 +31,8 @@ class JobSubmit(BaseModel):
     owner: str | None = Field(None, description="Responsible owner; defaults to the caller (or its person).")
     beneficiary_project: str | None = Field(None, description="Project that uses the result; default: project.")
     rights_holder: str | None = Field(
-        None, description="Organisation holding rights to the data and artifacts; default: the project's."
+        None, description="Project holding the rights to the data and artifacts (default: the job's project); "
+        "one from another organisation makes the job external-rights (R3).",
     )
     valid_until: datetime | None = Field(None, description="End of the job's validity period (R4).")
     auto_offline: bool = Field(False, description="Reclaim the job automatically at valid_until (R4).")

@@ -38,7 +38,7 @@ def test_submit_defaults_ownership_to_caller_and_ids_are_unique(api: Api) -> Non
         assert job["state"] == "pending"
         own = job["ownership"]
         assert (own["creator"], own["owner"], own["beneficiary_project"], own["rights_holder"]) == (
-            "alice", "alice", "vision", "acme")
+            "alice", "alice", "vision", "vision")
         assert own["external_rights"] is False
     assert len(ids) == 5
 
