@@ -43,12 +43,15 @@ def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str 
 @click.option("--environment", type=click.Choice(["research", "staging", "production"]), default="research")
 @click.option("--label", "labels", multiple=True, help="key=value, repeatable.")
 @click.option("--runtime-limit", type=float, help="Declared runtime limit in seconds.")
+@click.option("--mount", "mounts", multiple=True, help="Storage mount the job needs (checked at submit); repeatable.")
+@click.option("--dataset", "datasets", multiple=True, help="Data set the job reads (checked at submit); repeatable.")
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.argument("command", nargs=-1, required=True)
 @click.pass_obj
 def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: int, nodes: int,
            grace_seconds: float, stop_signal: str, owner: str | None, environment: str, labels: tuple[str, ...],
-           runtime_limit: float | None, as_json: bool, command: tuple[str, ...]) -> None:
+           runtime_limit: float | None, mounts: tuple[str, ...], datasets: tuple[str, ...], as_json: bool,
+           command: tuple[str, ...]) -> None:
     """Submit COMMAND (after `--`) as a job, e.g. `jobgate job submit --name t --project vision -- python train.py`."""
     parsed = {}
     for item in labels:
@@ -63,6 +66,10 @@ def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: i
         body["owner"] = owner
     if runtime_limit:
         body["runtime_limit_seconds"] = runtime_limit
+    if mounts:
+        body["mounts"] = list(mounts)
+    if datasets:
+        body["datasets"] = list(datasets)
     job = client.request("POST", "/v1/jobs", json=body)
     if as_json:
         emit_json(job)
