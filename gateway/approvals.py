@@ -276,6 +276,11 @@ def may_approve(gw: Gateway, session: Session, caller: Caller, approval: Approva
     who = caller.real_identity
     if who in approval.required.get("principals", []):
         return True
+    # A role the policy named as eligible, held where it asked for it ("*" = a global binding).
+    wanted = set(approval.required.get("roles", []))
+    held = gw.policy.roles_of(who)
+    if any(wanted & set(held.get(p, [])) for p in approval.required.get("projects", [])):
+        return True
     projects = set(approval.required.get("projects", [])) | ({approval.project} if approval.project else set())
     targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))).all())
     if any(j.owner == who for j in targets):

@@ -50,6 +50,8 @@ def test_scope_needs_the_other_role_and_freezes_its_targets(api: Api, agent: Fak
     late, _ = running_job(api, agent, environment="staging")
     for outsider in ("carol", "alice", "sam"):
         assert api.post(f"/v1/approvals/{es['approval_id']}/approve", outsider).status_code == 403, outsider
+    # The eligible approver finds it in their inbox (eligible by role, not by name).
+    assert es["approval_id"] in [a["id"] for a in api.get("/v1/approvals", "dave").json()["approvals"]]
     done = api.post(f"/v1/approvals/{es['approval_id']}/approve", "dave", json={"comment": "agreed"})
     assert done.status_code == 200, done.text
     for job_id in (a, b):
