@@ -148,8 +148,10 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         raise Invalid(f"unknown rights holder {spec.rights_holder!r}: name the project that holds the rights")
     now = gw.clock()
     job_id = new_job_id(now)
+    # The policy sees the facts it judges; the full spec is kept beside the decision in the ledger.
     rec = decide(gw, session, caller, "job.submit", project=spec.project,
-                 params={"spec": spec.model_dump(mode="json"), "job_id": job_id})
+                 params={"job_id": job_id, "queue": spec.queue, "gpus": spec.gpus_per_node * spec.nodes},
+                 context={"spec": spec.model_dump(mode="json", exclude_defaults=True)})
     refuse_unless_allowed(rec)
     shape = cluster_shape(session)
     problems = precheck(spec.gpus_per_node, spec.nodes, shape) if shape else []
