@@ -120,7 +120,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(tmp / "var"), str(policies), str(port)],
-                              env=env)
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
             if server.poll() is not None:

@@ -9,8 +9,8 @@ import gateway.approvals
 import gateway.breakglass
 import gateway.models
 import gateway.notifications
-import gateway.stop_tables
 import gateway.scheduler_tables
+import gateway.stop_tables
 from gateway.models import Base
 
 __all__ = ["Base", "gateway"]
