@@ -92,6 +92,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/ui/notifications/{notification_id}/ack"): Case("console"),
     ("POST", "/ui/approvals/{approval_id}/approve"): Case("console"),
     ("POST", "/ui/approvals/{approval_id}/reject"): Case("console"),
+    ("POST", "/ui/policy/whatif"): Case("console"),  # a read-only replay; POST only to carry the CSRF token
 }
 
 
