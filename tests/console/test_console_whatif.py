@@ -38,6 +38,8 @@ def test_whatif_lists_the_decisions_a_policy_change_would_flip(tmp_path: Path) -
         assert page.status_code == 200
         summary = re.search(r'id="whatif-summary">(\d+) of (\d+) decisions flip', page.text)
         assert summary and summary.group(1) == "0" and int(summary.group(2)) >= 2
+        assert page.text.count('id="whatif"') == 1  # the section renders once, inside the page layout
+        assert page.text.lstrip().lower().startswith("<!doctype html")
         assert "(the active set)" in page.text
 
         matrix = policies / "matrix.csv"
