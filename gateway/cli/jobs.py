@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -92,6 +93,10 @@ def list_jobs(client: Client, project: str | None, state: str | None, as_json: b
         click.echo(table([_row(j) for j in jobs], JOB_COLUMNS))
 
 
+def _when(unix: float | None) -> str:
+    return datetime.fromtimestamp(unix, UTC).isoformat(timespec="seconds") if unix else "-"
+
+
 def _describe(job: dict[str, Any]) -> str:
     own = job["ownership"]
     lines = [
@@ -108,10 +113,13 @@ def _describe(job: dict[str, Any]) -> str:
         s = job["stop_request"]
         lines.append(f"  stop requested by {s['by']} at {s['at']}: {s['reason']}")
     if job["outcome"]:
-        lines.append(f"  outcome: {job['outcome']}, exit code {job['exit_code']}")
+        lines.append(f"  outcome: {job['outcome']}" + (f", exit code {job['exit_code']}" if job["exit_code"] is not None
+                                                        else ""))
     for node, ev in (job["evidence"].get("nodes") or {}).items():
-        lines.append(f"  evidence from {node}: signal {ev.get('signal')} at {ev.get('signal_sent_at')},"
-                     f" exit {ev.get('exit_code')}, process group gone: {ev.get('process_group_gone')}")
+        ended = (f"exit code {ev['exit_code']}" if ev.get("exit_code") is not None
+                 else f"ended by {ev.get('exit_signal') or 'a signal'}")
+        lines.append(f"  evidence from {node}: {ev.get('signal')} sent at {_when(ev.get('signal_sent_at'))},"
+                     f" {ended}, process group gone: {ev.get('process_group_gone')}")
         for c in ev.get("checkpoints") or []:
             lines.append(f"    checkpoint {c['path']} {c['size']} bytes sha256 {c['sha256'][:16]}...")
     return "\n".join(lines)
