@@ -21,6 +21,7 @@ from gateway.errors import Invalid
 from gateway.jobs import decision_out, execute_stop, refuse_unless_allowed, visible_projects
 from gateway.models import Job, Project
 from gateway.pipeline import Recorded, decide
+from gateway.priority import apply_priority
 from gateway.schemas import BatchPriorityRequest, BatchRequest, Selector
 from gateway.states import ACTIVE_STATES, PENDING_STATES
 
@@ -108,8 +109,6 @@ def stop_many(gw: Gateway, session: Session, caller: Caller, req: BatchRequest) 
 
 def reprioritize_many(gw: Gateway, session: Session, caller: Caller, req: BatchPriorityRequest) -> dict[str, Any]:
     """Set the priority of every selected job (A2/A3). Raises Invalid, PolicyDenied, LedgerUnavailable."""
-    from gateway.api.priority import apply_priority  # the one place a priority is applied
-
     def apply(job: Job, rec: Recorded) -> None:
         apply_priority(gw, session, job, req.priority, by=caller.id, request_id=rec.request_id,
                        decision_seq=rec.seq, reason=req.reason, approved_by=[])

@@ -300,7 +300,3 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
     record_outcome(gw, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
                                    "job_id": job.id, "result": job.state, "state_before": before,
                                    "state_after": job.state, "owner_notified": notified})
-
-
-def stop_evidence_summary(job: Job) -> dict[str, Any]:
-    return {"outcome": job.outcome, "exit_code": job.exit_code, "evidence": job.evidence}

@@ -126,7 +126,7 @@ def decide(
     projects = sorted({f["project"] for f in facts} | ({project} if project else set()))
     # H2 rate limits guard actions on existing jobs (a runaway script stopping a queue), not submissions.
     limited = record and rate_limited and bool(targets) and gw.limiter is not None
-    breach = gw.limiter.hit(caller.real_identity, projects) if limited and gw.limiter else None
+    breach = gw.limiter.hit(caller.real_identity, projects) if limited and gw.limiter is not None else None
     started = time.perf_counter()
     try:
         caller.check_scope(action, projects)

@@ -8,22 +8,18 @@ aging goes on from there); every change is kept in the job's priority history wi
 
 from __future__ import annotations
 
-from typing import Any
-
-import rfc8785
 from fastapi import APIRouter, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from gateway import priority_history
 from gateway.api.deps import Ctx
-from gateway.approvals import Approval, executor, open_request
+from gateway.approvals import open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict
 from gateway.jobs import decision_out, load_job, refuse_unless_allowed
-from gateway.models import Job
-from gateway.pipeline import decide, queue_snapshot, record_outcome
+from gateway.pipeline import decide
+from gateway.priority import apply_priority
 from gateway.schemas import DecisionOut
 from gateway.states import ENDED_STATES
 
@@ -47,33 +43,6 @@ class PriorityResponse(BaseModel):
     outcome_seq: int | None = None
 
 
-def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by: str, request_id: str,
-                   decision_seq: int, reason: str | None, approved_by: list[str]) -> dict[str, Any]:
-    """Set the job's effective priority; record before/after, basis and a queue snapshot. Raises Conflict."""
-    if job.state in ENDED_STATES:
-        raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
-    now = gw.clock()
-    row = priority_history.ensure(session, job)
-    parts = dict(row.parts or {})
-    before = float(parts.get("total", row.priority or 0.0))
-    row.manual = float(row.manual or 0.0) + (value - before)
-    parts.update({"manual": row.manual, "total": value})
-    row.parts = parts
-    row.priority = value
-    row.recorded_priority = value
-    priority_history.record(session, job.id, now, "manual", before, parts,
-                            note=f"set to {value:g} by {by}" + (f": {reason}" if reason else ""))
-    session.flush()
-    snapshot = rfc8785.dumps(queue_snapshot(session))
-    seq = record_outcome(gw, "outcome", {
-        "request_id": request_id, "decision_seq": decision_seq, "action": "job.priority", "job_id": job.id,
-        "result": "changed", "priority_before": before, "priority_after": value, "operator": by,
-        "affected_owner": job.owner, "approved_by": approved_by, "reason": reason,
-    }, blobs={"queue_snapshot": snapshot})
-    gw.scheduler_kick.set()
-    return {"job_id": job.id, "priority_before": before, "priority_after": value, "outcome_seq": seq}
-
-
 def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
                     body: PriorityRequest) -> tuple[PriorityResponse, bool]:
     """Decide, then apply or open an approval. Returns (response, waiting). Raises NotFound, PolicyDenied,
@@ -92,15 +61,6 @@ def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
     done = apply_priority(gw, session, job, body.priority, by=caller.id, request_id=rec.request_id,
                           decision_seq=rec.seq, reason=body.reason, approved_by=[])
     return PriorityResponse(decision=decision_out(rec), **done), False
-
-
-@executor("job.priority")
-def _priority_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
-                             approver: Caller) -> dict[str, Any]:
-    value = float(approval.params["priority"])
-    return {"changed": [apply_priority(gw, session, job, value, by=approval.requester, request_id=approval.id,
-                                       decision_seq=approval.decision_seq, reason=approval.reason,
-                                       approved_by=[a["by"] for a in approval.approvals]) for job in targets]}
 
 
 @router.post(

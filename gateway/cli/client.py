@@ -48,9 +48,6 @@ class Client:
         return r.text
 
 
-pass_client = click.make_pass_decorator(Client)
-
-
 def client_options(f: Any) -> Any:
     """--gateway/--token (or JOBGATE_URL/JOBGATE_TOKEN) on every client command group."""
     f = click.option("--trigger", envvar="JOBGATE_TRIGGER", help="Service accounts: pipeline and run id.")(f)
