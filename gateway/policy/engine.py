@@ -14,13 +14,15 @@ from typing import Any, Protocol
 
 import casbin
 from casbin.model import Model
-from regopy import Input
+from regopy import RegoError
 
 from gateway.policy.loader import DECISION_ENTRYPOINT, PolicySet, compile_rego
+from gateway.policy.regoio import UndefinedResult, query_value, rego_input
 
 EFFECTS = frozenset({"allow", "deny", "needs_approval"})
 GLOBAL = "*"
 FAIL_CLOSED_RULE = "fail_closed"
+_ENTRYPOINT = DECISION_ENTRYPOINT.encode()
 
 
 @dataclass(frozen=True)
@@ -210,14 +212,15 @@ class EmbeddedEngine:
 
         Raises PolicyUnavailable when it is undefined or evaluation fails.
         """
+        prepared = rego_input(doc)  # outside the lock: conversion needs no interpreter
         with self._rego_lock:
-            self._rego.set_input(Input(dict(doc)))
-            output = self._rego.query_bundle_entrypoint(self._bundle, DECISION_ENTRYPOINT)
-            if not output.ok():
-                raise PolicyUnavailable(f"evaluation error: {output}")
-            if not output.results or not output.results[0].expressions:
-                raise PolicyUnavailable("the policy defines no decision for this input")
-            return output.results[0].expressions[0]
+            self._rego.set_input(prepared)
+            try:
+                return query_value(self._rego, self._bundle, _ENTRYPOINT)
+            except RegoError as e:
+                raise PolicyUnavailable(f"evaluation error: {e}") from e
+            except UndefinedResult as e:
+                raise PolicyUnavailable("the policy defines no decision for this input") from e
 
     def close(self) -> None:
         """Nothing to release in-process."""
