@@ -4,19 +4,21 @@
 JCS orders members by UTF-16 code units, which for these six keys is always
 blobs, body, kind, prev, seq, time. So the writer canonicalises the caller's parts once (in the
 caller's thread) and assembles the entry by concatenation, which is byte-identical to
-rfc8785.dumps(whole object) — the tests check exactly that.
+rfc8785.dumps(whole object) — the tests check exactly that. The caller's thread also feeds the
+head (everything before "prev") to the entry hash and the RFC 6962 leaf hash, so the writer only
+hashes the short tail it appends.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import rfc8785
 
 from ledger.errors import InvalidEntry
@@ -36,45 +38,66 @@ def format_time(dt: datetime) -> str:
 
 
 def _json_fast_ok(obj: Any) -> bool:
-    """True when json.dumps(sort_keys) output equals JCS for obj.
+    """True when orjson's sorted-keys output equals JCS for obj.
 
-    They agree on strings (same escapes, lowercase \\u00xx), booleans, null and integers within the
+    They agree on strings (UTF-8, escapes only for '"', '\\' and controls, short forms for
+    \\b \\t \\n \\f \\r and lowercase \\u00xx otherwise), booleans, null and integers within the
     I-JSON range; they differ on floats (ES6 number formatting) and may differ on key order when a
-    key leaves ASCII (UTF-16 vs code-point order). Anything unusual takes the rfc8785 path.
+    key leaves ASCII (UTF-16 vs code-point order). Exact built-in types only: orjson would also
+    serialise subclasses, dataclasses, datetimes... Anything unusual takes the rfc8785 path.
     """
+    # Scalars are checked in place; only containers go on the stack (most values are scalars).
+    lo, hi = -_MAX_SAFE_INT, _MAX_SAFE_INT
     stack: list[Any] = [obj]
     while stack:
         o = stack.pop()
         t = type(o)
-        if t is str or t is bool or o is None:
-            continue
-        if t is int:
-            if not -_MAX_SAFE_INT <= o <= _MAX_SAFE_INT:
-                return False
-        elif t is dict:
+        if t is dict:
             for k, v in o.items():
                 if type(k) is not str or not k.isascii():
                     return False
-                stack.append(v)
+                tv = type(v)
+                if tv is str or tv is bool or v is None:
+                    continue
+                if tv is int:
+                    if not lo <= v <= hi:
+                        return False
+                elif tv is dict or tv is list:
+                    stack.append(v)
+                else:
+                    return False
         elif t is list:
-            stack.extend(o)
+            for v in o:
+                tv = type(v)
+                if tv is str or tv is bool or v is None:
+                    continue
+                if tv is int:
+                    if not lo <= v <= hi:
+                        return False
+                elif tv is dict or tv is list:
+                    stack.append(v)
+                else:
+                    return False
+        elif t is str or t is bool or o is None:
+            continue
+        elif t is int:
+            if not lo <= o <= hi:
+                return False
         else:
             return False
     return True
 
 
-# One encoder built once: json.dumps() with non-default options constructs a new one per call.
-_ENCODE = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
-_ENCODE_STR: Any = getattr(json.encoder, "c_encode_basestring", None) or json.encoder.py_encode_basestring
+_SORTED = orjson.OPT_SORT_KEYS
 
 
 def canonical(obj: Any) -> bytes:
     """RFC 8785 canonical JSON bytes of obj; raises InvalidEntry if obj is not I-JSON."""
     if _json_fast_ok(obj):
         try:
-            return _ENCODE(obj).encode()
-        except UnicodeEncodeError as e:
-            raise InvalidEntry("entry contains a lone surrogate") from e
+            return orjson.dumps(obj, option=_SORTED)
+        except orjson.JSONEncodeError:
+            pass  # a lone surrogate, nesting deeper than orjson's limit...: the reference encoder decides
     try:
         return rfc8785.dumps(_plain(obj))
     except (rfc8785.CanonicalizationError, TypeError, ValueError, UnicodeEncodeError) as e:
@@ -90,24 +113,41 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-@dataclass(frozen=True, slots=True)
+_LEAF_PREFIX = hashlib.sha256(b"\x00")
+
+
+@dataclass(slots=True)
 class PreparedEntry:
-    """The caller-owned parts of an entry, already canonical; seq/time/prev come at commit."""
+    """The caller-owned parts of an entry, already canonical; seq/time/prev come at commit.
+
+    Treat as immutable (not frozen only because a frozen dataclass is slower to build, per append)."""
 
     head: bytes  # b'{"blobs":{...},"body":{...},"kind":"..."'
     blob_refs: dict[str, str]
     blob_data: dict[str, bytes]
+    # SHA-256 states after the head, and after 0x00 || head (RFC 6962 leaf): the writer copies
+    # them and feeds only the tail. Never updated in place.
+    head_hash: hashlib._Hash
+    head_leaf: hashlib._Hash
+
+    def hashes(self, tail: bytes) -> tuple[str, bytes]:
+        """(hex SHA-256, RFC 6962 leaf hash) of head + tail, the stored bytes of the entry."""
+        e = self.head_hash.copy()
+        e.update(tail)
+        lf = self.head_leaf.copy()
+        lf.update(tail)
+        return e.hexdigest(), lf.digest()
 
 
 def prepare(kind: str, body: Mapping[str, Any], blobs: Mapping[str, bytes] | None) -> PreparedEntry:
     """Validate and canonicalise kind/body/blobs; raises InvalidEntry."""
     if not isinstance(kind, str) or not kind:
         raise InvalidEntry("kind must be a non-empty string")
-    if not isinstance(body, Mapping):
+    if type(body) is not dict and not isinstance(body, Mapping):
         raise InvalidEntry("body must be a mapping")
     refs: dict[str, str] = {}
     data: dict[str, bytes] = {}
-    for name, payload in (blobs or {}).items():
+    for name, payload in blobs.items() if blobs else ():
         if not isinstance(name, str) or not name:
             raise InvalidEntry("blob names must be non-empty strings")
         if not isinstance(payload, bytes | bytearray | memoryview):
@@ -117,12 +157,14 @@ def prepare(kind: str, body: Mapping[str, Any], blobs: Mapping[str, bytes] | Non
         refs[name] = digest
         data[digest] = b
     try:
-        kind_json = _ENCODE_STR(kind).encode()
-    except UnicodeEncodeError as e:
+        kind_json = orjson.dumps(kind)
+    except orjson.JSONEncodeError as e:
         raise InvalidEntry("kind contains a lone surrogate") from e
     body_json = canonical(body if type(body) is dict else _plain(body))
-    head = b'{"blobs":' + (canonical(refs) if refs else b"{}") + b',"body":' + body_json + b',"kind":' + kind_json
-    return PreparedEntry(head, refs, data)
+    head = b'{"blobs":%s,"body":%s,"kind":%s' % (canonical(refs) if refs else b"{}", body_json, kind_json)
+    leaf = _LEAF_PREFIX.copy()
+    leaf.update(head)
+    return PreparedEntry(head, refs, data, hashlib.sha256(head), leaf)
 
 
 def encode(prep: PreparedEntry, seq: int, time: str, prev: str) -> bytes:
@@ -143,7 +185,12 @@ def encode(prep: PreparedEntry, seq: int, time: str, prev: str) -> bytes:
 
 def encode_bytes(prep: PreparedEntry, seq: int, time: bytes, prev: str) -> bytes:
     """encode() with the time already as bytes (the writer formats one time per batch)."""
-    return b"%s,\"prev\":\"%s\",\"seq\":%d,\"time\":\"%s\"}" % (prep.head, prev.encode(), seq, time)
+    return prep.head + tail_bytes(seq, time, prev.encode())
+
+
+def tail_bytes(seq: int, time: bytes, prev: bytes) -> bytes:
+    """The part of an entry after the head: ,"prev":"<hex>","seq":<n>,"time":"<time>"}."""
+    return b',"prev":"%s","seq":%d,"time":"%s"}' % (prev, seq, time)
 
 
 def field_problem(value: object, seq: int, prev: str) -> tuple[str, str] | None:

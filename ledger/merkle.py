@@ -126,6 +126,30 @@ class MerkleTree:
             n >>= 1
             k += 1
 
+    def extend(self, leaves: Sequence[bytes]) -> None:
+        """Add leaf hashes in order (as append() each, without re-slicing per leaf): each level gets
+        the nodes of the perfect subtrees the new leaves complete, hashed from the level below."""
+        if not leaves:
+            return
+        levels = self._levels
+        old = self._size
+        levels[0] += b"".join(leaves)
+        new = self._size = old + len(leaves)
+        one = _sha256(b"\x01")
+        k = 1
+        while new >> k > old >> k:
+            if len(levels) == k:
+                levels.append(bytearray())
+            below = memoryview(levels[k - 1])
+            out = []
+            for j in range(old >> k, new >> k):
+                h = one.copy()
+                h.update(below[j * 64 : j * 64 + 64])
+                out.append(h.digest())
+            below.release()
+            levels[k] += b"".join(out)
+            k += 1
+
     def truncate(self, size: int) -> None:
         """Drop leaves beyond size (used to roll back a batch whose write failed)."""
         if size > self._size or size < 0:

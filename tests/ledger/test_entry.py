@@ -51,3 +51,52 @@ def test_naive_time_is_refused() -> None:
 
     with pytest.raises(InvalidEntry):
         format_time(datetime(2024, 1, 1))
+
+
+# Values of the kinds the fast path takes (exact built-in types, ASCII keys, safe integers), with
+# strings over all of Unicode (controls, U+2028, U+007F, astral planes...).
+fast_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(st.characters(max_codepoint=0x7F), max_size=6), children, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.dictionaries(st.text(st.characters(max_codepoint=0x7F), max_size=8), fast_values, max_size=6))
+def test_fast_path_is_byte_identical_to_rfc8785(value: dict[str, object]) -> None:
+    from ledger.entry import _json_fast_ok, canonical
+
+    assert _json_fast_ok(value)
+    assert canonical(value) == rfc8785.dumps(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [{"k": 1.5}, {"é": 1}, {"k": 2**53}, {"k": [True, (1, 2)]}, {"k": {1: 2}}, {"k": b"x"}],
+    ids=["float", "non-ascii-key", "unsafe-int", "tuple", "int-key", "bytes"],
+)
+def test_fast_path_declines_what_it_cannot_encode_exactly(value: dict[str, object]) -> None:
+    from ledger.entry import _json_fast_ok
+
+    assert not _json_fast_ok(value)
+
+
+def test_lone_surrogates_are_refused_on_the_fast_path() -> None:
+    with pytest.raises(InvalidEntry):
+        prepare("k", {"x": "\ud800"}, None)
+    with pytest.raises(InvalidEntry):
+        prepare("\udfff", {}, None)
+
+
+def test_prepared_hashes_equal_hashes_of_the_stored_bytes() -> None:
+    import hashlib
+
+    from ledger.merkle import leaf_hash
+
+    prep = prepare("k", {"a": "b" * 3000}, {"snap": b"\x00" * 10})
+    raw = encode(prep, 7, "2024-05-01T12:00:00.000001Z", "cd" * 32)
+    assert prep.hashes(raw[len(prep.head) :]) == (hashlib.sha256(raw).hexdigest(), leaf_hash(raw))

@@ -128,3 +128,19 @@ def test_random_proofs_verify_and_bit_flips_fail(n: int, data: st.DataObject) ->
         bad = list(cproof)
         bad[j] = bytes([bad[j][0] ^ 1]) + bad[j][1:]
         assert not verify_consistency(old, size, bad, t.root(old), root)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chunks=st.lists(st.integers(1, 70), max_size=12))
+def test_extend_equals_appending_one_by_one(chunks: list[int]) -> None:
+    leaves = [leaf_hash(i.to_bytes(8, "big")) for i in range(sum(chunks))]
+    one, bulk = MerkleTree(), MerkleTree()
+    for h in leaves:
+        one.append(h)
+    i = 0
+    for k in chunks:
+        bulk.extend(leaves[i : i + k])
+        i += k
+    assert bulk.size == one.size
+    for size in range(bulk.size + 1):
+        assert bulk.root(size) == one.root(size) == root_from_leaf_hashes(leaves[:size])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import _thread
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -219,3 +221,109 @@ def test_bad_urls_raise_store_error(tmp_path: Path) -> None:
         open_store("mysql://x/y")
     with pytest.raises(StoreError):
         open_store(f"sqlite:///{tmp_path}/absent.db", create=False)
+
+
+class GatedStore(SqliteStore):
+    """A real SQLite store whose batch writes wait at a gate, so a test can pile up appends."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.writing = threading.Event()
+
+    def write_batch(
+        self,
+        rows: Sequence[Row],
+        blobs: Mapping[str, bytes],
+        checkpoint: tuple[int, str],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        self.writing.set()
+        assert self.gate.wait(30)
+        super().write_batch(rows, blobs, checkpoint, before_commit)
+
+
+def _wait_for(cond: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def _append_in_threads(led: Ledger, n: int) -> tuple[list[threading.Thread], dict[int, object]]:
+    out: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            out[i] = led.append("k", {"i": i})
+        except BaseException as e:  # the test inspects what each caller got
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    return threads, out
+
+
+def test_a_batch_of_waiters_is_woken_one_after_another(tmp_path: Path, signer: NoteSigner) -> None:
+    store = GatedStore(tmp_path / "ledger.db")
+    led = Ledger.from_store(store, signer=signer)
+    store.gate.clear()
+    first, _ = _append_in_threads(led, 1)
+    assert store.writing.wait(10)
+    # These queue up behind the first batch and commit together in the next one.
+    threads, got = _append_in_threads(led, 20)
+    _wait_for(lambda: len(led._queue) == 20)
+    store.gate.set()
+    for th in first + threads:
+        th.join(30)
+        assert not th.is_alive()
+    seqs = sorted(r.seq for r in got.values())  # type: ignore[attr-defined]
+    assert seqs == list(range(1, 21)) and led.stats.max_batch == 20
+    led.close()
+
+
+class _InterruptOnce:
+    """A lock whose first wait raises, as KeyboardInterrupt does in the main thread."""
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self.raised = False
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if blocking and self._lock.locked() and not self.raised:
+            self.raised = True
+            raise KeyboardInterrupt
+        return self._lock.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+def test_an_interrupted_waiter_does_not_strand_the_rest_of_its_batch(
+    tmp_path: Path, signer: NoteSigner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ledger.service as service
+
+    store = GatedStore(tmp_path / "ledger.db")
+    led = Ledger.from_store(store, signer=signer)
+    store.gate.clear()
+    first, _ = _append_in_threads(led, 1)
+    assert store.writing.wait(10)
+    flaky = _InterruptOnce()
+    made = iter([flaky])
+    monkeypatch.setattr(service, "_allocate_lock", lambda: next(made, None) or _thread.allocate_lock())
+    interrupted, got_i = _append_in_threads(led, 1)  # the head of the next batch: it holds the baton
+    _wait_for(lambda: len(led._queue) == 1)
+    monkeypatch.setattr(service, "_allocate_lock", _thread.allocate_lock)
+    threads, got = _append_in_threads(led, 10)
+    _wait_for(lambda: len(led._queue) == 11)
+    store.gate.set()
+    for th in first + interrupted + threads:
+        th.join(30)
+        assert not th.is_alive(), "a caller was never woken"
+    assert isinstance(got_i[0], KeyboardInterrupt)
+    assert sorted(r.seq for r in got.values()) == list(range(2, 12))  # type: ignore[attr-defined]
+    assert led.size() == 12  # the interrupted caller's entry was committed all the same
+    led.close()
