@@ -84,63 +84,105 @@ def _slow(raw: bytes, seq: int, prev: str | None, part: Part) -> None:
 
 
 def scan_lines(lines: Iterable[bytes], part: Part, prev: str | None, deep: bool) -> str | None:
-    """Check lines continuing part (seq part.first_seq + part.count, after the entry hashed prev).
+    """scan_buffer() over separate lines (without their LF)."""
+    buf = b"".join(line + b"\n" for line in lines)
+    return scan_buffer(buf, 0, len(buf), part, prev, deep)
 
+
+def scan_buffer(buf: bytes, pos: int, end: int, part: Part, prev: str | None, deep: bool) -> str | None:
+    """Check the entry lines in buf[pos:end] (each ending in LF) continuing part (seq
+    part.first_seq + part.count, after the entry hashed prev).
+
+    Works on offsets into the read buffer: no per-line copies, only the hashes are new objects.
     prev None means the previous entry is not held (a range's first line): the first entry's own
     prev is taken and recorded for stitching. Returns the last entry's hash; sets part.problem and
     stops at the first problem.
     """
     sha = hashlib.sha256
     zero = sha(b"\x00")
+    init = sha()
     time_end = _TIME_END.fullmatch
+    find = buf.find
+    startswith = buf.startswith
+    mv = memoryview(buf)
     seq = part.first_seq + part.count
     prev_b = prev.encode() if prev is not None else None
-    leaves = bytearray()
-    n = 0
+    leaves: list[bytes] = []
+    last_time = b"\xff"  # the last time field (with its closing '"}') seen valid; a batch shares one
+    head_n = len(_EMPTY_HEAD)
+    ndig = len(str(seq))  # digits of seq, kept up to date below
+    next_pow = 10**ndig
     try:
-        for line in lines:
-            pre = b"%d " % seq
-            if not line.startswith(pre):
-                sp = line.find(b" ", 0, 21)
-                got = line[:sp]
-                if sp <= 0 or not got.isdigit():
-                    part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
-                else:
-                    part.problem = (seq, "missing", f"entry {seq} is missing (the next stored entry is {int(got)})")
-                raise _Stop
-            k = len(pre)
-            stored = line[k : k + 64]
-            if line[k + 64 : k + 65] != b" ":
-                part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
-                raise _Stop
-            raw = line[k + 65 :]
-            digest = sha(raw).hexdigest()
-            digest_b = digest.encode()
-            if digest_b != stored:
-                part.problem = (seq, "modified", "stored hash does not match its bytes")
-                raise _Stop
-            # The canonical tail: ,"prev":"<64>","seq":<k-1 digits>,"time":"<27>"}
-            t0 = len(raw) - 29
-            p0 = t0 - k - 89
+        while pos < end:
+            nl = find(b"\n", pos, end)
+            if nl < 0:
+                nl = end
+            if seq >= next_pow:
+                ndig += 1
+                next_pow *= 10
+            hs = pos + ndig + 1
+            rs = hs + 65
+            raw = mv[rs:nl]
+            h = init.copy()
+            h.update(raw)
+            digest_b = h.hexdigest().encode()
+            # One test for the usual entry: "<seq> <its hash> " then the empty-blobs head, and the
+            # tail ,"prev":"<previous hash>","seq":<seq>,"time":"<a time already checked>"} at the
+            # line end; not a key rotation; head and tail apart. Anything else gets every check
+            # below, in order, so the verdict (first problem) is the same either way.
+            t0 = nl - 29
+            p0 = t0 - ndig - 90
             if (
                 deep
                 or prev_b is None
-                or not raw.startswith(_EMPTY_HEAD)
-                or raw[p0:t0] != b',"prev":"' + prev_b + b'","seq":' + pre[:-1] + b',"time":"'
-                or time_end(raw, t0) is None
-                or raw[p0 - 29 : p0] == _ROTATION_TAIL
+                or p0 - 29 < rs + head_n
+                or not startswith(b"%d %s %s" % (seq, digest_b, _EMPTY_HEAD), pos)
+                or not startswith(b',"prev":"%s","seq":%d,"time":"%s' % (prev_b, seq, last_time), p0)
+                or startswith(_ROTATION_TAIL, p0 - 29)
             ):
-                _slow(raw, seq, None if prev_b is None else prev_b.decode(), part)
+                pre = b"%d " % seq
+                if not startswith(pre, pos):
+                    sp = find(b" ", pos, min(pos + 21, nl))
+                    got = buf[pos:sp]
+                    if sp <= pos or not got.isdigit():
+                        part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
+                    else:
+                        part.problem = (
+                            seq,
+                            "missing",
+                            f"entry {seq} is missing (the next stored entry is {int(got)})",
+                        )
+                    raise _Stop
+                if rs > nl or buf[rs - 1] != 32:
+                    part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
+                    raise _Stop
+                if not startswith(digest_b, hs):
+                    part.problem = (seq, "modified", "stored hash does not match its bytes")
+                    raise _Stop
+                if (
+                    deep
+                    or prev_b is None
+                    or p0 - 29 < rs + head_n
+                    or not startswith(_EMPTY_HEAD, rs)
+                    or not startswith(b',"prev":"%s","seq":%d,"time":"' % (prev_b, seq), p0)
+                    or time_end(buf, t0, nl) is None
+                    or startswith(_ROTATION_TAIL, p0 - 29)
+                ):
+                    _slow(bytes(raw), seq, None if prev_b is None else prev_b.decode(), part)
+                else:
+                    last_time = buf[t0:nl]
             h = zero.copy()
             h.update(raw)
-            leaves += h.digest()
+            leaves.append(h.digest())
             prev_b = digest_b
             seq += 1
-            n += 1
+            pos = nl + 1
     except _Stop:
         pass
-    part.leaves += leaves
-    part.count += n
+    finally:
+        mv.release()
+    part.leaves += b"".join(leaves)
+    part.count += len(leaves)
     if prev_b is not None:
         part.last_hash = prev_b.decode()
     return part.last_hash or None
@@ -202,8 +244,9 @@ def _init(counter: Any) -> None:
     _counter = counter
 
 
-def iter_lines(f: Any, start: int, end: int, on_chunk: Callable[[int], None] | None = None) -> Iterable[list[bytes]]:
-    """Complete lines (without LF) of the byte range [start, end) of file f, in chunks."""
+def iter_buffers(f: Any, start: int, end: int) -> Iterable[tuple[bytes, int, int]]:
+    """The byte range [start, end) of file f as (buffer, a, b): buffer[a:b] holds whole lines, each
+    ending in LF (a last line without one gets it added). Large reads are not copied."""
     f.seek(start)
     left = end - start
     carry = b""
@@ -212,15 +255,22 @@ def iter_lines(f: Any, start: int, end: int, on_chunk: Callable[[int], None] | N
         if not chunk:
             break
         left -= len(chunk)
-        lines = chunk.split(b"\n")
+        a = 0
         if carry:
-            lines[0] = carry + lines[0]
-        carry = lines.pop()
-        if on_chunk is not None:
-            on_chunk(len(lines))
-        yield lines
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                carry += chunk
+                continue
+            joined = carry + chunk[: nl + 1]
+            carry = b""
+            yield joined, 0, len(joined)
+            a = nl + 1
+        cut = chunk.rfind(b"\n") + 1
+        if cut > a:
+            yield chunk, a, cut
+        carry = chunk[max(cut, a) :]
     if carry:
-        yield [carry]
+        yield carry + b"\n", 0, len(carry) + 1
 
 
 def scan_range(path: str, start: int, end: int, first_seq: int | None, prev: str | None, deep: bool) -> Part:
@@ -236,13 +286,12 @@ def scan_range(path: str, start: int, end: int, first_seq: int | None, prev: str
             part.problem = (0, "corrupt", "entry line does not start with a seq")
             return part
 
-        def tick(k: int) -> None:
+        for buf, a, b in iter_buffers(f, start, end):
+            done = part.count
+            prev = scan_buffer(buf, a, b, part, prev, deep)
             if _counter is not None:
                 with _counter.get_lock():
-                    _counter.value += k
-
-        for lines in iter_lines(f, start, end, tick):
-            prev = scan_lines(lines, part, prev, deep)
+                    _counter.value += part.count - done
             if part.problem is not None:
                 break
     if part.problem is None:

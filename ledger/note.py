@@ -17,6 +17,7 @@ from ledger.merkle import HASH_SIZE
 
 _SIG_PREFIX = "— "
 _SIZE = re.compile(r"0|[1-9][0-9]{0,19}")
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f]")  # any control character but LF
 MAX_SIGNATURES = 100
 
 
@@ -64,7 +65,7 @@ def open_note(note: str, verifier: NoteVerifier) -> str:
 
     Raises MalformedNote, UnknownKey (no signature from this key) or BadSignature.
     """
-    if any(ord(c) < 0x20 and c != "\n" for c in note):
+    if _CONTROL.search(note):
         raise MalformedNote("note contains control characters")
     if not note.endswith("\n"):
         raise MalformedNote("note does not end with a newline")

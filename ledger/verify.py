@@ -271,18 +271,13 @@ def _scan_bundle(
         parts = fastscan.scan_parallel(m.bundle_path, ranges, m.start, prev0, deep, progress, m.total)
     else:
         part = fastscan.Part(m.start)
-        done = [0]
-
-        def tick(k: int) -> None:
-            done[0] += k
-            if progress is not None:
-                progress(min(done[0], m.total), m.total)
-
         try:
             with open(m.bundle_path, "rb") as f:
                 prev = prev0
-                for lines in fastscan.iter_lines(f, a, b, tick):
-                    prev = fastscan.scan_lines(lines, part, prev, deep)
+                for buf, lo, hi in fastscan.iter_buffers(f, a, b):
+                    prev = fastscan.scan_buffer(buf, lo, hi, part, prev, deep)
+                    if progress is not None:
+                        progress(min(part.count, m.total), m.total)
                     if part.problem is not None:
                         break
         except OSError as e:
