@@ -25,6 +25,10 @@ needs contains w if {
 
 # Whether any subject can need a second person at all: a rule asking for one, or a notch (R3, H2).
 # Checked first, so the common request that needs nobody skips the per-subject work below.
+# `default ... := false`: rego-cpp caches a rule's value within a query only when the rule is defined, so a
+# false rule without a default is evaluated again at every reference.
+default second_person_possible := false
+
 second_person_possible if {
 	some f in findings
 	f.base > 0
@@ -33,6 +37,8 @@ second_person_possible if {
 second_person_possible if any_external_target
 
 second_person_possible if cross_project_batch
+
+default any_external_target := false
 
 any_external_target if {
 	some t in targets
@@ -49,7 +55,15 @@ required_approvals(f) := f.base if {
 	n := max([raised, confirmations_floor])
 } else := 0
 
-confirmations_floor := object.get(data.confirmations, object.get(input, "granularity", "job"), 1)
+confirmations_floor := object.get(data.confirmations, granularity, 1)
+
+approvals_given := a if {
+	a := input.approvals
+} else := []
+
+granularity := g if {
+	g := input.granularity
+} else := "job"
 
 external_notch(f) := data.external_rights_extra_approvals if {
 	external_target(f)
@@ -66,6 +80,8 @@ external_target(f) if {
 }
 
 # H2: a batch touching more than one project needs an extra approval.
+default cross_project_batch := false
+
 cross_project_batch if {
 	count(targets) > 1
 	count(target_projects) > 1
@@ -104,7 +120,7 @@ eligible_for(f) := f.eligible if {
 
 # Valid approvals: by someone other than the actor (M2), still fresh, and from an eligible person.
 approvers(f, eligible) := {a.by |
-	some a in object.get(input, "approvals", [])
+	some a in approvals_given
 	a.by != actor
 	fresh(a)
 	approval_matches(a, f, eligible)

@@ -14,6 +14,8 @@ breakglass_params := object.get(input, "params", {})
 
 breakglass_seconds := object.get(breakglass_params, "duration_seconds", 0)
 
+default breakglass_justified := false
+
 breakglass_justified if {
 	count(trim_space(object.get(input, "reason", ""))) > 0
 	count(trim_space(object.get(input, "ticket", ""))) > 0

@@ -12,6 +12,8 @@ extension_job_actions := {"job.confirm_stopped", "job.resume", "job.undelete"}
 # An emergency stop names every job in its scope; its own ceiling replaces the H2 batch limits.
 unbatched_actions := {"emergency.stop"}
 
+default extension_action := false
+
 extension_action if input.action in extension_actions
 
 ext_cap := {
@@ -39,7 +41,7 @@ emergency_approver_roles := emergency_roles - actor_emergency_roles if {
 	count(emergency_roles - actor_emergency_roles) > 0
 } else := emergency_roles
 
-emergency_granularity := object.get(input, "granularity", "job")
+emergency_granularity := granularity
 
 emergency_trigger := object.get(object.get(input, "params", {}), "trigger", "")
 

@@ -4,6 +4,10 @@ package jobgate.authz
 
 import rego.v1
 
+# `default ... := false`: rego-cpp caches a rule's value within a query only when the rule is defined, so a
+# false rule without a default is evaluated again at every reference.
+default mutating := false
+
 mutating if input.action != "job.view"
 
 # Each guard starts with its cheapest test, so the common single-job request leaves most of them
@@ -23,6 +27,8 @@ denials contains {
 	not service_attributed
 }
 
+default service_attributed := false
+
 service_attributed if {
 	is_string(input.actor.responsible)
 	input.actor.responsible != ""
@@ -35,6 +41,7 @@ denials contains {
 	"rule": "H2.jobs_per_batch",
 	"reason": sprintf("the request names %d jobs; at most %d per batch", [count(targets), data.limits.jobs_per_batch]),
 } if {
+	batch
 	count(targets) > data.limits.jobs_per_batch
 	mutating
 	not input.action in unbatched_actions
@@ -45,6 +52,7 @@ denials contains {
 	"reason": sprintf("the request spans %d projects; at most %d per batch", [count(target_projects), data.limits.projects_per_batch]),
 } if {
 	# A batch cannot span more projects than it has jobs.
+	batch
 	count(targets) > data.limits.projects_per_batch
 	count(target_projects) > data.limits.projects_per_batch
 	mutating
@@ -62,14 +70,21 @@ denials contains {
 
 target_projects := {t.project | some t in targets}
 
+# More than one job named: only then can the batch guards below apply.
+default batch := false
+
+batch if count(targets) > 1
+
 gpus_at_stake := object.get(targets[0], "gpus", 0) if {
 	count(targets) == 1
 } else := sum([object.get(t, "gpus", 0) | some t in targets])
 
 # R1: one job named twice is a malformed selection; refuse rather than guess.
-denials contains {"rule": "R1.duplicate_target", "reason": "the request names the same job more than once"} if {
-	count(targets) > 1
+# The denial is built in the body, after the test: rego-cpp builds a constant rule head before the body.
+denials contains d if {
+	batch
 	count({t.id | some t in targets}) != count(targets)
+	d := {"rule": "R1.duplicate_target", "reason": "the request names the same job more than once"}
 }
 
 # R3: stopping, pausing or deleting a job on external-rights data needs a written reason.
@@ -77,6 +92,8 @@ denials contains {
 	"rule": "R3.reason_required",
 	"reason": sprintf("job %s uses data of external rights holder %s: a written reason is required to %s it", [t.id, t.rights_holder, verb]),
 } if {
+	# Checked first: rego-cpp evaluates `not reason_given` before a `some` that does not feed it.
+	any_external_target
 	some t in targets
 	t.external_rights == true
 	input.action in reason_actions

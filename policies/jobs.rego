@@ -66,7 +66,7 @@ stop_finding(t) := grant(
 
 # Projects where the actor may stop others' jobs (for the cross-project branch above).
 stop_any_projects contains p if {
-	some p, cs in object.get(input, "granted", {})
+	some p, cs in granted
 	"job.stop.any" in cs
 }
 

@@ -159,21 +159,30 @@ def replay(
         else:
             chosen.append(r)
     report.replayed = len(chosen)
-    keys = [json.dumps(r.input, sort_keys=True, separators=(",", ":")) for r in chosen]
-    unique = list(dict.fromkeys(keys))
-    report.unique_inputs = len(unique)
     plain = [(b.principal, b.role, b.project) for b in bindings]
-    workers = workers or min(os.cpu_count() or 1, max(1, len(unique) // CHUNK))
-    chunks = [unique[i:i + CHUNK] for i in range(0, len(unique), CHUNK)]
+    workers = workers or min(os.cpu_count() or 1, max(1, len(chosen) // CHUNK))
     results: list[tuple[str, int, list[str], list[str]]] = []
-    if workers <= 1:
-        _init_worker(str(policy_dir), plain)
-        for chunk in chunks:
-            results.extend(_decide_chunk(chunk))
-    else:
-        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(str(policy_dir), plain)) as pool:
+    pool = (ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(str(policy_dir), plain))
+            if workers > 1 else None)
+    try:
+        # The key is the input's full JSON text, so only inputs identical in every field share a decision.
+        # Ledger inputs come back from canonical JSON with their keys in one order, so no sort is needed
+        # to find the duplicates (an input whose keys came in another order is merely replayed twice).
+        # Workers start compiling the candidate set while the keys are built.
+        keys = [json.dumps(r.input, separators=(",", ":")) for r in chosen]
+        unique = list(dict.fromkeys(keys))
+        report.unique_inputs = len(unique)
+        chunks = [unique[i:i + CHUNK] for i in range(0, len(unique), CHUNK)]
+        if pool is None:
+            _init_worker(str(policy_dir), plain)
+            for chunk in chunks:
+                results.extend(_decide_chunk(chunk))
+        else:
             for part in pool.map(_decide_chunk, chunks):
                 results.extend(part)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     decided = dict(zip(unique, results, strict=True))
     for r, key in zip(chosen, keys, strict=True):
         effect, n, rules, reasons = decided[key]
