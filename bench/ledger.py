@@ -7,7 +7,7 @@ Each figure sits beside a baseline measured in the same run, on the same machine
 2. Append latency, open loop: appends offered at 10,000/s on a schedule (latency counts from the
    scheduled instant, so queueing is included); p50/p99.
 3. Proof generation on a 1,000,000-leaf tree.
-4. Offline verification of an N-entry export bundle (1,000,000 unless --quick) vs hashlib SHA-256
+4. Offline verification of an N-entry export bundle (1,000,000 unless --quick; --verify-entries N) vs hashlib SHA-256
    over the same entry bytes in this process; and of a SQLite store.
 The machine's load average is printed too: other processes share these cores.
 """
@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ledger.bundle import FORMAT, open_bundle
-from ledger.entry import encode, encode_bytes, prepare
+from ledger.entry import encode, prepare, tail_bytes
 from ledger.fastscan import workers_for
 from ledger.keys import NoteSigner
 from ledger.merkle import MerkleTree, leaf_hash
@@ -41,6 +41,12 @@ from ledger.store import SqliteStore
 from ledger.verify import verify_material, verify_store
 
 ORIGIN = "bench.local/ledger"
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (the verifier's worker processes)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -72,16 +78,19 @@ def closed_loop(url: str, threads: int, per_thread: int) -> tuple[dict[str, Any]
     for th in ths:
         th.start()
     barrier.wait()
+    c0 = _cpu()
     t0 = time.perf_counter()
     for th in ths:
         th.join()
     elapsed = time.perf_counter() - t0
+    cpu = _cpu() - c0
     n = threads * per_thread
     s = led.stats
     return {
         "threads": threads,
         "entries": n,
         "entries_per_s": round(n / elapsed),
+        "cpu_us_per_entry": round(cpu / n * 1e6, 1),
         "latency_ms_p50": round(pct(lat, 50) * 1e3, 3),
         "latency_ms_p99": round(pct(lat, 99) * 1e3, 3),
         "batches": s.batches,
@@ -96,7 +105,8 @@ def bench_append_sqlite(tmp: Path, threads: int, per_thread: int) -> dict[str, A
     conn = sqlite3.connect(f"{tmp}/append.db")
     rows = conn.execute("SELECT seq, hash, data FROM ledger_entries ORDER BY seq").fetchall()
     conn.close()
-    base = sqlite3.connect(f"{tmp}/baseline.db", isolation_level=None)
+    # The same database file, engine settings and bytes; just no ledger around the inserts.
+    base = sqlite3.connect(f"{tmp}/append.db", isolation_level=None)
     base.execute("PRAGMA journal_mode=WAL")
     base.execute("PRAGMA synchronous=FULL")
     base.execute("CREATE TABLE t (seq INTEGER PRIMARY KEY, hash TEXT, data BLOB)")
@@ -208,8 +218,7 @@ def bench_proofs(n: int, samples: int) -> dict[str, Any]:
 def make_bundle(path: Path, n: int, signer: NoteSigner, batch: int = 256) -> None:
     """A full export bundle of n 1 KiB decision entries, one signed checkpoint per batch."""
     tree = MerkleTree()
-    prev = "0" * 64
-    sha = hashlib.sha256
+    prev = b"0" * 64
     t = b"2025-01-01T00:00:00.000000Z"
     cps: list[tuple[int, str]] = []
     with open(path, "wb") as f:
@@ -217,16 +226,18 @@ def make_bundle(path: Path, n: int, signer: NoteSigner, batch: int = 256) -> Non
                   "keys": [signer.vkey], "exported_at": ""}  # fmt: skip
         f.write(json.dumps(header).encode() + b"\n")
         start = f.tell()
-        out = []
-        for seq in range(n):
-            raw = encode_bytes(prepare("decision", body_1k(seq % 64, seq), None), seq, t, prev)
-            prev = sha(raw).hexdigest()
-            tree.append(sha(b"\x00" + raw).digest())
-            out.append(b"%d %s %s\n" % (seq, prev.encode(), raw))
-            if tree.size % batch == 0 or seq == n - 1:
-                cps.append((tree.size, sign_checkpoint(Checkpoint(signer.name, tree.size, tree.root()), signer)))
-                f.write(b"".join(out))
-                out = []
+        for lo in range(0, n, batch):
+            out, leaves = [], []
+            for seq in range(lo, min(n, lo + batch)):
+                prep = prepare("decision", body_1k(seq % 64, seq), None)
+                tail = tail_bytes(seq, t, prev)
+                digest, leaf = prep.hashes(tail)
+                prev = digest.encode()
+                leaves.append(leaf)
+                out.append(b"%d %s %s%s\n" % (seq, prev, prep.head, tail))
+            tree.extend(leaves)
+            cps.append((tree.size, sign_checkpoint(Checkpoint(signer.name, tree.size, tree.root()), signer)))
+            f.write(b"".join(out))
         end = f.tell()
         for size, note in cps:
             f.write(json.dumps({"checkpoint": size, "note": note, "consistency": None}).encode() + b"\n")
@@ -242,6 +253,7 @@ def bench_verify_bundle(tmp: Path, n: int) -> dict[str, Any]:
     make_bundle(path, n, signer)
     made = time.perf_counter() - t0
     verifier = signer.verifier()
+    c0 = _cpu()
     t0 = time.perf_counter()
     _, material, f = open_bundle(path)
     try:
@@ -249,6 +261,7 @@ def bench_verify_bundle(tmp: Path, n: int) -> dict[str, Any]:
     finally:
         f.close()
     elapsed = time.perf_counter() - t0
+    cpu = _cpu() - c0
     assert verdict.ok, verdict.message
     raws = []
     with open(path, "rb") as fh:
@@ -268,6 +281,7 @@ def bench_verify_bundle(tmp: Path, n: int) -> dict[str, Any]:
         "checkpoints": verdict.checkpoints,
         "workers": workers_for(n),
         "seconds": round(elapsed, 2),
+        "cpu_seconds": round(cpu, 2),
         "entries_per_s": round(n / elapsed),
         "baseline_sha256_entries_per_s": round(n / base),
         "ratio_to_baseline": round(base / elapsed, 3),
@@ -311,6 +325,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller run (seconds, not minutes)")
     ap.add_argument("--only", choices=["append", "latency", "pg", "proofs", "verify"], action="append")
+    ap.add_argument("--verify-entries", type=int, help="bundle size to verify (default 100,000 quick, else 1,000,000)")
     args = ap.parse_args()
     q = args.quick
     only = set(args.only or ["append", "latency", "pg", "proofs", "verify"])
@@ -327,7 +342,7 @@ def main() -> None:
         if "proofs" in only:
             out["proofs"] = bench_proofs(100_000 if q else 1_000_000, 500 if q else 5000)
         if "verify" in only:
-            out["verify_bundle"] = bench_verify_bundle(tmp, 100_000 if q else 1_000_000)
+            out["verify_bundle"] = bench_verify_bundle(tmp, args.verify_entries or (100_000 if q else 1_000_000))
             out["verify_sqlite_store"] = bench_verify_store(tmp, 20_000 if q else 200_000)
     out["loadavg_end"] = os.getloadavg()
     out["targets"] = {
