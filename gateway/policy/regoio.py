@@ -4,7 +4,10 @@ Why this exists (measured with bench/policy.py and perf, rego-cpp 1.5.2 through 
 - rego-cpp looks a key up in an object by walking its members in insertion order and serialising each
   key to compare it (`VirtualMachine::dot` calls `to_key`, about 1 µs each). So the order of the input's
   keys decides the cost of every `input.action` or `t.project`: the keys the rules read most go first.
-  Objects are unordered in Rego, so the order changes no decision — only how long a lookup takes.
+  Objects are unordered in Rego, so the order changes no lookup's answer. It shows only where a rule turns
+  an input object into an array by iterating it, an order Rego leaves to the engine (OPA sorts by key,
+  rego-cpp keeps insertion order); no rule in policies/ does that, and the regopy/OPA agreement tests
+  would flag one that did.
 - regopy's `Input(value)` walks the value through generic helpers (an isinstance chain and a fresh
   ctypes buffer per string); the same C calls made directly cost a fraction of it.
 - regopy's `Output` fetches the answer's JSON twice; here it is fetched and parsed once.
