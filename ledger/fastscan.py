@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -336,8 +337,11 @@ def scan_parallel(
     deep: bool,
     progress: Callable[[int, int], None] | None,
     total: int,
+    idle: Callable[[], bool] | None = None,
 ) -> list[Part]:
-    """scan_range over each range in its own process; parts in range order."""
+    """scan_range over each range in its own process; parts in range order.
+
+    idle, if given, is called while the workers run, until it returns False (work for the parent)."""
     ctx = multiprocessing.get_context("fork")
     counter = ctx.Value("q", 0)
     with ProcessPoolExecutor(len(ranges), mp_context=ctx, initializer=_init, initargs=(counter,)) as pool:
@@ -346,8 +350,14 @@ def scan_parallel(
             for i, (a, b) in enumerate(ranges)
         ]
         pending = set(futures)
+        busy = idle is not None
+        shown = 0.0
         while pending:
-            _, pending = wait(pending, timeout=0.2)
-            if progress is not None:
+            if busy:
+                assert idle is not None
+                busy = idle()
+            _, pending = wait(pending, timeout=0 if busy else 0.2)
+            if progress is not None and (not busy or time.monotonic() - shown >= 0.2):
+                shown = time.monotonic()
                 progress(min(int(counter.value), total), total)
         return [f.result() for f in futures]

@@ -174,13 +174,13 @@ def verify_material(
     state = _State(m.start)
     try:
         if m.bundle_path is not None:
-            leaves, rotations, blob_refs = _scan_bundle(m, state, progress, deep)
+            leaves, rotations, blob_refs = _scan_bundle(m, state, progress, deep, verifier)
         else:
             leaves, rotations, blob_refs = _scan_entries(m, state, progress, deep)
         _check_blobs(m, blob_refs)
         schedule = _schedule(m, verifier, leaves, rotations)
         roots = _Roots(m, leaves, state.end, state.tree)
-        n_cp = _check_checkpoints(m, schedule, roots)
+        n_cp = _check_checkpoints(m, schedule, roots, state)
         if trusted is not None:
             t_size = _check_trusted(trusted, schedule, roots, verifier)
             state.trusted_size = t_size
@@ -217,6 +217,55 @@ class _State:
         self.end = start
         self.trusted_size: int | None = None
         self.tree: MerkleTree | None = None  # prebuilt by parallel workers
+        # Checkpoints opened with the auditor's key while the workers scanned (note -> result).
+        self.opened: dict[str, Checkpoint | LedgerError] = {}
+        self.opened_by: NoteVerifier | None = None
+
+
+class _Prefetch:
+    """While worker processes scan the entries, the otherwise idle parent reads the sections after
+    them and checks checkpoint signatures under the auditor's key, a few per call. The results are
+    only consulted later, at the step that needs them, so the order of checks and the verdict do
+    not change: a read error is re-raised where the read used to happen, and a checkpoint whose
+    epoch has another key is opened then as before."""
+
+    def __init__(self, m: Material, state: _State, verifier: NoteVerifier) -> None:
+        self.m, self.state, self.verifier = m, state, verifier
+        self.read = False
+        self.error: BaseException | None = None
+        self.todo: list[str] = []
+
+    def __call__(self) -> bool:
+        """Do a slice of the work; False once there is none left."""
+        if not self.read:
+            self.read = True
+            if self.m.after_entries is not None:
+                try:
+                    self.m.after_entries()
+                except Exception as e:  # re-raised after the scan, where it used to surface
+                    self.error = e
+                    return False
+            self.todo = [c.note for c in self.m.checkpoints]
+            self.todo.reverse()
+            self.state.opened_by = self.verifier
+            return bool(self.todo)
+        opened = self.state.opened
+        for _ in range(min(32, len(self.todo))):
+            note = self.todo.pop()
+            try:
+                opened[note] = open_checkpoint(note, self.verifier)
+            except LedgerError as e:
+                opened[note] = e
+        return bool(self.todo)
+
+    def finish(self) -> None:
+        """The sections after the entries: read (or their read error raised) as after the scan."""
+        if not self.read:
+            self.read = True
+            if self.m.after_entries is not None:
+                self.m.after_entries()
+        elif self.error is not None:
+            raise self.error
 
 
 def _verdict_fail(state: _State, v: NoteVerifier, seq: int | None, problem: str, message: str) -> Verdict:
@@ -259,7 +308,7 @@ def _scan_entries(
 
 
 def _scan_bundle(
-    m: Material, state: _State, progress: Callable[[int, int], None] | None, deep: bool
+    m: Material, state: _State, progress: Callable[[int, int], None] | None, deep: bool, verifier: NoteVerifier
 ) -> tuple[bytearray, list[Rotation], list[tuple[int, str, str]]]:
     """The fast scan of a bundle's entry lines, split over worker processes for large bundles."""
     assert m.bundle_path is not None
@@ -267,8 +316,9 @@ def _scan_bundle(
     workers = m.workers if m.workers is not None else fastscan.workers_for(m.total)
     prev0 = ZERO_HASH if m.start == 0 else None
     ranges = fastscan.split_points(m.bundle_path, a, b, workers) if workers > 1 and b > a else [(a, b)]
+    prefetch = _Prefetch(m, state, verifier)
     if len(ranges) > 1:
-        parts = fastscan.scan_parallel(m.bundle_path, ranges, m.start, prev0, deep, progress, m.total)
+        parts = fastscan.scan_parallel(m.bundle_path, ranges, m.start, prev0, deep, progress, m.total, prefetch)
     else:
         part = fastscan.Part(m.start)
         try:
@@ -317,8 +367,7 @@ def _scan_bundle(
         state.tree = MerkleTree.from_parts(expect, [(p.leaves, p.levels) for p in parts])
     if expect - m.start != m.total:
         raise BundleError(f"bundle is corrupt: the trailer says {m.total} entries, the file holds {expect - m.start}")
-    if m.after_entries is not None:
-        m.after_entries()
+    prefetch.finish()
     return leaves, rotations, refs
 
 
@@ -410,8 +459,14 @@ def _schedule(m: Material, anchor_key: NoteVerifier, leaves: bytearray, held: li
     return schedule
 
 
-def _open(note: str, key: NoteVerifier, size: int) -> Checkpoint:
+def _open(note: str, key: NoteVerifier, size: int, state: _State | None = None) -> Checkpoint:
     try:
+        if state is not None and state.opened_by is not None and key.vkey == state.opened_by.vkey:
+            got = state.opened.get(note)
+            if isinstance(got, Checkpoint):
+                return got
+            if got is not None:
+                raise got
         return open_checkpoint(note, key)
     except BadSignature as e:
         raise _Fail(None, "bad_signature", f"checkpoint at size {size}: {e.diagnostics()}") from e
@@ -421,12 +476,12 @@ def _open(note: str, key: NoteVerifier, size: int) -> Checkpoint:
         raise _Fail(None, "malformed", f"checkpoint at size {size}: {e.diagnostics()}") from e
 
 
-def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots) -> int:
+def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots, state: _State | None = None) -> int:
     end, anchor = roots.end, roots.anchor
     # 1. Signatures, each under the key of its epoch.
     opened: list[tuple[int, Checkpoint, list[bytes] | None]] = []
     for rec in sorted(m.checkpoints, key=lambda c: c.size):
-        cp = _open(rec.note, schedule.key_for(rec.size), rec.size)
+        cp = _open(rec.note, schedule.key_for(rec.size), rec.size, state)
         if cp.size != rec.size:
             raise _Fail(None, "malformed", f"checkpoint stored under size {rec.size} is for size {cp.size}")
         opened.append((rec.size, cp, rec.consistency))

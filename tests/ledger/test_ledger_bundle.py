@@ -400,8 +400,30 @@ def _verdict(bundle: Path, key: Path, workers: int, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize(
     "edit",
-    [None, _modify_raw, _modify_and_rehash, _drop, _swap, _insert, _truncate_keep_checkpoints, _flip_signature],
-    ids=["intact", "modified", "rehashed", "missing", "reordered", "inserted", "truncated", "bad-signature"],
+    [
+        None,
+        _modify_raw,
+        _modify_and_rehash,
+        _drop,
+        _swap,
+        _insert,
+        _truncate_keep_checkpoints,
+        _flip_signature,
+        _change_blob,
+        _drop_blob,
+    ],
+    ids=[
+        "intact",
+        "modified",
+        "rehashed",
+        "missing",
+        "reordered",
+        "inserted",
+        "truncated",
+        "bad-signature",
+        "blob",
+        "no-blob",
+    ],
 )
 def test_parallel_workers_give_the_same_verdict(
     full: Path, key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: object
@@ -433,3 +455,24 @@ def test_parallel_workers_catch_a_break_exactly_at_a_range_boundary(
     bad = Bundle.read(full).edit(rehash, tmp_path / "edge.bundle")
     assert _verdict(bad, key, 1, monkeypatch) == (1, "modified", first_of_second)
     assert _verdict(bad, key, 2, monkeypatch) == (1, "modified", first_of_second)
+
+
+def test_parallel_scan_keeps_the_order_of_problems_after_the_entries(
+    full: Path, key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The parent reads the sections after the entries while workers scan; a bad entry must still be
+    # reported before a corrupt checkpoint line, and the corrupt line alone still as an error.
+    def corrupt_checkpoint_line(src: Path, dst: Path) -> Path:
+        lines = src.read_bytes().split(b"\n")
+        i = next(k for k, line in enumerate(lines) if line.startswith(b'{"checkpoint"'))
+        lines[i] = b"{not json"
+        dst.write_bytes(b"\n".join(lines))
+        return dst
+
+    corrupt = corrupt_checkpoint_line(full, tmp_path / "corrupt-cp.bundle")
+    for workers in (1, 2):
+        code, problem, _ = _verdict(corrupt, key, workers, monkeypatch)
+        assert (code, problem) == (2, "error")
+    modified = Bundle.read(full).edit(_modify_raw, tmp_path / "modified.bundle")
+    both = corrupt_checkpoint_line(modified, tmp_path / "both.bundle")
+    assert _verdict(both, key, 1, monkeypatch) == _verdict(both, key, 2, monkeypatch) == (1, "modified", 7)
