@@ -20,7 +20,7 @@ from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Forbidden, NotFound
 from gateway.models import Allocation, Job, Node, NodeCommand
-from gateway.pipeline import record_outcome
+from gateway.pipeline import ledger_batch, record, record_outcome
 from gateway.schemas import AgentReport, Heartbeat
 from gateway.stop_tables import CommandAck
 
@@ -103,7 +103,7 @@ class _Batch:
 
 def apply_reports(gw: Gateway, session: Session, node_id: str, reports: list[AgentReport]) -> None:
     """Fold a batch of reports in order, in the caller's transaction; ledger appends go out together."""
-    with session.no_autoflush, stops.ledger_batch(gw, session):
+    with session.no_autoflush, ledger_batch(gw, session):
         batch = _Batch(session, reports)
         for report in reports:
             apply_report(gw, session, node_id, report, batch)
@@ -281,7 +281,7 @@ def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: da
     stops.ledger_transition(gw, job, state, now, by=f"node:{node_id}",
                             reason=job.outcome or f"exit code {job.exit_code}", node=node_id)
     blob = rfc8785.dumps(job.evidence)
-    stops.record(gw, object_session(job), "outcome",
+    record(gw, object_session(job), "outcome",
                  {"action": action, "job_id": job.id, "result": state, "outcome": job.outcome,
                   "exit_code": job.exit_code, "stop_request": job.stop_request}, blobs={"evidence": blob})
     if state in ("stopped", "paused"):

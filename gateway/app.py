@@ -18,6 +18,8 @@ from gateway.policy_reload import PolicyReloader
 from gateway.scheduling import SchedulerLoop
 from gateway.settings import Settings
 
+LONG_POLL_THREADS = 500  # node agents waiting at once per gateway replica
+
 DESCRIPTION = """
 jobgate is the one door through which anyone changes a training job on the shared GPU pool.
 
@@ -34,8 +36,10 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Long polls from node agents each hold a worker thread; give them room beside API calls.
-        anyio.to_thread.current_default_thread_limiter().total_tokens = 200
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        # Long polls from node agents each hold a thread for up to a minute: their own pool, so they never
+        # take the API's threads (see gateway/api/agents.py).
+        app.state.long_poll_limiter = anyio.CapacityLimiter(LONG_POLL_THREADS)
         gw = open_gateway(settings)
         app.state.gateway = gw
         # Policy: ledger the start-up set, then watch the directory for reviewers' changes (issue 4).

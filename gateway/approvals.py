@@ -24,7 +24,7 @@ from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, NotFound, PolicyDenied
 from gateway.models import Base, Job, Principal
 from gateway.notifications import notify
-from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.pipeline import Recorded, decide, ledger_batch, record, record_outcome
 from gateway.states import ENDED_STATES
 
 ACTS_ON_ENDED_JOBS = frozenset({"job.delete"})
@@ -207,8 +207,8 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     ended = () if approval.action in ACTS_ON_ENDED_JOBS else ENDED_STATES
     live = [j for j in all_targets if j.state not in ended]
     skipped = [{"id": j.id, "state": j.state} for j in all_targets if j.state in ended]
-    record = {**approver_record(gw, caller, all_targets, now), "comment": comment}
-    approvals = [*approval.approvals, record]
+    mine = {**approver_record(gw, caller, all_targets, now), "comment": comment}
+    approvals = [*approval.approvals, mine]
     rec = decide(gw, session, _requester(session, approval), approval.action, targets=live, project=approval.project,
                  params=approval.params, reason=approval.reason, ticket=approval.ticket,
                  granularity=approval.granularity, approvals=approvals,
@@ -239,15 +239,17 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     # The executor carries out the final decision's obligations (e.g. notify the owner first).
     approval.resolution = {"obligations": [dict(o) for o in rec.decision.obligations]}
     runs = bool(live) or not approval.target_ids
-    result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if runs else {}
-    approval.state = "executed"
-    approval.resolved_at = now
-    approval.resolved_by = caller.real_identity
-    approval.resolution = {"result": result, "skipped": skipped, "decision_seq": rec.seq}
-    record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": approval.action,
-                                   "approval_id": approval.id, "result": "executed",
-                                   "executed_on": [j.id for j in live], "skipped": skipped,
-                                   "approvers": [a["by"] for a in approvals]})
+    # The executor's outcome entries and ours go to the ledger together: one wait, before the commit.
+    with ledger_batch(gw, session):
+        result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if runs else {}
+        approval.state = "executed"
+        approval.resolved_at = now
+        approval.resolved_by = caller.real_identity
+        approval.resolution = {"result": result, "skipped": skipped, "decision_seq": rec.seq}
+        record(gw, session, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
+                                        "action": approval.action, "approval_id": approval.id, "result": "executed",
+                                        "executed_on": [j.id for j in live], "skipped": skipped,
+                                        "approvers": [a["by"] for a in approvals]})
     notify(session, approval.requester, "approval_executed",
            {"approval_id": approval.id, "action": approval.action, "skipped": skipped}, now)
     return approval

@@ -6,14 +6,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from gateway.errors import Forbidden, Invalid, Unauthenticated
 from gateway.models import Principal, Token
+from gateway.token_cache import TokenCache, TokenFacts
 from gateway.tokens import TOKEN_PATTERN, hash_token
 
 TRIGGER_HEADER = "X-Jobgate-Trigger"
+
+# Built once: composing a SQLAlchemy statement costs more than running this one (every request pays it).
+_BY_HASH = (
+    select(Token, Principal)
+    .join(Principal, Principal.id == Token.principal_id)
+    .where(Token.token_hash == bindparam("token_hash"))
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,13 @@ class Caller:
 
 
 def authenticate(
-    session: Session, authorization: str | None, *, trigger: str | None, source: dict[str, Any], now: datetime
+    session: Session,
+    authorization: str | None,
+    *,
+    trigger: str | None,
+    source: dict[str, Any],
+    now: datetime,
+    cache: TokenCache | None = None,
 ) -> Caller:
     """Resolve an `Authorization: Bearer ...` header. Raises Unauthenticated or Invalid."""
     if not authorization:
@@ -72,33 +86,49 @@ def authenticate(
     secret = secret.strip()
     if scheme.lower() != "bearer" or not TOKEN_PATTERN.match(secret):
         raise Unauthenticated("malformed token; expected 'Authorization: Bearer jg_...'")
-    row = session.execute(
-        select(Token, Principal)
-        .join(Principal, Principal.id == Token.principal_id)
-        .where(Token.token_hash == hash_token(secret))
-    ).first()
-    if row is None:
-        raise Unauthenticated("unknown token")
-    token, principal = row
-    if token.revoked_at is not None:
-        raise Unauthenticated(f"token {token.id} was revoked at {token.revoked_at.isoformat()}")
-    if token.expires_at <= now.astimezone(UTC):
-        raise Unauthenticated(f"token {token.id} expired at {token.expires_at.isoformat()}")
-    if principal.disabled:
-        raise Unauthenticated(f"principal {principal.id} is disabled")
+    token_hash = hash_token(secret)
+    facts = cache.get(token_hash) if cache else None
+    if facts is None:
+        facts = _load(session, token_hash)
+        if cache:
+            cache.put(token_hash, facts)
+    if facts.revoked_at is not None:
+        raise Unauthenticated(f"token {facts.token_id} was revoked at {facts.revoked_at.isoformat()}")
+    if facts.expires_at <= now.astimezone(UTC):
+        raise Unauthenticated(f"token {facts.token_id} expired at {facts.expires_at.isoformat()}")
+    if facts.disabled:
+        raise Unauthenticated(f"principal {facts.principal_id} is disabled")
     # F1: an automation identity must say which pipeline run triggered it.
-    if principal.kind == "service" and not (trigger and trigger.strip()):
+    if facts.kind == "service" and not (trigger and trigger.strip()):
         raise Invalid(
-            f"service account {principal.id} must send the {TRIGGER_HEADER} header"
+            f"service account {facts.principal_id} must send the {TRIGGER_HEADER} header"
             " (pipeline and run id, e.g. 'ci/train-nightly#4182')"
         )
     return Caller(
-        id=principal.id,
-        kind=principal.kind,
-        token_id=token.id,
-        token_projects=tuple(token.projects),
-        token_actions=tuple(token.actions),
-        responsible=principal.responsible,
+        id=facts.principal_id,
+        kind=facts.kind,
+        token_id=facts.token_id,
+        token_projects=facts.projects,
+        token_actions=facts.actions,
+        responsible=facts.responsible,
         trigger=trigger.strip() if trigger else None,
         source=source,
+    )
+
+
+def _load(session: Session, token_hash: str) -> TokenFacts:
+    row = session.execute(_BY_HASH, {"token_hash": token_hash}).first()
+    if row is None:
+        raise Unauthenticated("unknown token")
+    token, principal = row
+    return TokenFacts(
+        token_id=token.id,
+        projects=tuple(token.projects),
+        actions=tuple(token.actions),
+        expires_at=token.expires_at,
+        revoked_at=token.revoked_at,
+        principal_id=principal.id,
+        kind=principal.kind,
+        responsible=principal.responsible,
+        disabled=principal.disabled,
     )

@@ -20,7 +20,7 @@ from gateway.context import Gateway
 from gateway.errors import Invalid
 from gateway.jobs import decision_out, execute_stop, refuse_unless_allowed, visible_projects
 from gateway.models import Job, Project
-from gateway.pipeline import Recorded, decide
+from gateway.pipeline import Recorded, decide, ledger_batch
 from gateway.priority import apply_priority
 from gateway.schemas import BatchPriorityRequest, BatchRequest, Selector
 from gateway.states import ACTIVE_STATES, PENDING_STATES
@@ -91,8 +91,9 @@ def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, 
                                 blast_radius=radius)
         out["approval_id"] = approval.id
         return out
-    for job in jobs:
-        apply(job, rec)
+    with ledger_batch(gw, session):  # every job's outcome entries in one group commit
+        for job in jobs:
+            apply(job, rec)
     out["states"] = {j.id: j.state for j in jobs}
     return out
 

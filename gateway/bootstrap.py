@@ -9,6 +9,7 @@ from gateway.policy.factory import make_engine
 from gateway.policy.loader import load_policy_set
 from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
+from gateway.token_cache import TokenCache
 from ledger.keys import load_or_create_signer
 from ledger.service import Ledger
 
@@ -33,4 +34,5 @@ def open_gateway(settings: Settings) -> Gateway:
         policy=engine,
         command_key=load_or_create_command_key(settings.keys_dir),
         limiter=RateLimiter(settings.rate_limit_storage, policy_set.data.get("limits", {})),
+        token_cache=TokenCache(settings.auth_cache_s),
     )

@@ -19,6 +19,7 @@ from gateway.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.policy.loader import PolicySet
 from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
+from gateway.token_cache import TokenCache
 from ledger.service import Ledger
 
 
@@ -40,6 +41,11 @@ class Gateway:
     # Held while the engine is swapped (policy reload) or its role bindings change with the DB.
     policy_lock: threading.RLock = field(default_factory=threading.RLock)
     limiter: RateLimiter | None = None
+    token_cache: TokenCache = field(default_factory=lambda: TokenCache(0))
+
+    def after_commit(self, session: Session, action: Callable[[], None]) -> None:
+        """Run `action` once `session`'s transaction has committed (never if it rolls back)."""
+        session.info["after_commit"].append(action)
 
     @contextmanager
     def transaction(self, *, immediate: bool = True) -> Iterator[Session]:
@@ -48,9 +54,13 @@ class Gateway:
         Immediate (the write lock up front on SQLite) unless the caller only reads."""
         with self.db.transaction(immediate=immediate) as session:
             session.info["notify_nodes"] = set()
+            session.info["after_commit"] = []
             yield session
             notify = session.info["notify_nodes"]
+            after = session.info["after_commit"]
         self.bus.notify(notify)
+        for action in after:
+            action()
 
     def close(self) -> None:
         self.ledger.close()

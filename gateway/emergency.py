@@ -22,7 +22,7 @@ from gateway.context import Gateway
 from gateway.errors import Forbidden, Invalid, NotFound
 from gateway.jobs import refuse_unless_allowed
 from gateway.models import Job, Node
-from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.pipeline import Recorded, decide, ledger_batch, record_outcome
 from gateway.stop_tables import EmergencyStop
 
 # Jobs an emergency stop takes: queued ones are cancelled so they cannot start after it.
@@ -120,7 +120,7 @@ def execute(gw: Gateway, session: Session, row: EmergencyStop, targets: list[Job
     row.state, row.approved_at, row.deciders = "executing", now, list(dict.fromkeys(deciders))
     reason = f"emergency stop {row.id} ({row.trigger}): {row.reason}"
     lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
-    with stops.ledger_batch(gw, session):
+    with ledger_batch(gw, session):
         for job in targets:
             if job.state not in STOPPABLE_STATES:
                 continue

@@ -113,6 +113,7 @@ def revoke_token(gw: Gateway, session: Session, caller: Caller, token_id: str, r
     if token.revoked_at is not None:
         raise Conflict(f"token {token_id} was already revoked at {token.revoked_at.isoformat()}")
     token.revoked_at = gw.clock()
+    gw.after_commit(session, lambda: gw.token_cache.forget(token.token_hash))
     _ledger(gw, caller, "token.revoke", token_id=token_id, principal=token.principal_id, reason=reason)
     return token
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gateway.approvals import Approval, executor, open_request
@@ -17,7 +17,7 @@ from gateway.context import Gateway
 from gateway.errors import Conflict, Invalid, NotFound, PolicyDenied
 from gateway.models import Job, Node, Principal, Project
 from gateway.obligations import notify_owners
-from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.pipeline import Recorded, decide, ledger_batch, record, record_outcome
 from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
 from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
@@ -101,9 +101,15 @@ def job_out(job: Job) -> JobOut:
     )
 
 
+_NODE = Node.__table__.c
+_SHAPE = select(_NODE.gpus, func.count()).where(_NODE.gpus > 0).group_by(_NODE.gpus)
+
+
 def cluster_shape(session: Session) -> list[int]:
-    """GPU counts of every registered node (lost ones too: they are expected back)."""
-    return [n for n in session.scalars(select(Node.gpus).where(Node.gpus > 0)).all()]
+    """GPU counts of every registered node (lost ones too: they are expected back).
+
+    Read grouped by size on every submission: a thousand nodes come back as a handful of rows."""
+    return [gpus for gpus, count in session.connection().execute(_SHAPE) for _ in range(count)]
 
 
 def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: JobSubmit) -> tuple[Job, Recorded]:
@@ -253,8 +259,9 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
         approval = open_request(gw, session, caller, rec, action="job.stop", target_ids=[job.id],
                                 project=job.project, reason=req.reason, ticket=req.ticket)
         return job, rec, approval
-    execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
-                 reason=req.reason, ticket=req.ticket, obligations=rec.decision.obligations)
+    with ledger_batch(gw, session):
+        execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
+                     reason=req.reason, ticket=req.ticket, obligations=rec.decision.obligations)
     return job, rec, None
 
 
@@ -297,6 +304,6 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
         for part in job.placement:
             enqueue(gw, session, part["node"], job.id, "stop",
                     {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
-    record_outcome(gw, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
-                                   "job_id": job.id, "result": job.state, "state_before": before,
-                                   "state_after": job.state, "owner_notified": notified})
+    record(gw, session, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
+                                    "job_id": job.id, "result": job.state, "state_before": before,
+                                    "state_after": job.state, "owner_notified": notified})

@@ -9,12 +9,13 @@ from __future__ import annotations
 import secrets
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-import rfc8785
+import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -25,6 +26,7 @@ from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Job
 from gateway.policy.engine import Decision
 from gateway.states import PENDING_STATES
+from ledger.entry import canonical
 from ledger.errors import LedgerError
 
 
@@ -53,20 +55,50 @@ def target_facts(job: Job, now: datetime) -> dict[str, Any]:
     }
 
 
+# Core columns, not ORM attributes: this reads every queued job, and the ORM's row loading would double it.
+_SAFE_INT = 2**53 - 1  # the I-JSON integer range; beyond it RFC 8785 prints a number like a float
+_JOB = Job.__table__.c
+_PENDING = (
+    select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.gpus_per_node, _JOB.nodes)
+    .where(_JOB.state.in_(PENDING_STATES))
+    .order_by(_JOB.queue, _JOB.base_priority.desc(), _JOB.submitted_at, _JOB.id)
+)
+
+
 def queue_snapshot(session: Session) -> dict[str, Any]:
     """Which jobs were queued at the moment of a decision and how their priorities were spread (H3)."""
-    rows = session.execute(
-        select(Job.id, Job.project, Job.queue, Job.base_priority, Job.gpus_per_node, Job.nodes)
-        .where(Job.state.in_(PENDING_STATES))
-        .order_by(Job.queue, Job.base_priority.desc(), Job.submitted_at, Job.id)
-    ).all()
+    rows = session.connection().execute(_PENDING).all()
+    # A whole-number priority is written as an int: RFC 8785 prints 3.0 as 3 anyway, so the bytes are the
+    # same, and a snapshot without floats can skip the general encoder (see snapshot_blob).
     jobs = [
-        {"id": r.id, "project": r.project, "queue": r.queue, "priority": r.base_priority,
-         "gpus": r.gpus_per_node * r.nodes}
-        for r in rows
+        {"id": i, "project": project, "queue": queue, "gpus": gpus * nodes,
+         "priority": int(priority) if priority.is_integer() and abs(priority) <= _SAFE_INT else priority}
+        for i, project, queue, priority, gpus, nodes in rows
     ]
-    by_queue = Counter(r.queue for r in rows)
+    by_queue = Counter(r[2] for r in rows)
     return {"pending": jobs, "pending_by_queue": dict(sorted(by_queue.items()))}
+
+
+def snapshot_blob(session: Session) -> bytes:
+    """The queue snapshot as the canonical (RFC 8785) JSON blob a ledger entry references (H3).
+
+    It grows with the queue and is taken for every decision on existing jobs. Made of ASCII keys, strings
+    and I-JSON-safe ints only, orjson's sorted output is already canonical (ledger/entry.py shows why and
+    tests/gateway/test_snapshot_blob.py checks it), so the per-value check of `canonical` is skipped; a
+    fractional priority, or a string orjson refuses, takes the general path."""
+    return snapshot_bytes(queue_snapshot(session))
+
+
+def snapshot_bytes(snapshot: dict[str, Any]) -> bytes:
+    """RFC 8785 bytes of a queue snapshot (see snapshot_blob)."""
+    # Queue names are keys too: past ASCII, RFC 8785's UTF-16 order and orjson's code-point order can differ.
+    if all(q.isascii() for q in snapshot["pending_by_queue"]) and all(
+            type(j["priority"]) is int for j in snapshot["pending"]):
+        try:
+            return orjson.dumps(snapshot, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            pass
+    return canonical(snapshot)
 
 
 def _refused(gw: Gateway, reason: str, rule: str) -> Decision:
@@ -160,7 +192,7 @@ def decide(
     }
     try:
         # H3: an action on existing jobs records the queue as it stood; a submission changes no one's job.
-        blobs = {"queue_snapshot": rfc8785.dumps(queue_snapshot(session))} if targets else {}
+        blobs = {"queue_snapshot": snapshot_blob(session)} if targets else {}
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
         LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
@@ -175,3 +207,42 @@ def record_outcome(gw: Gateway, kind: str, body: Mapping[str, Any], blobs: Mappi
         return gw.ledger.append(kind, dict(body), blobs=dict(blobs or {})).seq
     except LedgerError as e:
         raise LedgerUnavailable(f"could not record {kind} ({e})") from e
+
+
+_LEDGER_BATCH = "ledger_batch"
+Pending = tuple[str, Mapping[str, Any], Mapping[str, bytes] | None]
+
+
+@contextmanager
+def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
+    """Collect the entries `record` is given inside the block and append them, in order, with one wait at
+    its end: one group commit instead of one fsync each, still before the business transaction commits.
+
+    For the outcomes of an action already decided (its transitions, commands, results); the decision
+    itself is appended at once by `decide`. A block that raises appends nothing, so a rolled-back change
+    leaves no outcome claiming it happened. Raises LedgerUnavailable (the caller's transaction then
+    rolls back).
+    """
+    if _LEDGER_BATCH in session.info:  # nested: the outer block appends
+        yield
+        return
+    pending: list[Pending] = []
+    session.info[_LEDGER_BATCH] = pending
+    try:
+        yield
+    finally:
+        session.info.pop(_LEDGER_BATCH, None)
+    try:
+        gw.ledger.append_many(pending)
+    except LedgerError as e:
+        raise LedgerUnavailable(f"could not record {len(pending)} outcome entries ({e})") from e
+
+
+def record(gw: Gateway, session: Session | None, kind: str, body: Mapping[str, Any],
+           blobs: Mapping[str, bytes] | None = None) -> int:
+    """Append to the ledger now, or at the end of the enclosing `ledger_batch` (then returns -1)."""
+    batch = session.info.get(_LEDGER_BATCH) if session is not None else None
+    if batch is None:
+        return record_outcome(gw, kind, body, blobs)
+    batch.append((kind, dict(body), dict(blobs or {})))
+    return -1

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import rfc8785
 from sqlalchemy.orm import Session
 
 from gateway import priority_history
@@ -18,7 +17,7 @@ from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict
 from gateway.models import Job
-from gateway.pipeline import queue_snapshot, record_outcome
+from gateway.pipeline import record_outcome, snapshot_blob
 from gateway.states import ENDED_STATES
 
 
@@ -39,7 +38,7 @@ def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by:
     priority_history.record(session, job.id, now, "manual", before, parts,
                             note=f"set to {value:g} by {by}" + (f": {reason}" if reason else ""))
     session.flush()
-    snapshot = rfc8785.dumps(queue_snapshot(session))
+    snapshot = snapshot_blob(session)
     seq = record_outcome(gw, "outcome", {
         "request_id": request_id, "decision_seq": decision_seq, "action": "job.priority", "job_id": job.id,
         "result": "changed", "priority_before": before, "priority_after": value, "operator": by,

@@ -22,7 +22,7 @@ from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.models import Job
 from gateway.notifications import notify
-from gateway.pipeline import decide, record_outcome
+from gateway.pipeline import decide, record, record_outcome
 from gateway.stop_tables import CheckpointRetention
 
 IMPORTANT_RETENTION_DAYS = 14
@@ -69,8 +69,6 @@ def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
         session.add(row)
     else:
         row.tier, row.kept_since, row.keep_until, row.state = tier, now, until, "kept"
-    from gateway.stops import record  # late: stops imports this module's callers
-
     record(gw, session, "retention", {"job_id": job.id, "tier": tier, "kept_since": now.isoformat(),
                                       "keep_until": until.isoformat() if until else "until the next job on quota "
                                       + job.project + " starts"})

@@ -34,6 +34,18 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = Field(1.0, gt=0)
     max_long_poll_s: float = Field(30.0, gt=0)
     service_token_max_days: int = Field(90, gt=0)
+    api_threads: int = Field(
+        8,
+        ge=1,
+        description="Worker threads that run API calls. CPython runs one thread at a time, so a few threads"
+        " keep latency low under load where many would take turns; agents' long polls have their own pool.",
+    )
+    auth_cache_s: float = Field(
+        5.0,
+        ge=0,
+        description="How long a token's facts are reused without a DB read. A revocation through this gateway"
+        " applies at once; one through another replica within this time. 0 turns the cache off.",
+    )
     alert_webhook_url: str | None = Field(None, description="POSTed a JSON alert on every break-glass use (F3).")
     rate_limit_storage: str = Field(
         "memory://", description="`limits` storage URI; redis://host:6379 shares counts across replicas."

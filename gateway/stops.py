@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -30,7 +28,7 @@ from gateway.errors import Conflict
 from gateway.jobs import load_job, refuse_unless_allowed, transition
 from gateway.models import Allocation, Job, Node, RoleBinding
 from gateway.notifications import notify
-from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.pipeline import Recorded, decide, record, record_outcome
 from gateway.stop_tables import AgentSession
 
 log = logging.getLogger("jobgate.stops")
@@ -43,49 +41,6 @@ HOLDING_STATES = ("starting", "running", "lost", "stop_requested", "stopping", "
 # Allocation states the node itself confirmed as over; anything else may still have a process.
 PART_DONE = ("stopped", "exited", "failed")
 ONCALL_ROLE = "oncall"
-
-
-_LEDGER_BATCH = "ledger_batch"
-_APPENDERS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="ledger-batch")
-
-
-@contextmanager
-def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
-    """Collect the ledger appends `record` is asked for inside the block and make them durable at its end,
-    concurrently (the ledger group-commits them), still before the business transaction commits.
-
-    Entries about one job keep their order; different jobs' entries interleave. A block that raises
-    appends nothing. Raises LedgerUnavailable (the caller's transaction then rolls back).
-    """
-    if _LEDGER_BATCH in session.info:  # nested: the outer block flushes
-        yield
-        return
-    pending: list[tuple[str, dict[str, Any], dict[str, bytes] | None]] = []
-    session.info[_LEDGER_BATCH] = pending
-    try:
-        yield
-    finally:
-        session.info.pop(_LEDGER_BATCH, None)
-    by_job: dict[str, list[tuple[str, dict[str, Any], dict[str, bytes] | None]]] = {}
-    for item in pending:
-        by_job.setdefault(str(item[1].get("job_id") or ""), []).append(item)
-
-    def append_all(items: list[tuple[str, dict[str, Any], dict[str, bytes] | None]]) -> None:
-        for kind, body, blobs in items:
-            record_outcome(gw, kind, body, blobs)
-
-    for future in [_APPENDERS.submit(append_all, items) for items in by_job.values()]:
-        future.result()
-
-
-def record(gw: Gateway, session: Session | None, kind: str, body: dict[str, Any],
-           blobs: dict[str, bytes] | None = None) -> int:
-    """Append to the ledger now, or at the end of the enclosing `ledger_batch` (then returns -1)."""
-    batch = session.info.get(_LEDGER_BATCH) if session is not None else None
-    if batch is None:
-        return record_outcome(gw, kind, body, blobs)
-    batch.append((kind, body, blobs))
-    return -1
 
 
 def ledger_transition(gw: Gateway, job: Job, state: str, now: datetime, *, by: str, reason: str,

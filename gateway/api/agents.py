@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+import anyio.to_thread
+from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
 from gateway import agents
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, RequestContext
 from gateway.schemas import AgentReports, Heartbeat
 
 router = APIRouter(prefix="/v1/agents", tags=["node agents"])
@@ -32,9 +33,19 @@ def heartbeat(node_id: str, beat: AgentHeartbeat, ctx: Ctx) -> dict[str, bool]:
 
 
 @router.get("/{node_id}/commands", summary="Long-poll for signed commands")
-def commands(
-    node_id: str, ctx: Ctx, wait: Annotated[float, Query(ge=0, le=60, description="Seconds to wait")] = 20
+async def commands(
+    request: Request,
+    node_id: str,
+    ctx: Ctx,
+    wait: Annotated[float, Query(ge=0, le=60, description="Seconds to wait")] = 20,
 ) -> dict[str, list[dict[str, Any]]]:
+    # A long poll blocks its thread while it waits: it runs in the long-poll pool, not the API's.
+    found = await anyio.to_thread.run_sync(_long_poll, ctx, node_id, wait,
+                                           limiter=request.app.state.long_poll_limiter)
+    return {"commands": found}
+
+
+def _long_poll(ctx: RequestContext, node_id: str, wait: float) -> list[dict[str, Any]]:
     gw = ctx.gw
     with gw.transaction() as session:
         agents.require_node(ctx.caller(session), node_id)
@@ -47,7 +58,7 @@ def commands(
             unacked = not found and agents.has_unacked(gw, session, node_id)
         remaining = end - time.monotonic()
         if found or remaining <= 0 or gw.bus.closed:
-            return {"commands": found}
+            return found
         # Unacknowledged envelopes come due again; wake in time to hand them out.
         gw.bus.wait(node_id, seen, min(remaining, agents.RESEND_AFTER_S) if unacked else remaining)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import Depends, Header, Request
 from sqlalchemy.orm import Session
 
@@ -24,7 +25,8 @@ class RequestContext:
         secret = break_glass_secret(self.authorization)
         if secret:
             return breakglass.caller_for(self.gw, session, secret, source=dict(self.source))
-        return authenticate(session, self.authorization, trigger=self.trigger, source=self.source, now=self.gw.clock())
+        return authenticate(session, self.authorization, trigger=self.trigger, source=self.source, now=self.gw.clock(),
+                            cache=self.gw.token_cache)
 
 
 def break_glass_secret(authorization: str | None) -> str | None:
@@ -33,7 +35,7 @@ def break_glass_secret(authorization: str | None) -> str | None:
     return secret if scheme.lower() == "bearer" and secret.startswith(breakglass.PREFIX) else None
 
 
-def get_context(
+async def get_context(
     request: Request,
     authorization: Annotated[str | None, Header(description="Bearer token: `Bearer jg_...`")] = None,
     x_jobgate_trigger: Annotated[
@@ -52,7 +54,7 @@ def get_context(
     secret = break_glass_secret(authorization)
     if secret:
         # A spent grant is revoked (and ledgered) in its own transaction before the call is refused.
-        breakglass.settle_credential(gw, secret)
+        await anyio.to_thread.run_sync(breakglass.settle_credential, gw, secret)
     return RequestContext(gw, authorization, x_jobgate_trigger, source)
 
 

@@ -50,3 +50,14 @@ def ledger_entries(api: Api) -> list[dict[str, Any]]:
     r = api.get("/v1/ledger/entries", "audrey", params={"limit": 1000})
     assert r.status_code == 200, r.text
     return [e["entry"] for e in r.json()["entries"]]
+
+
+def assert_problem(r: httpx.Response, status: int, kind: str, contains: str = "") -> dict[str, Any]:
+    """The response is RFC 9457 problem+json of this status and type, its detail containing `contains`."""
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    body = r.json()
+    assert body["type"].endswith("/" + kind), body
+    assert body["status"] == status
+    assert contains in body["detail"], body["detail"]
+    return dict(body)

@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from gateway_testkit import Api, job_spec, ledger_entries
+from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import func, select
 
 from gateway.models import Job, Token
@@ -16,16 +16,6 @@ from gateway.tokens import hash_token
 def job_count(api: Api) -> int:
     with api.gateway.db.transaction() as s:
         return int(s.scalar(select(func.count()).select_from(Job)) or 0)
-
-
-def assert_problem(r, status: int, kind: str, contains: str = "") -> dict:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith("application/problem+json")
-    body = r.json()
-    assert body["type"].endswith("/" + kind), body
-    assert body["status"] == status
-    assert contains in body["detail"], body["detail"]
-    return body
 
 
 def test_submit_defaults_ownership_to_caller_and_ids_are_unique(api: Api) -> None:

@@ -1,0 +1,58 @@
+"""Outcome entries of one decided action reach the ledger together, in order, before the commit."""
+
+from __future__ import annotations
+
+import pytest
+from gateway_testkit import Api, ledger_entries
+from test_approvals_api import ask_stop, running_job
+
+from gateway.errors import LedgerUnavailable
+from gateway.pipeline import ledger_batch, record
+from ledger.errors import StoreError
+
+
+def test_entries_wait_for_the_end_of_the_block_and_go_in_one_group_commit(api: Api) -> None:
+    gw = api.gateway
+    size, batches = gw.ledger.size(), gw.ledger.stats.batches
+    with gw.transaction() as session, ledger_batch(gw, session):
+        assert record(gw, session, "outcome", {"step": 1}) == -1
+        assert record(gw, session, "outcome", {"step": 2}) == -1
+        assert gw.ledger.size() == size  # nothing yet
+    assert gw.ledger.size() == size + 2
+    assert gw.ledger.stats.batches == batches + 1
+    assert [gw.ledger.entry(size + i).value["body"]["step"] for i in (0, 1)] == [1, 2]
+
+
+def test_a_block_that_raises_appends_nothing(api: Api) -> None:
+    gw = api.gateway
+    size = gw.ledger.size()
+    with pytest.raises(RuntimeError), gw.transaction() as session, ledger_batch(gw, session):
+        record(gw, session, "outcome", {"result": "executed"})
+        raise RuntimeError("the change failed; its outcome must not claim otherwise")
+    assert gw.ledger.size() == size
+
+
+def test_a_ledger_that_cannot_write_refuses_the_block(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = api.gateway
+
+    def broken(entries: object) -> None:
+        raise StoreError("disk full")
+
+    monkeypatch.setattr(gw.ledger, "append_many", broken)
+    with pytest.raises(LedgerUnavailable, match="disk full"), gw.transaction() as session, \
+            ledger_batch(gw, session):
+        record(gw, session, "outcome", {"result": "executed"})
+
+
+def test_an_approved_stop_records_its_outcomes_after_the_decision_in_one_commit(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    gw = api.gateway
+    size, batches = gw.ledger.size(), gw.ledger.stats.batches
+    assert api.post(f"/v1/approvals/{approval_id}/approve", "alice").status_code == 200
+    new = ledger_entries(api)[size:]
+    kinds = [(e["kind"], e["body"].get("action") or e["body"].get("state_after")) for e in new]
+    assert kinds == [("decision", None), ("transition", "stop_requested"), ("outcome", "job.stop"),
+                     ("outcome", "job.stop")], kinds
+    assert new[-1]["body"]["result"] == "executed" and new[-1]["body"]["approval_id"] == approval_id
+    assert gw.ledger.stats.batches == batches + 2  # the re-decision, then its outcomes together

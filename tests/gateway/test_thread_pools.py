@@ -1,0 +1,66 @@
+"""Node agents' long polls wait in a pool of their own: they never take the threads API calls run on."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.db import Database
+from gateway.demo import DEMO_NODES, seed_demo
+from gateway.settings import Settings
+
+
+@pytest.fixture
+def one_thread_gateway(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
+    settings = Settings(data_dir=tmp_path, api_threads=1, policy_watch_interval_s=0)
+    db = Database(settings.resolved_database_url())
+    db.create_schema()
+    with db.transaction() as session:
+        seed_demo(session, tmp_path)
+    db.close()
+    with TestClient(create_app(settings, run_scheduler=False)) as client:
+        yield client, tmp_path
+
+
+def test_long_polls_do_not_starve_api_calls(one_thread_gateway: tuple[TestClient, Path]) -> None:
+    client, data_dir = one_thread_gateway
+    alice = json.loads((data_dir / "demo-tokens.json").read_text())["alice"]
+    node = DEMO_NODES[0]
+    node_token = (data_dir / "agents" / node / "token").read_text().strip()
+    finished: list[str] = []
+    bus = client.app.state.gateway.bus
+    waiting = threading.Semaphore(0)
+    real_wait = bus.wait
+
+    def counted_wait(*args: object) -> bool:
+        waiting.release()
+        return real_wait(*args)  # type: ignore[arg-type]
+
+    bus.wait = counted_wait
+
+    def long_poll() -> None:
+        r = client.get(f"/v1/agents/{node}/commands", params={"wait": 20},
+                       headers={"Authorization": f"Bearer {node_token}"})
+        assert r.status_code == 200, r.text
+        finished.append("poll")
+
+    polls = [threading.Thread(target=long_poll) for _ in range(3)]
+    for t in polls:
+        t.start()
+    for _ in polls:  # all three are inside their wait
+        assert waiting.acquire(timeout=10)
+    # With one API thread, a long poll holding it would make this call wait out the 20 s poll.
+    r = client.get("/v1/jobs", headers={"Authorization": f"Bearer {alice}"})
+    assert r.status_code == 200, r.text
+    finished.append("api")
+    assert finished == ["api"], finished  # answered while all three polls were still waiting
+    bus.close()  # release the polls
+    for t in polls:
+        t.join(timeout=30)
+    assert finished.count("poll") == 3
