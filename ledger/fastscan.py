@@ -193,6 +193,7 @@ def scan_rows(rows: Iterable[tuple[int, str, bytes]], part: Part, prev: str | No
     """scan_lines() over a store's (seq, hash, bytes) rows."""
     sha = hashlib.sha256
     zero = sha(b"\x00")
+    init = sha()
     time_end = _TIME_END.fullmatch
     seq = part.first_seq + part.count
     prev_b = prev.encode() if prev is not None else None
@@ -203,7 +204,9 @@ def scan_rows(rows: Iterable[tuple[int, str, bytes]], part: Part, prev: str | No
             if got != seq:
                 part.problem = (seq, "missing", f"entry {seq} is missing (the next stored entry is {got})")
                 raise _Stop
-            digest = sha(raw).hexdigest()
+            h = init.copy()
+            h.update(raw)
+            digest = h.hexdigest()
             if digest != stored:
                 part.problem = (seq, "modified", "stored hash does not match its bytes")
                 raise _Stop
@@ -215,7 +218,7 @@ def scan_rows(rows: Iterable[tuple[int, str, bytes]], part: Part, prev: str | No
                 deep
                 or prev_b is None
                 or not raw.startswith(_EMPTY_HEAD)
-                or raw[p0:t0] != b',"prev":"' + prev_b + b'","seq":' + digits + b',"time":"'
+                or raw[p0:t0] != b',"prev":"%s","seq":%s,"time":"' % (prev_b, digits)
                 or time_end(raw, t0) is None
                 or raw[p0 - 29 : p0] == _ROTATION_TAIL
             ):

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.entry import ZERO_HASH, encode, prepare
-from ledger.fastscan import Part, iter_buffers, scan_buffer
+from ledger.fastscan import Part, iter_buffers, scan_buffer, scan_rows
 from ledger.merkle import leaf_hash
 
 TIMES = ["2025-01-01T00:00:00.000001Z"] * 4 + ["2025-01-01T00:00:00.000002Z"] * 3 + ["2025-01-01T00:00:01.000000Z"]
@@ -101,3 +101,22 @@ def test_buffers_split_at_line_ends(tmp_path) -> None:  # type: ignore[no-untype
         fastscan._CHUNK = old
     assert b"".join(got) == b"".join(line + b"\n" for line in lines)
     assert all(g.endswith(b"\n") for g in got)
+
+
+@settings(max_examples=200, deadline=None)
+@given(line=st.integers(0, 19), where=st.floats(0, 1, exclude_max=True), byte=st.sampled_from(list(b'0"{,x\x00')))
+def test_store_rows_damage_gets_the_same_verdict_as_full_checks(line: int, where: float, byte: int) -> None:
+    rows = []
+    for text in entry_lines(20):
+        seq, h, raw = text.split(b" ", 2)
+        rows.append((int(seq), h.decode(), raw))
+    seq, h, raw = rows[line]
+    b = bytearray(raw)
+    b[int(where * len(b))] = byte
+    rows[line] = (seq, h, bytes(b))
+    got = []
+    for deep in (False, True):
+        part = Part(0)
+        scan_rows(rows, part, ZERO_HASH, deep)
+        got.append((part.problem, part.count, bytes(part.leaves), part.last_hash))
+    assert got[0] == got[1]
