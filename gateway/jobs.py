@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from gateway.approvals import Approval, executor, open_request
@@ -112,6 +112,22 @@ def cluster_shape(session: Session) -> list[int]:
     return [gpus for gpus, count in session.connection().execute(_SHAPE) for _ in range(count)]
 
 
+# Submissions are the hottest path: these reads go through Core, without the ORM's identity map and objects.
+_PROJECT = Project.__table__.c
+_PRINCIPAL = Principal.__table__.c
+_ORGANISATION = select(_PROJECT.organisation).where(_PROJECT.id == bindparam("id"))
+_KIND = select(_PRINCIPAL.kind).where(_PRINCIPAL.id == bindparam("id"))
+
+
+def _organisation(session: Session, project: str) -> str | None:
+    """The project's organisation; None when there is no such project."""
+    return session.connection().execute(_ORGANISATION, {"id": project}).scalar()
+
+
+def _principal_kind(session: Session, principal: str) -> str | None:
+    return session.connection().execute(_KIND, {"id": principal}).scalar()
+
+
 def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: JobSubmit) -> tuple[Job, Recorded]:
     """Admit a job into its queue. Raises Invalid, PolicyDenied, LedgerUnavailable.
 
@@ -138,19 +154,19 @@ def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: JobSubm
 
 def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tuple[Job, Recorded]:
     """Validate, decide, record and build the job row (not yet added)."""
-    project = session.get(Project, spec.project)
-    if project is None:
+    organisation = _organisation(session, spec.project)
+    if organisation is None:
         raise Invalid(f"unknown project {spec.project!r}")
     owner_id = spec.owner or caller.real_identity
-    owner = session.get(Principal, owner_id)
-    if owner is None or owner.kind != "person":
+    if _principal_kind(session, owner_id) != "person":
         raise Invalid(f"owner {owner_id!r} is not a known person")
-    if spec.beneficiary_project and session.get(Project, spec.beneficiary_project) is None:
+    if spec.beneficiary_project and _organisation(session, spec.beneficiary_project) is None:
         raise Invalid(f"unknown beneficiary project {spec.beneficiary_project!r}")
     # The rights holder is a tenant (project) whose people can consent for the data (A6); its
     # organisation differing from the job's makes the job external-rights (R3).
-    holder = session.get(Project, spec.rights_holder) if spec.rights_holder else project
-    if holder is None:
+    holder = spec.rights_holder or spec.project
+    holder_organisation = _organisation(session, holder) if spec.rights_holder else organisation
+    if holder_organisation is None:
         raise Invalid(f"unknown rights holder {spec.rights_holder!r}: name the project that holds the rights")
     now = gw.clock()
     job_id = new_job_id(now)
@@ -183,8 +199,8 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
         creator_kind=caller.kind,
         owner=owner_id,
         beneficiary_project=spec.beneficiary_project or spec.project,
-        rights_holder=holder.id,
-        external_rights=holder.organisation != project.organisation,
+        rights_holder=holder,
+        external_rights=holder_organisation != organisation,
         valid_until=spec.valid_until,
         auto_offline=spec.auto_offline,
         contact=spec.contact or owner_id,
