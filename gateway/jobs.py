@@ -221,11 +221,12 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
     return job, rec
 
 
+_JOB_BY_ID = select(Job).where(Job.id == bindparam("id"))  # built once: building costs more than running
+_JOB_BY_ID_FOR_UPDATE = _JOB_BY_ID.with_for_update()
+
+
 def load_job(session: Session, job_id: str, *, for_update: bool = False) -> Job:
-    stmt = select(Job).where(Job.id == job_id)
-    if for_update:
-        stmt = stmt.with_for_update()
-    job = session.scalars(stmt).first()
+    job = session.scalars(_JOB_BY_ID_FOR_UPDATE if for_update else _JOB_BY_ID, {"id": job_id}).first()
     if job is None:
         raise NotFound(f"no job with id {job_id!r}")
     return job

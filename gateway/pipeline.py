@@ -55,8 +55,8 @@ def target_facts(job: Job, now: datetime) -> dict[str, Any]:
     }
 
 
-# Core columns, not ORM attributes: this reads every queued job, and the ORM's row loading would double it.
 _SAFE_INT = 2**53 - 1  # the I-JSON integer range; beyond it RFC 8785 prints a number like a float
+# Core columns, not ORM attributes: this reads every queued job, and the ORM's row loading would double it.
 _JOB = Job.__table__.c
 _PENDING = (
     select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.gpus_per_node, _JOB.nodes)
