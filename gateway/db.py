@@ -11,10 +11,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+
+from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
 
 
 def make_engine(url: str, *, immediate: bool = False) -> Engine:
@@ -29,6 +32,7 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(AUTOCHECKPOINT_OFF)  # Database's WalCheckpointer does it, outside the requests' commits
             cur.close()
 
         @event.listens_for(engine, "begin")
@@ -60,6 +64,8 @@ class Database:
         self._immediate_engine = make_engine(url, immediate=True) if self.is_sqlite else self.engine
         self._immediate_sessions = sessionmaker(self._immediate_engine, expire_on_commit=False)
         self._write_lock = threading.Lock()
+        file = self.engine.url.database if self.is_sqlite else None
+        self._checkpointer = WalCheckpointer(Path(file)) if file and file != ":memory:" else None
 
     def create_schema(self) -> None:
         create_schema(self.engine)
@@ -77,5 +83,7 @@ class Database:
             yield session
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
         self.engine.dispose()
         self._immediate_engine.dispose()

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from ledger.errors import StoreError
+from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
 
 Row = tuple[int, str, bytes]
 
@@ -137,6 +138,7 @@ class SqliteStore:
             raise StoreError(f"cannot open ledger database {path}: {e}") from e
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
+        self._checkpointer: WalCheckpointer | None = None  # started by the first write (readers need none)
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
@@ -144,6 +146,7 @@ class SqliteStore:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=10000")
+        conn.execute(AUTOCHECKPOINT_OFF)  # the WalCheckpointer's thread does it, outside the writer's commits
         return conn
 
     def create_schema(self) -> None:
@@ -202,6 +205,8 @@ class SqliteStore:
         before_commit: Callable[[], None] | None = None,
     ) -> None:
         with self._wlock:
+            if self._checkpointer is None:
+                self._checkpointer = WalCheckpointer(self.path)
             c = self._w
             try:
                 c.execute("BEGIN IMMEDIATE")
@@ -226,6 +231,8 @@ class SqliteStore:
 
     def close(self) -> None:
         with self._wlock, self._rlock:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
             self._w.close()
             self._r.close()
 

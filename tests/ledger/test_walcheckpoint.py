@@ -1,0 +1,69 @@
+"""The WAL is checkpointed by a thread of its own, never inside a commit."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
+
+
+def _writer(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(AUTOCHECKPOINT_OFF)
+    conn.execute("CREATE TABLE IF NOT EXISTS t (x BLOB)")
+    return conn
+
+
+def _write_pages(conn: sqlite3.Connection, n: int) -> None:
+    for _ in range(n):  # one commit of about one page each: well past the automatic 1,000-page mark
+        conn.execute("INSERT INTO t VALUES (?)", (b"x" * 3000,))
+
+
+def test_commits_leave_the_wal_alone_and_the_thread_checkpoints_it(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    conn = _writer(path)
+    _write_pages(conn, 1500)
+    time.sleep(0.3)
+    assert path.stat().st_size < 100_000  # nothing checkpointed: the rows are only in the WAL
+    checkpointer = WalCheckpointer(path, interval_s=0.05)
+    try:
+        deadline = time.monotonic() + 60
+        while checkpointer.checkpoints < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert checkpointer.checkpoints >= 1
+        assert path.stat().st_size >= 1500 * 3000  # copied into the database file by the thread
+    finally:
+        checkpointer.close()
+        conn.close()
+
+
+def test_close_stops_the_thread(tmp_path: Path) -> None:
+    checkpointer = WalCheckpointer(tmp_path / "db.sqlite", interval_s=0.01)
+    checkpointer.close()
+    done = checkpointer.checkpoints
+    time.sleep(0.1)
+    assert checkpointer.checkpoints == done
+
+
+def test_the_ledger_store_and_the_business_db_write_without_automatic_checkpoints(tmp_path: Path) -> None:
+    from gateway.db import Database
+    from ledger.keys import NoteSigner
+    from ledger.service import Ledger
+
+    db = Database(f"sqlite:///{tmp_path / 'jobgate.db'}")
+    try:
+        with db.engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+    finally:
+        db.close()
+    led = Ledger.open(f"sqlite:///{tmp_path / 'ledger.db'}", signer=NoteSigner.generate("test.example/ledger"))
+    try:
+        led.append("k", {"i": 0})
+        with sqlite3.connect(tmp_path / "ledger.db") as probe:  # the setting is per connection: ask the store's
+            assert probe.execute("PRAGMA wal_autocheckpoint").fetchone() == (1000,)  # a fresh one has the default
+        assert led._store._w.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)  # type: ignore[attr-defined]
+    finally:
+        led.close()
