@@ -67,6 +67,7 @@ _PENDING = (
 
 def queue_snapshot(session: Session) -> dict[str, Any]:
     """Which jobs were queued at the moment of a decision and how their priorities were spread (H3)."""
+    session.flush()  # as an ORM query would: the snapshot sees this transaction's own changes
     rows = session.connection().execute(_PENDING).all()
     # A whole-number priority is written as an int: RFC 8785 prints 3.0 as 3 anyway, so the bytes are the
     # same, and a snapshot without floats can skip the general encoder (see snapshot_blob).
@@ -80,17 +81,15 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
 
 
 def snapshot_blob(session: Session) -> bytes:
-    """The queue snapshot as the canonical (RFC 8785) JSON blob a ledger entry references (H3).
-
-    It grows with the queue and is taken for every decision on existing jobs. Made of ASCII keys, strings
-    and I-JSON-safe ints only, orjson's sorted output is already canonical (ledger/entry.py shows why and
-    tests/gateway/test_snapshot_blob.py checks it), so the per-value check of `canonical` is skipped; a
-    fractional priority, or a string orjson refuses, takes the general path."""
+    """The queue snapshot as the canonical (RFC 8785) JSON blob a ledger entry references (H3)."""
     return snapshot_bytes(queue_snapshot(session))
 
 
 def snapshot_bytes(snapshot: dict[str, Any]) -> bytes:
-    """RFC 8785 bytes of a queue snapshot (see snapshot_blob)."""
+    """RFC 8785 bytes of a queue snapshot, which grows with the queue and is taken for every decision on
+    existing jobs. Made of ASCII keys, strings and I-JSON-safe ints only, orjson's sorted output is already
+    canonical (ledger/entry.py shows why; tests/gateway/test_snapshot_blob.py checks it), so the per-value
+    check of `canonical` is skipped; a fractional priority, or a string orjson refuses, takes that path."""
     # Queue names are keys too: past ASCII, RFC 8785's UTF-16 order and orjson's code-point order can differ.
     if all(q.isascii() for q in snapshot["pending_by_queue"]) and all(
             type(j["priority"]) is int for j in snapshot["pending"]):
