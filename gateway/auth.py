@@ -86,18 +86,7 @@ def authenticate(
     secret = secret.strip()
     if scheme.lower() != "bearer" or not TOKEN_PATTERN.match(secret):
         raise Unauthenticated("malformed token; expected 'Authorization: Bearer jg_...'")
-    token_hash = hash_token(secret)
-    facts = cache.get(token_hash) if cache else None
-    if facts is None:
-        facts = _load(session, token_hash)
-        if cache:
-            cache.put(token_hash, facts)
-    if facts.revoked_at is not None:
-        raise Unauthenticated(f"token {facts.token_id} was revoked at {facts.revoked_at.isoformat()}")
-    if facts.expires_at <= now.astimezone(UTC):
-        raise Unauthenticated(f"token {facts.token_id} expired at {facts.expires_at.isoformat()}")
-    if facts.disabled:
-        raise Unauthenticated(f"principal {facts.principal_id} is disabled")
+    facts = token_facts(session, hash_token(secret), now, cache=cache)
     # F1: an automation identity must say which pipeline run triggered it.
     if facts.kind == "service" and not (trigger and trigger.strip()):
         raise Invalid(
@@ -114,6 +103,24 @@ def authenticate(
         trigger=trigger.strip() if trigger else None,
         source=source,
     )
+
+
+def token_facts(session: Session, token_hash: str, now: datetime, *, cache: TokenCache | None = None) -> TokenFacts:
+    """The facts of a usable token: known, not revoked, not expired, its principal not disabled.
+
+    Shared by the API and the console. Raises Unauthenticated with the reason."""
+    facts = cache.get(token_hash) if cache else None
+    if facts is None:
+        facts = _load(session, token_hash)
+        if cache:
+            cache.put(token_hash, facts)
+    if facts.revoked_at is not None:
+        raise Unauthenticated(f"token {facts.token_id} was revoked at {facts.revoked_at.isoformat()}")
+    if facts.expires_at <= now.astimezone(UTC):
+        raise Unauthenticated(f"token {facts.token_id} expired at {facts.expires_at.isoformat()}")
+    if facts.disabled:
+        raise Unauthenticated(f"principal {facts.principal_id} is disabled")
+    return facts
 
 
 def _load(session: Session, token_hash: str) -> TokenFacts:

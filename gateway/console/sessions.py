@@ -12,15 +12,13 @@ import hmac
 import secrets
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.auth import Caller
+from gateway.auth import Caller, token_facts
 from gateway.errors import Unauthenticated
-from gateway.models import Principal, Token
 from gateway.tokens import TOKEN_PATTERN, hash_token
 
 COOKIE = "jg_session"
@@ -87,40 +85,15 @@ def check_token(session: Session, secret: str, now: datetime) -> tuple[str, str]
     if not TOKEN_PATTERN.match(secret):
         raise Unauthenticated("that is not a jobgate token (they start with 'jg_')")
     digest = hash_token(secret)
-    principal = _resolve(session, digest, now)
-    if principal.kind != "person":
-        raise Unauthenticated(f"{principal.id} is a {principal.kind} identity; only people sign in to the console")
-    return digest, principal.id
+    facts = token_facts(session, digest, now)
+    if facts.kind != "person":
+        raise Unauthenticated(f"{facts.principal_id} is a {facts.kind} identity; only people sign in to the console")
+    return digest, facts.principal_id
 
 
 def caller_for(session: Session, cs: ConsoleSession, now: datetime, source: dict[str, Any]) -> Caller:
     """The Caller behind a console session, re-checked on every request exactly as `auth.authenticate`
     checks a bearer token (revoked, expired, disabled). Raises Unauthenticated."""
-    token, principal = _row(session, cs.token_hash)
-    _check(token, principal, now)
-    return Caller(id=principal.id, kind=principal.kind, token_id=token.id, token_projects=tuple(token.projects),
-                  token_actions=tuple(token.actions), responsible=principal.responsible, trigger=None,
-                  source=source)
-
-
-def _row(session: Session, digest: str) -> tuple[Token, Principal]:
-    row = session.execute(select(Token, Principal).join(Principal, Principal.id == Token.principal_id)
-                          .where(Token.token_hash == digest)).first()
-    if row is None:
-        raise Unauthenticated("unknown token")
-    return row[0], row[1]
-
-
-def _check(token: Token, principal: Principal, now: datetime) -> None:
-    if token.revoked_at is not None:
-        raise Unauthenticated(f"token {token.id} was revoked at {token.revoked_at.isoformat()}")
-    if token.expires_at <= now.astimezone(UTC):
-        raise Unauthenticated(f"token {token.id} expired at {token.expires_at.isoformat()}")
-    if principal.disabled:
-        raise Unauthenticated(f"principal {principal.id} is disabled")
-
-
-def _resolve(session: Session, digest: str, now: datetime) -> Principal:
-    token, principal = _row(session, digest)
-    _check(token, principal, now)
-    return principal
+    facts = token_facts(session, cs.token_hash, now)
+    return Caller(id=facts.principal_id, kind=facts.kind, token_id=facts.token_id, token_projects=facts.projects,
+                  token_actions=facts.actions, responsible=facts.responsible, trigger=None, source=source)
