@@ -50,6 +50,11 @@ def create_schema(engine: Engine) -> None:
     from gateway.tables import Base
 
     Base.metadata.create_all(engine)
+    # create_all makes the indexes of new tables only: add those a newer version declares to older tables.
+    with engine.begin() as conn:
+        for table in Base.metadata.sorted_tables:
+            for index in table.indexes:
+                index.create(conn, checkfirst=True)
 
 
 class Database:

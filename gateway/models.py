@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -133,6 +133,12 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
     history: Mapped[list[Any]] = mapped_column(default=list)  # [{state, at, by}] every transition
+
+
+# Every decision on existing jobs records the queue (H3): this index holds the queue snapshot's columns in
+# its order, so reading a queue of thousands is one index scan, without a sort or a visit to each row.
+Index("ix_jobs_queue_snapshot", Job.state, Job.queue, Job.base_priority.desc(), Job.submitted_at, Job.id,
+      Job.project, Job.gpus_per_node, Job.nodes)
 
 
 class Allocation(Base):

@@ -1,0 +1,89 @@
+"""The queue snapshot every decision on existing jobs records (H3): content, order, and how it is read."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+from sqlalchemy import inspect, text
+
+from gateway.db import Database
+from gateway.demo import seed_demo
+from gateway.models import Job
+from gateway.pipeline import _PENDING_SQL, queue_snapshot, snapshot_blob
+from gateway.settings import Settings
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def job(job_id: str, *, queue: str = "default", priority: float = 0.0, state: str = "pending",
+        minutes: int = 0, gpus: int = 1, nodes: int = 1) -> Job:
+    return Job(id=job_id, name=job_id, project="vision", queue=queue, gpus_per_node=gpus, nodes=nodes,
+               command=["true"], grace_seconds=30.0, stop_signal="SIGTERM", creator="alice", creator_kind="person",
+               owner="alice", beneficiary_project="vision", rights_holder="vision", contact="alice",
+               environment="prod", base_priority=priority, state=state, submitted_at=T0 + timedelta(minutes=minutes))
+
+
+@pytest.fixture
+def db(settings: Settings) -> Iterator[Database]:
+    database = Database(settings.resolved_database_url())
+    database.create_schema()
+    with database.transaction() as session:
+        seed_demo(session, settings.data_dir)
+    yield database
+    database.close()
+
+
+def test_snapshot_lists_pending_jobs_by_queue_then_priority_then_age(db: Database) -> None:
+    with db.transaction() as session:
+        session.add_all([
+            job("j-b-low", queue="batch", priority=1, minutes=0),
+            job("j-d-old", priority=5, minutes=1),
+            job("j-d-new", priority=5, minutes=2),
+            job("j-d-top", priority=7.5, minutes=3, gpus=2, nodes=2),
+            job("j-d-run", priority=9, state="running"),
+            job("j-b-high", queue="batch", priority=3, minutes=4),
+        ])
+    with db.transaction(immediate=False) as session:
+        snapshot = queue_snapshot(session)
+    assert [j["id"] for j in snapshot["pending"]] == ["j-b-high", "j-b-low", "j-d-top", "j-d-old", "j-d-new"]
+    assert snapshot["pending_by_queue"] == {"batch": 2, "default": 3}
+    top = snapshot["pending"][2]
+    assert top == {"id": "j-d-top", "project": "vision", "queue": "default", "gpus": 4, "priority": 7.5}
+    assert type(snapshot["pending"][0]["priority"]) is int  # whole numbers as ints: the canonical bytes
+
+
+def test_snapshot_sees_the_transactions_own_unflushed_changes(db: Database) -> None:
+    with db.transaction() as session:
+        session.add(job("j-1"))
+    with db.transaction() as session:
+        session.add(job("j-2", minutes=1))
+        first = session.get(Job, "j-1")
+        assert first is not None
+        first.state = "stopped"
+        assert [j["id"] for j in orjson.loads(snapshot_blob(session))["pending"]] == ["j-2"]
+
+
+def test_sqlite_reads_the_snapshot_from_its_covering_index_without_sorting(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'b.db'}")
+    db.create_schema()
+    with db.transaction(immediate=False) as session:
+        queue_snapshot(session)  # compiles the statement for this dialect
+        plan = " | ".join(str(row[-1]) for row in session.connection().exec_driver_sql(
+            "EXPLAIN QUERY PLAN " + _PENDING_SQL["sqlite"]))
+    db.close()
+    assert "COVERING INDEX ix_jobs_queue_snapshot" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
+
+
+def test_create_schema_adds_indexes_a_newer_version_declares_to_an_existing_database(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'b.db'}")
+    db.create_schema()
+    with db.engine.begin() as conn:
+        conn.execute(text("DROP INDEX ix_jobs_queue_snapshot"))
+    db.create_schema()
+    assert "ix_jobs_queue_snapshot" in {i["name"] for i in inspect(db.engine).get_indexes("jobs")}
+    db.close()
