@@ -16,13 +16,17 @@ Two measures per endpoint:
   connection is included (no coordinated omission). A closed loop of 32 clients cannot show a p99 below
   32 / throughput, so the p99 targets are read at the target rate (submissions: also at half the measured
   capacity; approvals: at a person's pace, then as fast as 32 approvers can go).
-Prints one JSON object. Usage: python bench/gateway.py [--seconds 5] [--clients 32] [--rate 500]
+Capacity figures also give the server's CPU time per request, which bounds what one gateway process can
+serve on this machine. Approvals run on a second fresh gateway whose queue length is set (--queued):
+every decision on an existing job records the whole queue (H3), so its cost grows with the queue.
+Prints one JSON object. Usage: python bench/gateway.py [--seconds 5] [--clients 32] [--rate 500] [--queued 1000]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -31,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,9 +117,20 @@ def figures(latencies: list[float], errors: int, elapsed: float) -> dict[str, fl
             "p99_ms": round(percentile(latencies, 0.99) * 1000, 2)}
 
 
-async def closed_loop(port: int, token: str, clients: int, seconds: float, make: Make) -> dict[str, float]:
-    """Each connection sends its next request as soon as the previous one answered."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def closed_loop(port: int, token: str, clients: int, seconds: float, make: Make,
+                      server_pid: int | None = None) -> dict[str, float]:
+    """Each connection sends its next request as soon as the previous one answered.
+
+    With `server_pid`, also the server's CPU time per request: what bounds its capacity on this machine
+    (the gateway is one process; its Python runs one thread at a time)."""
     conns = [await Connection(port, token).open() for _ in range(clients)]
+    cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
@@ -137,7 +152,10 @@ async def closed_loop(port: int, token: str, clients: int, seconds: float, make:
     elapsed = time.perf_counter() - start
     for c in conns:
         c.close()
-    return figures(latencies, errors, elapsed)
+    result = figures(latencies, errors, elapsed)
+    if server_pid and latencies:
+        result["server_cpu_ms_per_request"] = round((cpu_seconds(server_pid) - cpu_before) * 1000 / len(latencies), 3)
+    return result
 
 
 async def open_loop(port: int, token: str, clients: int, seconds: float, rate: float, make: Make) -> dict[str, float]:
@@ -182,6 +200,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500.0, help="offered submissions/s for the latency figure")
     parser.add_argument("--approval-rate", type=float, default=10.0,
                         help="offered approvals/s (people approve one request at a time)")
+    parser.add_argument("--queued", type=int, default=1000,
+                        help="jobs that stay queued while approvals run (each decision records the queue)")
     parser.add_argument("--serve", nargs=3, metavar=("DATA_DIR", "POLICIES", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -194,6 +214,12 @@ def main() -> None:
     except ImportError:
         pass
 
+    asyncio.run(run(args))
+
+
+@contextlib.asynccontextmanager
+async def gateway_under_test() -> AsyncIterator[tuple[int, dict[str, str], int]]:
+    """A fresh gateway (its own data dir, the demo cast) in a subprocess: yields port, tokens and pid."""
     tmp = Path(tempfile.mkdtemp(prefix="jobgate-bench-"))
     policies = tmp / "policies"
     shutil.copytree(ROOT / "policies", policies)
@@ -208,8 +234,7 @@ def main() -> None:
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(tmp / "var"), str(policies), str(port)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        tokens = asyncio.run(wait_ready(server, port, tmp / "var" / "demo-tokens.json"))
-        print(json.dumps(asyncio.run(measure(port, tokens, args)), indent=2))
+        yield port, await wait_ready(server, port, tmp / "var" / "demo-tokens.json"), server.pid
     finally:
         server.terminate()
         server.wait(timeout=20)
@@ -232,54 +257,91 @@ async def wait_ready(server: subprocess.Popen[bytes], port: int, tokens_file: Pa
     raise SystemExit("the gateway under test did not start")
 
 
-async def measure(port: int, tokens: dict[str, str], args: argparse.Namespace) -> dict[str, object]:
-    spec = {"name": "bench", "project": "vision", "gpus_per_node": 1, "command": ["true"]}
+SPEC = {"name": "bench", "project": "vision", "gpus_per_node": 1, "command": ["true"]}
 
+
+async def submit(c: Connection, i: int) -> Response:
+    return await c.request("POST", "/v1/jobs", SPEC)
+
+
+async def run(args: argparse.Namespace) -> None:
+    async with gateway_under_test() as (port, tokens, pid):
+        submissions = await measure_submissions(port, tokens, args, pid)
+    async with gateway_under_test() as (port, tokens, pid):
+        approvals = await measure_approvals(port, tokens, args, pid)
+    print(json.dumps({
+        "bench": "gateway",
+        "clients": args.clients,
+        **submissions,
+        "approve": approvals,
+        "targets": {"submit_per_second": 500, "submit_p99_ms_at_500_per_second": 30, "approve_p99_ms": 15},
+    }, indent=2))
+
+
+async def measure_submissions(port: int, tokens: dict[str, str], args: argparse.Namespace,
+                              pid: int) -> dict[str, object]:
     async def noop(c: Connection, i: int) -> Response:
         return await c.request("GET", "/bench/noop")
 
-    async def submit(c: Connection, i: int) -> Response:
-        return await c.request("POST", "/v1/jobs", spec)
-
     alice = tokens["alice"]
     warm = await closed_loop(port, alice, args.clients, 1.0, submit)
-    noop_cap = await closed_loop(port, alice, args.clients, args.seconds, noop)
-    submit_cap = await closed_loop(port, alice, args.clients, args.seconds, submit)
+    noop_cap = await closed_loop(port, alice, args.clients, args.seconds, noop, pid)
+    submit_cap = await closed_loop(port, alice, args.clients, args.seconds, submit, pid)
     noop_lat = await open_loop(port, alice, args.clients, args.seconds, args.rate, noop)
     submit_lat = await open_loop(port, alice, args.clients, args.seconds, args.rate, submit)
     # Where the target rate is beyond capacity its latencies are mostly queueing; half the capacity shows
     # the latency of a gateway with room to spare.
     half = round(submit_cap["per_second"] / 2, 1)
     submit_half = await open_loop(port, alice, args.clients, args.seconds, half, submit)
+    return {
+        "warm_up_submit_per_second": warm["per_second"],
+        "noop": {"capacity": noop_cap, "at_rate": noop_lat},
+        "submit": {"capacity": submit_cap, "at_rate": submit_lat, "at_half_capacity": submit_half},
+        "submit_vs_noop_ratio": round(submit_cap["per_second"] / noop_cap["per_second"], 3),
+    }
 
-    # Approvals: carol asks to stop alice's queued jobs; dave approves them.
-    carol = await Connection(port, tokens["carol"]).open()
-    wanted = min(1000, int(args.seconds * (args.approval_rate + 150)) + 50)  # the list endpoint caps at 1000
-    _, body = await carol.request("GET", f"/v1/jobs?state=pending&limit={wanted}")
+
+async def measure_approvals(port: int, tokens: dict[str, str], args: argparse.Namespace,
+                            pid: int) -> dict[str, object]:
+    """Carol asks to stop alice's queued jobs; dave approves them. Every decision on an existing job records
+    the whole queue (H3), so the queue's length is set (--queued jobs stay queued throughout) and reported."""
+    wanted = int(args.seconds * (args.approval_rate + 100)) + 50
+    left = args.queued + wanted
+    ids: list[str] = []
+
+    async def fill(c: Connection, i: int) -> Response | None:
+        nonlocal left
+        if left <= 0:
+            return None
+        left -= 1
+        status, body = await submit(c, i)
+        if status == 201 and len(ids) < wanted:
+            ids.append(json.loads(body)["id"])
+        return status, body
+
+    await closed_loop(port, tokens["alice"], args.clients, 3600, fill)
     pending: list[str] = []
-    for job in json.loads(body)["jobs"][:wanted]:
-        _, answer = await carol.request("POST", f"/v1/jobs/{job['id']}/stop", {"reason": "bench stop"})
-        if approval_id := json.loads(answer).get("approval_id"):
+
+    async def ask(c: Connection, i: int) -> Response | None:
+        if not ids:
+            return None
+        status, body = await c.request("POST", f"/v1/jobs/{ids.pop()}/stop", {"reason": "bench stop"})
+        if approval_id := json.loads(body).get("approval_id"):
             pending.append(approval_id)
-    carol.close()
+        return status, body
+
+    await closed_loop(port, tokens["carol"], args.clients, 3600, ask)
 
     async def approve(c: Connection, i: int) -> Response | None:
         if not pending:
             return None
         return await c.request("POST", f"/v1/approvals/{pending.pop()}/approve")
 
+    at_start = args.queued + len(pending)
     approve_lat = await open_loop(port, tokens["dave"], args.clients, args.seconds, args.approval_rate, approve)
-    approve_cap = await closed_loop(port, tokens["dave"], args.clients, args.seconds, approve)
-    return {
-        "bench": "gateway",
-        "clients": args.clients,
-        "warm_up_submit_per_second": warm["per_second"],
-        "noop": {"capacity": noop_cap, "at_rate": noop_lat},
-        "submit": {"capacity": submit_cap, "at_rate": submit_lat, "at_half_capacity": submit_half},
-        "submit_vs_noop_ratio": round(submit_cap["per_second"] / noop_cap["per_second"], 3),
-        "approve": {"at_rate": approve_lat, "capacity": approve_cap, "approvals_prepared": wanted},
-        "targets": {"submit_per_second": 500, "submit_p99_ms_at_500_per_second": 30, "approve_p99_ms": 15},
-    }
+    approve_cap = await closed_loop(port, tokens["dave"], args.clients, args.seconds, approve, pid)
+    return {"at_rate": approve_lat, "capacity": approve_cap,
+            "queued_jobs": {"at_start": at_start, "at_end": args.queued + len(pending)}}
 
 
 if __name__ == "__main__":
