@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
+from itertools import groupby
 from typing import Any
 
 import orjson
@@ -59,23 +59,27 @@ _SAFE_INT = 2**53 - 1  # the I-JSON integer range; beyond it RFC 8785 prints a n
 _JOB = Job.__table__.c
 # Read in the order of the index ix_jobs_queue_snapshot, which covers it.
 _PENDING = (
-    select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.gpus_per_node, _JOB.nodes)
+    select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.gpus_per_node * _JOB.nodes)
     .where(_JOB.state.in_(PENDING_STATES))
     .order_by(_JOB.queue, _JOB.base_priority.desc(), _JOB.submitted_at, _JOB.id)
 )
 _PENDING_SQL: dict[str, str] = {}  # by dialect name: the statement has no parameters
+SNAPSHOT_COLUMNS = ("id", "project", "queue", "priority", "gpus")
 
 
 def queue_snapshot(session: Session) -> dict[str, Any]:
-    """Which jobs were queued at the moment of a decision and how their priorities were spread (H3)."""
+    """Which jobs were queued at the moment of a decision and how their priorities were spread (H3).
+
+    One row per queued job, in queue order (queue, then priority, then age), its fields named once in
+    `columns`: a queue of thousands is recorded for every decision on existing jobs, and rows of
+    objects would repeat every field name in every row of every snapshot."""
     session.flush()  # as an ORM query would: the snapshot sees this transaction's own changes
     connection = session.connection()
     dialect = connection.dialect
     if (sql := _PENDING_SQL.get(dialect.name)) is None:
         sql = _PENDING_SQL[dialect.name] = str(_PENDING.compile(dialect=dialect,
                                                                  compile_kwargs={"literal_binds": True}))
-    # This reads every queued job for every decision on existing jobs: a plain DB-API cursor on the
-    # transaction's connection, because SQLAlchemy's result rows would double the cost of thousands of rows.
+    # A plain DB-API cursor on the transaction's connection: SQLAlchemy's result rows would double the cost.
     cursor = connection.connection.cursor()
     try:
         cursor.execute(sql)
@@ -83,14 +87,11 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
     finally:
         cursor.close()
     # A whole-number priority is written as an int: RFC 8785 prints 3.0 as 3 anyway, so the bytes are the
-    # same, and a snapshot without floats can skip the general encoder (see snapshot_blob).
-    jobs = [
-        {"id": i, "project": project, "queue": queue, "gpus": gpus * nodes,
-         "priority": int(priority) if priority.is_integer() and abs(priority) <= _SAFE_INT else priority}
-        for i, project, queue, priority, gpus, nodes in rows
-    ]
-    by_queue = Counter(r[2] for r in rows)
-    return {"pending": jobs, "pending_by_queue": dict(sorted(by_queue.items()))}
+    # same, and a snapshot without floats can skip the general encoder (see snapshot_bytes).
+    pending = [[i, project, queue, int(p) if p.is_integer() and abs(p) <= _SAFE_INT else p, gpus]
+               for i, project, queue, p, gpus in rows]
+    by_queue = {queue: sum(1 for _ in group) for queue, group in groupby(row[2] for row in rows)}
+    return {"columns": list(SNAPSHOT_COLUMNS), "pending": pending, "pending_by_queue": dict(sorted(by_queue.items()))}
 
 
 def snapshot_blob(session: Session) -> bytes:
@@ -105,7 +106,7 @@ def snapshot_bytes(snapshot: dict[str, Any]) -> bytes:
     check of `canonical` is skipped; a fractional priority, or a string orjson refuses, takes that path."""
     # Queue names are keys too: past ASCII, RFC 8785's UTF-16 order and orjson's code-point order can differ.
     if all(q.isascii() for q in snapshot["pending_by_queue"]) and all(
-            type(j["priority"]) is int for j in snapshot["pending"]):
+            type(row[3]) is int for row in snapshot["pending"]):
         try:
             return orjson.dumps(snapshot, option=orjson.OPT_SORT_KEYS)
         except orjson.JSONEncodeError:

@@ -49,11 +49,11 @@ def test_snapshot_lists_pending_jobs_by_queue_then_priority_then_age(db: Databas
         ])
     with db.transaction(immediate=False) as session:
         snapshot = queue_snapshot(session)
-    assert [j["id"] for j in snapshot["pending"]] == ["j-b-high", "j-b-low", "j-d-top", "j-d-old", "j-d-new"]
+    assert snapshot["columns"] == ["id", "project", "queue", "priority", "gpus"]
+    assert [row[0] for row in snapshot["pending"]] == ["j-b-high", "j-b-low", "j-d-top", "j-d-old", "j-d-new"]
     assert snapshot["pending_by_queue"] == {"batch": 2, "default": 3}
-    top = snapshot["pending"][2]
-    assert top == {"id": "j-d-top", "project": "vision", "queue": "default", "gpus": 4, "priority": 7.5}
-    assert type(snapshot["pending"][0]["priority"]) is int  # whole numbers as ints: the canonical bytes
+    assert snapshot["pending"][2] == ["j-d-top", "vision", "default", 7.5, 4]
+    assert type(snapshot["pending"][0][3]) is int  # whole numbers as ints: the canonical bytes
 
 
 def test_snapshot_sees_the_transactions_own_unflushed_changes(db: Database) -> None:
@@ -64,7 +64,7 @@ def test_snapshot_sees_the_transactions_own_unflushed_changes(db: Database) -> N
         first = session.get(Job, "j-1")
         assert first is not None
         first.state = "stopped"
-        assert [j["id"] for j in orjson.loads(snapshot_blob(session))["pending"]] == ["j-2"]
+        assert [row[0] for row in orjson.loads(snapshot_blob(session))["pending"]] == ["j-2"]
 
 
 def test_sqlite_reads_the_snapshot_from_its_covering_index_without_sorting(tmp_path: Path) -> None:
