@@ -300,7 +300,11 @@ class Ledger:
 
     def _run_writer(self) -> None:
         queue = self._queue
+        store = self._store
         while True:
+            if store.maintenance_due():
+                self._wake()  # the last batch is durable: its callers need not wait for this too
+                store.maintain()
             with self._qlock:
                 if queue:
                     n = min(len(queue), MAX_BATCH)

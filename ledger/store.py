@@ -9,6 +9,7 @@ mapped to StoreError here, at the boundary.
 from __future__ import annotations
 
 import functools
+import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,6 +21,8 @@ from ledger.errors import StoreError
 from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
 
 Row = tuple[int, str, bytes]
+
+log = logging.getLogger("jobgate.sqlite")
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger_entries (seq INTEGER PRIMARY KEY, hash TEXT NOT NULL, data BLOB NOT NULL);
@@ -60,6 +63,9 @@ END $$;
 _FETCH = 2048
 # SQLite before 3.32 allows at most 999 bound parameters per statement.
 _ROWS_PER_INSERT = 333
+# Entry bytes committed between two WAL checkpoint rounds (see ledger/walcheckpoint.py): the WAL then
+# cycles through about twice this (pages are not full, a commit rewrites its last page) instead of growing.
+_CHECKPOINT_EVERY = 4 << 20
 
 
 @functools.lru_cache(maxsize=64)
@@ -98,6 +104,15 @@ class LedgerStore(Protocol):
         before_commit runs after the inserts, just before COMMIT (the group-commit writer wakes the
         previous batch's callers there).
         """
+        ...
+
+    def maintenance_due(self) -> bool:
+        """True when maintain() has work to do; cheap (the writer asks between every two batches)."""
+        ...
+
+    def maintain(self) -> None:
+        """Housekeeping the writer runs between two batches, in its own thread (SQLite: finish a WAL
+        checkpoint round so that the WAL restarts). Never raises: a failure is logged and retried."""
         ...
 
     def close(self) -> None: ...
@@ -139,6 +154,7 @@ class SqliteStore:
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
         self._checkpointer: WalCheckpointer | None = None  # started by the first write (readers need none)
+        self._unchecked = 0  # entry bytes committed since the checkpointer was last kicked
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
@@ -205,8 +221,9 @@ class SqliteStore:
         before_commit: Callable[[], None] | None = None,
     ) -> None:
         with self._wlock:
-            if self._checkpointer is None:
-                self._checkpointer = WalCheckpointer(self.path)
+            cp = self._checkpointer
+            if cp is None:
+                cp = self._checkpointer = WalCheckpointer(self.path, finishing=True)
             c = self._w
             try:
                 c.execute("BEGIN IMMEDIATE")
@@ -228,6 +245,24 @@ class SqliteStore:
                     raise
             except sqlite3.Error as e:
                 raise StoreError(f"ledger write failed: {e}") from e
+            self._unchecked += sum(len(r[2]) for r in rows)
+            if self._unchecked >= _CHECKPOINT_EVERY:
+                self._unchecked = 0
+                cp.kick()
+
+    def maintenance_due(self) -> bool:
+        cp = self._checkpointer
+        return cp is not None and cp.finish_due
+
+    def maintain(self) -> None:
+        cp = self._checkpointer
+        if cp is None:
+            return
+        with self._wlock:
+            try:
+                cp.finish(self._w)
+            except sqlite3.Error as e:  # the WAL only grows until a later round; appends go on
+                log.warning("finishing a WAL checkpoint of %s failed: %s", self.path, e)
 
     def close(self) -> None:
         with self._wlock, self._rlock:
@@ -332,6 +367,12 @@ class PostgresStore:
                         before_commit()
             except self._psycopg.Error as e:
                 raise StoreError(f"ledger write failed: {e}") from e
+
+    def maintenance_due(self) -> bool:
+        return False
+
+    def maintain(self) -> None:
+        pass
 
     def close(self) -> None:
         with self._wlock, self._rlock:

@@ -7,6 +7,16 @@ write turn the automatic checkpoint off (`AUTOCHECKPOINT_OFF`), and one of these
 checkpoints every `interval_s` in PASSIVE mode, which never blocks a reader or a writer. A WAL that
 readers keep from restarting and that grows past `RESTART_FRAMES` gets a RESTART checkpoint, which waits
 for them (writers wait too, briefly), so that it cannot grow without bound.
+
+Under a steady stream of commits, though, a PASSIVE pass never reaches the end of the WAL (frames come in
+while it copies), and SQLite restarts a WAL only once it has all been copied. So the WAL grew to
+`RESTART_FRAMES`, whose RESTART then stalled the ledger's writer for 150 ms, and until then every commit
+grew the file: an fsync that grows a file also commits the file system's journal (0.35 ms instead of
+0.2 ms on a quiet disk, several ms when other I/O is queued on that journal). A database with one busy
+writer (the ledger) therefore takes `finishing=True`: it asks for rounds by volume (`kick`), a round makes
+passes until one has little left behind, and the writer finishes the round itself between two of its
+transactions (`finish_due`, `finish`), copying those few frames; its next transaction then restarts the
+WAL from the start, and later commits overwrite blocks the file already has.
 """
 
 from __future__ import annotations
@@ -18,37 +28,76 @@ from pathlib import Path
 
 AUTOCHECKPOINT_OFF = "PRAGMA wal_autocheckpoint=0"
 RESTART_FRAMES = 16_384  # 64 MiB of 4 KiB pages
+_MAX_PASSES = 4  # per round, when finishing
+_FINISH_FRAMES = 128  # a pass that found no more than these new frames leaves little for finish()
 
 log = logging.getLogger("jobgate.sqlite")
 
 
 class WalCheckpointer:
-    """Runs `PRAGMA wal_checkpoint(PASSIVE)` on its own connection every `interval_s` until closed."""
+    """Runs `PRAGMA wal_checkpoint(PASSIVE)` on its own connection every `interval_s` (or at once when
+    kicked) until closed."""
 
-    def __init__(self, path: Path, interval_s: float = 1.0) -> None:
+    def __init__(self, path: Path, interval_s: float = 1.0, *, finishing: bool = False) -> None:
         self.path = path
         self.interval_s = interval_s
+        self.finishing = finishing
         self.checkpoints = 0  # completed rounds (read them, do not write)
-        self._stop = threading.Event()
+        # finishing only: True after a round, until the writer calls finish() (read it, do not write).
+        self.finish_due = False
+        self._stop = False
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"wal-checkpoint {path.name}", daemon=True)
         self._thread.start()
+
+    def kick(self) -> None:
+        """Start a round now (the writer has committed enough since the last one)."""
+        self._wake.set()
+
+    def finish(self, conn: sqlite3.Connection) -> None:
+        """Copy what the last round left behind, on the writer's connection, outside a transaction.
+
+        PASSIVE too, so it never waits (while a round runs it does nothing). With no other writer it
+        reaches the end of the WAL, so the writer's next transaction restarts the WAL unless a reader
+        is still using it. Raises sqlite3.Error.
+        """
+        self.finish_due = False
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def _run(self) -> None:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
             conn.execute("PRAGMA synchronous=FULL")  # the checkpoint fsyncs the database file
             conn.execute("PRAGMA busy_timeout=5000")  # for RESTART only; PASSIVE never waits
-            while not self._stop.wait(self.interval_s):
+            while True:
+                self._wake.wait(self.interval_s)
+                self._wake.clear()
+                if self._stop:
+                    break
                 try:
-                    _busy, frames, _done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-                    if frames > RESTART_FRAMES:
-                        conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                    self._round(conn)
                     self.checkpoints += 1
                 except sqlite3.Error as e:  # e.g. the file went away; the next round tries again
                     log.warning("WAL checkpoint of %s failed: %s", self.path, e)
         finally:
             conn.close()
 
+    def _round(self, conn: sqlite3.Connection) -> None:
+        before = -1
+        for _ in range(_MAX_PASSES if self.finishing else 1):
+            # frames: the WAL's frames when the pass began; done: how many of them are now copied.
+            busy, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if frames > RESTART_FRAMES:
+                conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+                return
+            if busy or done <= 0:
+                return
+            if before >= 0 and frames - before <= _FINISH_FRAMES:
+                break  # little came in during the last pass
+            before = frames
+        self.finish_due = self.finishing
+
     def close(self) -> None:
-        self._stop.set()
+        self._stop = True
+        self._wake.set()
         self._thread.join(timeout=10)

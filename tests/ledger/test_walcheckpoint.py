@@ -6,6 +6,8 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
+
 from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
 
 
@@ -67,3 +69,61 @@ def test_the_ledger_store_and_the_business_db_write_without_automatic_checkpoint
         assert led._store._w.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)  # type: ignore[attr-defined]
     finally:
         led.close()
+
+
+def _frames(conn: sqlite3.Connection) -> tuple[int, int]:
+    """(frames in the WAL, frames copied) without copying any: a PASSIVE pass that a held lock stops."""
+    _busy, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return frames, done
+
+
+def test_finish_lets_a_wal_that_kept_growing_during_the_rounds_restart(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite"
+    wal = tmp_path / "db.sqlite-wal"
+    writer = _writer(path)
+    _write_pages(writer, 300)
+    reader, other = sqlite3.connect(path, isolation_level=None), sqlite3.connect(path, isolation_level=None)
+    try:
+        # The state a round leaves under steady commits: frames it could not copy (here held back by a
+        # reader's snapshot instead, so that the test does not depend on timing).
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM t").fetchone()
+        _write_pages(writer, 20)
+        frames, done = _frames(other)
+        assert 0 < done < frames
+        reader.execute("COMMIT")
+        size = wal.stat().st_size
+        _write_pages(writer, 50)
+        assert wal.stat().st_size > size  # the WAL cannot restart: it grows
+        checkpointer = WalCheckpointer(path, interval_s=3600, finishing=True)
+        try:
+            checkpointer.finish(writer)  # between two of the writer's transactions
+            size = wal.stat().st_size
+            _write_pages(writer, 100)
+            assert wal.stat().st_size == size  # these overwrote the start of the WAL
+            assert _frames(other)[0] < frames
+        finally:
+            checkpointer.close()
+    finally:
+        reader.close()
+        other.close()
+        writer.close()
+
+
+@pytest.mark.parametrize("finishing", [True, False], ids=["ledger", "business-db"])
+def test_a_round_that_copied_frames_asks_the_writer_to_finish_it(tmp_path: Path, finishing: bool) -> None:
+    path = tmp_path / "db.sqlite"
+    writer = _writer(path)
+    _write_pages(writer, 50)
+    checkpointer = WalCheckpointer(path, interval_s=3600, finishing=finishing)
+    try:
+        checkpointer.kick()
+        deadline = time.monotonic() + 30
+        while checkpointer.checkpoints < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        frames, done = _frames(writer)
+        assert checkpointer.checkpoints == 1 and frames == done > 0
+        assert checkpointer.finish_due is finishing
+    finally:
+        checkpointer.close()
+        writer.close()
