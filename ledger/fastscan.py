@@ -32,9 +32,13 @@ from ledger.rotation import ROTATION_KIND
 
 _EMPTY_HEAD = b'{"blobs":{},"body":{'
 _ROTATION_TAIL = b',"kind":"' + ROTATION_KIND.encode() + b'"'
+_HEAD_FMT = b"%d %s " + _EMPTY_HEAD
+_TAIL_FMT = b',"prev":"%s","seq":%d,"time":"%s'
 _TIME_END = re.compile(rb'[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z"\}')
 _CHUNK = 8 << 20
 PARALLEL_MIN_ENTRIES = 20_000
+TASKS_PER_WORKER = 16
+TASK_MIN_BYTES = 4 << 20
 
 
 @dataclass
@@ -90,7 +94,7 @@ def scan_lines(lines: Iterable[bytes], part: Part, prev: str | None, deep: bool)
     return scan_buffer(buf, 0, len(buf), part, prev, deep)
 
 
-def scan_buffer(buf: bytes, pos: int, end: int, part: Part, prev: str | None, deep: bool) -> str | None:
+def scan_buffer(buf: bytes | bytearray, pos: int, end: int, part: Part, prev: str | None, deep: bool) -> str | None:
     """Check the entry lines in buf[pos:end] (each ending in LF) continuing part (seq
     part.first_seq + part.count, after the entry hashed prev).
 
@@ -100,19 +104,23 @@ def scan_buffer(buf: bytes, pos: int, end: int, part: Part, prev: str | None, de
     stops at the first problem.
     """
     sha = hashlib.sha256
-    zero = sha(b"\x00")
-    init = sha()
-    time_end = _TIME_END.fullmatch
+    new_entry = sha().copy
+    new_leaf = sha(b"\x00").copy
     find = buf.find
     startswith = buf.startswith
     mv = memoryview(buf)
     seq = part.first_seq + part.count
     prev_b = prev.encode() if prev is not None else None
     leaves: list[bytes] = []
-    last_time = b"\xff"  # the last time field (with its closing '"}') seen valid; a batch shares one
+    append = leaves.append
+    # The last time field (with its closing '"}') seen valid; a batch shares one. At first none: an
+    # LF, which no line holds, so the first line's time is checked in full.
+    last_time = b"\n"
     head_n = len(_EMPTY_HEAD)
     ndig = len(str(seq))  # digits of seq, kept up to date below
     next_pow = 10**ndig
+    # A line this long has room for head, rotation tail and tail apart: 2 * ndig + 234 bytes.
+    fast_len = 2 * ndig + 214 + head_n
     try:
         while pos < end:
             nl = find(b"\n", pos, end)
@@ -121,60 +129,28 @@ def scan_buffer(buf: bytes, pos: int, end: int, part: Part, prev: str | None, de
             if seq >= next_pow:
                 ndig += 1
                 next_pow *= 10
-            hs = pos + ndig + 1
-            rs = hs + 65
+                fast_len += 2
+            rs = pos + ndig + 66
             raw = mv[rs:nl]
-            h = init.copy()
+            h = new_entry()
             h.update(raw)
             digest_b = h.hexdigest().encode()
             # One test for the usual entry: "<seq> <its hash> " then the empty-blobs head, and the
             # tail ,"prev":"<previous hash>","seq":<seq>,"time":"<a time already checked>"} at the
             # line end; not a key rotation; head and tail apart. Anything else gets every check
             # below, in order, so the verdict (first problem) is the same either way.
-            t0 = nl - 29
-            p0 = t0 - ndig - 90
             if (
                 deep
+                or nl - pos < fast_len
                 or prev_b is None
-                or p0 - 29 < rs + head_n
-                or not startswith(b"%d %s %s" % (seq, digest_b, _EMPTY_HEAD), pos)
-                or not startswith(b',"prev":"%s","seq":%d,"time":"%s' % (prev_b, seq, last_time), p0)
-                or startswith(_ROTATION_TAIL, p0 - 29)
+                or not startswith(_HEAD_FMT % (seq, digest_b), pos)
+                or not startswith(_TAIL_FMT % (prev_b, seq, last_time), nl - ndig - 119)
+                or startswith(_ROTATION_TAIL, nl - ndig - 148)
             ):
-                pre = b"%d " % seq
-                if not startswith(pre, pos):
-                    sp = find(b" ", pos, min(pos + 21, nl))
-                    got = buf[pos:sp]
-                    if sp <= pos or not got.isdigit():
-                        part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
-                    else:
-                        part.problem = (
-                            seq,
-                            "missing",
-                            f"entry {seq} is missing (the next stored entry is {int(got)})",
-                        )
-                    raise _Stop
-                if rs > nl or buf[rs - 1] != 32:
-                    part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
-                    raise _Stop
-                if not startswith(digest_b, hs):
-                    part.problem = (seq, "modified", "stored hash does not match its bytes")
-                    raise _Stop
-                if (
-                    deep
-                    or prev_b is None
-                    or p0 - 29 < rs + head_n
-                    or not startswith(_EMPTY_HEAD, rs)
-                    or not startswith(b',"prev":"%s","seq":%d,"time":"' % (prev_b, seq), p0)
-                    or time_end(buf, t0, nl) is None
-                    or startswith(_ROTATION_TAIL, p0 - 29)
-                ):
-                    _slow(bytes(raw), seq, None if prev_b is None else prev_b.decode(), part)
-                else:
-                    last_time = buf[t0:nl]
-            h = zero.copy()
+                last_time = _check_line(buf, pos, nl, seq, ndig, digest_b, prev_b, last_time, deep, part)
+            h = new_leaf()
             h.update(raw)
-            leaves.append(h.digest())
+            append(h.digest())
             prev_b = digest_b
             seq += 1
             pos = nl + 1
@@ -187,6 +163,53 @@ def scan_buffer(buf: bytes, pos: int, end: int, part: Part, prev: str | None, de
     if prev_b is not None:
         part.last_hash = prev_b.decode()
     return part.last_hash or None
+
+
+def _check_line(
+    buf: bytes | bytearray,
+    pos: int,
+    nl: int,
+    seq: int,
+    ndig: int,
+    digest_b: bytes,
+    prev_b: bytes | None,
+    last_time: bytes,
+    deep: bool,
+    part: Part,
+) -> bytes:
+    """Every check of one entry line, in order (the line digest_b hashes its entry bytes to);
+    returns the time field to reuse, or sets part.problem and raises _Stop."""
+    startswith = buf.startswith
+    hs = pos + ndig + 1
+    rs = hs + 65
+    if not startswith(b"%d " % seq, pos):
+        sp = buf.find(b" ", pos, min(pos + 21, nl))
+        got = bytes(buf[pos:sp])
+        if sp <= pos or not got.isdigit():
+            part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
+        else:
+            part.problem = (seq, "missing", f"entry {seq} is missing (the next stored entry is {int(got)})")
+        raise _Stop
+    if rs > nl or buf[rs - 1] != 32:
+        part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
+        raise _Stop
+    if not startswith(digest_b, hs):
+        part.problem = (seq, "modified", "stored hash does not match its bytes")
+        raise _Stop
+    t0 = nl - 29
+    p0 = t0 - ndig - 90
+    if (
+        deep
+        or prev_b is None
+        or p0 - 29 < rs + len(_EMPTY_HEAD)
+        or not startswith(_EMPTY_HEAD, rs)
+        or not startswith(b',"prev":"%s","seq":%d,"time":"' % (prev_b, seq), p0)
+        or _TIME_END.fullmatch(buf, t0, nl) is None
+        or startswith(_ROTATION_TAIL, p0 - 29)
+    ):
+        _slow(bytes(buf[rs:nl]), seq, None if prev_b is None else prev_b.decode(), part)
+        return last_time
+    return bytes(buf[t0:nl])
 
 
 def scan_rows(rows: Iterable[tuple[int, str, bytes]], part: Part, prev: str | None, deep: bool) -> str | None:
@@ -248,33 +271,34 @@ def _init(counter: Any) -> None:
     _counter = counter
 
 
-def iter_buffers(f: Any, start: int, end: int) -> Iterable[tuple[bytes, int, int]]:
+def iter_buffers(f: Any, start: int, end: int) -> Iterable[tuple[bytearray, int, int]]:
     """The byte range [start, end) of file f as (buffer, a, b): buffer[a:b] holds whole lines, each
-    ending in LF (a last line without one gets it added). Large reads are not copied."""
+    ending in LF (a last line without one gets it added).
+
+    One buffer is read into again and again (fresh memory for every chunk costs page faults), so
+    it is only valid until the next step: the caller keeps copies, never views."""
     f.seek(start)
     left = end - start
-    carry = b""
+    buf = bytearray(max(1, min(_CHUNK, left)))
+    have = 0  # the start of a line carried over from the last read, at buf[:have]
     while left > 0:
-        chunk = f.read(min(_CHUNK, left))
-        if not chunk:
+        if have == len(buf):
+            buf.extend(bytes(len(buf)))  # a line longer than the buffer
+        with memoryview(buf) as mv:
+            n = f.readinto(mv[have : have + min(len(buf) - have, left)])
+        if not n:
             break
-        left -= len(chunk)
-        a = 0
-        if carry:
-            nl = chunk.find(b"\n")
-            if nl < 0:
-                carry += chunk
-                continue
-            joined = carry + chunk[: nl + 1]
-            carry = b""
-            yield joined, 0, len(joined)
-            a = nl + 1
-        cut = chunk.rfind(b"\n") + 1
-        if cut > a:
-            yield chunk, a, cut
-        carry = chunk[max(cut, a) :]
-    if carry:
-        yield carry + b"\n", 0, len(carry) + 1
+        left -= n
+        stop = have + n
+        cut = buf.rfind(b"\n", have, stop) + 1
+        if cut:
+            yield buf, 0, cut
+            buf[: stop - cut] = buf[cut:stop]
+            have = stop - cut
+        else:
+            have = stop
+    if have:
+        yield buf[:have] + b"\n", 0, have + 1
 
 
 def scan_range(path: str, start: int, end: int, first_seq: int | None, prev: str | None, deep: bool) -> Part:
@@ -332,26 +356,38 @@ def workers_for(total: int) -> int:
     return min(os.cpu_count() or 1, 8)
 
 
+def tasks_for(workers: int, nbytes: int) -> int:
+    """How many byte ranges to cut nbytes of entry lines into for workers processes: many more than
+    workers for a large bundle, so a worker slowed by other load does not hold up the end (each
+    takes the next range when it is free); one each for a small one."""
+    return max(workers, min(workers * TASKS_PER_WORKER, nbytes // TASK_MIN_BYTES))
+
+
 def scan_parallel(
     path: str,
     ranges: list[tuple[int, int]],
+    workers: int,
     start_seq: int,
     prev: str | None,
     deep: bool,
     progress: Callable[[int, int], None] | None,
     total: int,
     idle: Callable[[], bool] | None = None,
-) -> list[Part]:
-    """scan_range over each range in its own process; parts in range order.
+) -> list[Part | None]:
+    """scan_range over each range in a pool of worker processes; parts in range order.
 
-    idle, if given, is called while the workers run, until it returns False (work for the parent)."""
+    The first range is scanned from start_seq after prev; each later one from its own first line
+    (the caller stitches). Once a range reports a problem, ranges after it that have not started
+    are not scanned: None in their place. idle, if given, is called while the workers run, until it
+    returns False (work for the parent)."""
     ctx = multiprocessing.get_context("fork")
     counter = ctx.Value("q", 0)
-    with ProcessPoolExecutor(len(ranges), mp_context=ctx, initializer=_init, initargs=(counter,)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init, initargs=(counter,)) as pool:
         futures = [
             pool.submit(scan_range, path, a, b, start_seq if i == 0 else None, prev if i == 0 else None, deep)
             for i, (a, b) in enumerate(ranges)
         ]
+        index = {f: i for i, f in enumerate(futures)}
         pending = set(futures)
         busy = idle is not None
         shown = 0.0
@@ -359,8 +395,13 @@ def scan_parallel(
             if busy:
                 assert idle is not None
                 busy = idle()
-            _, pending = wait(pending, timeout=0 if busy else 0.2)
+            done, pending = wait(pending, timeout=0 if busy else 0.2)
+            for f in done:
+                if not f.cancelled() and f.exception() is None and f.result().problem is not None:
+                    for later in futures[index[f] + 1 :]:
+                        if later.cancel():
+                            pending.discard(later)
             if progress is not None and (not busy or time.monotonic() - shown >= 0.2):
                 shown = time.monotonic()
                 progress(min(int(counter.value), total), total)
-        return [f.result() for f in futures]
+        return [None if f.cancelled() else f.result() for f in futures]

@@ -310,41 +310,35 @@ def _scan_entries(
 def _scan_bundle(
     m: Material, state: _State, progress: Callable[[int, int], None] | None, deep: bool, verifier: NoteVerifier
 ) -> tuple[bytearray, list[Rotation], list[tuple[int, str, str]]]:
-    """The fast scan of a bundle's entry lines, split over worker processes for large bundles."""
+    """The fast scan of a bundle's entry lines, split over worker processes for large bundles.
+
+    Worker ranges after the first start without the previous entry; the parent stitches them. A
+    range that does not join its predecessor cleanly (a problem anywhere in it, another first seq,
+    another prev) is scanned again here from the entry and hash where its predecessor ended, as one
+    sequential scan would reach it, so the first problem and its wording do not depend on the split.
+    """
     assert m.bundle_path is not None
+    path = m.bundle_path
     a, b = m.entries_span
     workers = m.workers if m.workers is not None else fastscan.workers_for(m.total)
     prev0 = ZERO_HASH if m.start == 0 else None
-    ranges = fastscan.split_points(m.bundle_path, a, b, workers) if workers > 1 and b > a else [(a, b)]
+    ranges = [(a, b)]
+    if workers > 1 and b > a:
+        ranges = fastscan.split_points(path, a, b, fastscan.tasks_for(workers, b - a))
     prefetch = _Prefetch(m, state, verifier)
+    found: list[fastscan.Part | None] = [None]
     if len(ranges) > 1:
-        parts = fastscan.scan_parallel(m.bundle_path, ranges, m.start, prev0, deep, progress, m.total, prefetch)
-    else:
-        part = fastscan.Part(m.start)
-        try:
-            with open(m.bundle_path, "rb") as f:
-                prev = prev0
-                for buf, lo, hi in fastscan.iter_buffers(f, a, b):
-                    prev = fastscan.scan_buffer(buf, lo, hi, part, prev, deep)
-                    if progress is not None:
-                        progress(min(part.count, m.total), m.total)
-                    if part.problem is not None:
-                        break
-        except OSError as e:
-            raise BundleError(f"cannot read bundle: {e.strerror or e}") from e
-        parts = [part]
+        found = fastscan.scan_parallel(path, ranges, workers, m.start, prev0, deep, progress, m.total, prefetch)
+    parts: list[fastscan.Part] = []
     leaves = bytearray()
     rotations: list[Rotation] = []
     refs: list[tuple[int, str, str]] = []
     expect = m.start
     last: str | None = prev0
-    for p in parts:
-        if p.problem is None or p.problem[0] > p.first_seq:
-            if p.first_seq != expect:
-                raise BundleError(f"bundle is corrupt: entry lines jump from seq {expect - 1} to {p.first_seq}")
-            if last is not None and p.first_prev is not None and p.first_prev != last:
-                state.end = p.first_seq
-                raise _Fail(p.first_seq, "modified", "prev does not match the hash of the previous entry")
+    for i, ((lo, hi), p) in enumerate(zip(ranges, found, strict=True)):
+        if p is None or (i > 0 and (p.problem is not None or p.first_seq != expect or p.first_prev != last)):
+            p = _scan_here(path, lo, hi, expect, last, deep, progress if len(ranges) == 1 else None, m.total)
+        parts.append(p)
         leaves += p.leaves
         refs += p.blob_refs
         for seq, raw in p.rotations:
@@ -369,6 +363,31 @@ def _scan_bundle(
         raise BundleError(f"bundle is corrupt: the trailer says {m.total} entries, the file holds {expect - m.start}")
     prefetch.finish()
     return leaves, rotations, refs
+
+
+def _scan_here(
+    path: str,
+    lo: int,
+    hi: int,
+    first_seq: int,
+    prev: str | None,
+    deep: bool,
+    progress: Callable[[int, int], None] | None,
+    total: int,
+) -> fastscan.Part:
+    """Scan the entry lines in bytes [lo, hi) of the bundle in this process, seq first_seq on."""
+    part = fastscan.Part(first_seq)
+    try:
+        with open(path, "rb") as f:
+            for buf, x, y in fastscan.iter_buffers(f, lo, hi):
+                prev = fastscan.scan_buffer(buf, x, y, part, prev, deep)
+                if progress is not None:
+                    progress(min(part.count, total), total)
+                if part.problem is not None:
+                    break
+    except OSError as e:
+        raise BundleError(f"cannot read bundle: {e.strerror or e}") from e
+    return part
 
 
 def _check_blobs(m: Material, refs: list[tuple[int, str, str]]) -> None:

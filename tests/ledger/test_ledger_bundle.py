@@ -476,3 +476,67 @@ def test_parallel_scan_keeps_the_order_of_problems_after_the_entries(
     modified = Bundle.read(full).edit(_modify_raw, tmp_path / "modified.bundle")
     both = corrupt_checkpoint_line(modified, tmp_path / "both.bundle")
     assert _verdict(both, key, 1, monkeypatch) == _verdict(both, key, 2, monkeypatch) == (1, "modified", 7)
+
+
+def _first_of_second_range(bundle: Path) -> int:
+    from ledger import fastscan
+
+    span = Bundle.read(bundle).trailer["entries_bytes"]
+    ranges = fastscan.split_points(str(bundle), span[0], span[1], 2)  # type: ignore[index]
+    with open(bundle, "rb") as f:
+        f.seek(ranges[1][0])
+        return int(f.read(20).split(b" ")[0])
+
+
+def test_parallel_workers_name_an_entry_missing_at_a_range_boundary(
+    full: Path, key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The second range's first line is the entry after the dropped one: one sequential scan would
+    # call that a missing entry, not a corrupt bundle.
+    at = _first_of_second_range(full)
+    assert 0 < at < N - 1
+
+    def drop(x: Bundle) -> None:
+        del x.entries[at]
+        x.header["to_seq"] = int(x.header["to_seq"]) - 1  # type: ignore[call-overload]
+
+    bad = Bundle.read(full).edit(drop, tmp_path / "gap.bundle")
+    assert _first_of_second_range(bad) == at + 1
+    assert _verdict(bad, key, 1, monkeypatch) == _verdict(bad, key, 2, monkeypatch) == (1, "missing", at)
+
+
+def test_parallel_workers_report_a_broken_prev_first_at_a_range_boundary(
+    full: Path, key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A range's first line is checked without the entry before it; its prev (checked before its
+    # kind, in order) must still be what is reported when both are wrong.
+    at = _first_of_second_range(full)
+
+    def forge(x: Bundle) -> None:
+        seq, _, raw = x.entry(at)
+        prev = raw[raw.index(b'"prev":"') + 8 :][:64]
+        bad = raw.replace(prev, b"ab" * 32).replace(b'"kind":"decision"', b'"kind":""')
+        x.set_entry(at, seq, hashlib.sha256(bad).hexdigest().encode(), bad)
+
+    bad = Bundle.read(full).edit(forge, tmp_path / "prev.bundle")
+    assert _verdict(bad, key, 1, monkeypatch) == _verdict(bad, key, 2, monkeypatch) == (1, "modified", at)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [None, _modify_raw, _modify_and_rehash, _drop, _swap, _insert, _truncate_keep_checkpoints, _change_blob],
+    ids=["intact", "modified", "rehashed", "missing", "reordered", "inserted", "truncated", "blob"],
+)
+def test_many_ranges_per_worker_give_the_same_verdict(
+    full: Path, key: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: object
+) -> None:
+    # Large bundles are cut into many more ranges than workers; here every range holds a line or
+    # two, so nearly every entry starts a range and is stitched to the one before.
+    from ledger import fastscan
+
+    bundle = full if edit is None else Bundle.read(full).edit(edit, tmp_path / "bad.bundle")  # type: ignore[arg-type]
+    one = _verdict(bundle, key, 1, monkeypatch)
+    monkeypatch.setattr(fastscan, "TASK_MIN_BYTES", 1)
+    for workers in (2, 3):
+        assert fastscan.tasks_for(workers, 10_000) == workers * fastscan.TASKS_PER_WORKER
+        assert _verdict(bundle, key, workers, monkeypatch) == one
