@@ -480,7 +480,9 @@ def _schedule(m: Material, anchor_key: NoteVerifier, leaves: bytearray, held: li
 
 def _open(note: str, key: NoteVerifier, size: int, state: _State | None = None) -> Checkpoint:
     try:
-        if state is not None and state.opened_by is not None and key.vkey == state.opened_by.vkey:
+        by = state.opened_by if state is not None else None
+        # The same key: name and public key (the key id follows from them), without formatting vkeys.
+        if state is not None and by is not None and (key.name, key.public_key) == (by.name, by.public_key):
             got = state.opened.get(note)
             if isinstance(got, Checkpoint):
                 return got
