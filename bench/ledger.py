@@ -97,6 +97,7 @@ def closed_loop(url: str, threads: int, per_thread: int) -> tuple[dict[str, Any]
         "batches": s.batches,
         "mean_batch": round(n / s.batches, 1),
         "max_batch": s.max_batch,
+        "batches_held_open": s.held_open,
     }, led
 
 
@@ -186,6 +187,7 @@ def bench_open_loop(tmp: Path, rate: float, seconds: float, workers: int = 128) 
         "latency_ms_p99": round(pct(lat, 99) * 1e3, 3),
         "latency_ms_max": round(max(lat) * 1e3, 3),
         "mean_batch": round(total / s.batches, 1),
+        "batches_held_open": s.held_open,
     }
 
 

@@ -5,15 +5,20 @@ checkpoints per C2SP tlog-checkpoint (ledger/note.py).
 
 Group commit: append() enqueues and waits; one writer thread drains the queue, assigns seq/time/prev,
 writes the whole batch, its blobs and one signed checkpoint in a single transaction (one fsync), and
-only then wakes the callers. A failed write rolls the in-memory tree back to the store's state.
+only then wakes the callers. When commits are slow beside the time its callers take to append again,
+the writer holds the next batch open for them for a bounded time (Pacing). A failed write rolls the
+in-memory tree back to the store's state.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import json
+import operator
 import threading
+import time
 from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +51,8 @@ from ledger.rotation import (
 from ledger.store import LedgerStore, Row, open_store
 
 MAX_BATCH = 1024
+_perf_counter = time.perf_counter
+_QUEUED = operator.attrgetter("queued")
 
 
 @dataclass(frozen=True)
@@ -73,13 +80,58 @@ class LedgerStats:
     max_batch: int = 0
     failed_batches: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)
+    held_open: int = 0  # batches held open for the callers of the one before (see Pacing)
+
+
+@dataclass
+class Pacing:
+    """The group-commit rule: after a commit, take what is queued, or first wait for its callers?
+
+    Taking what is queued keeps the disk busy: the callers of the batch just committed are woken
+    during the next commit and go into the one after. But callers that append in a loop then split into
+    two groups that take turns, so a batch holds only half of them. Waking them first and waiting for
+    them to append again puts everyone in the next commit, for the time they all take to come back,
+    once per cycle instead of overlapped with it: with N callers, N/(N x gap + cycle) entries a second
+    instead of (N/2)/cycle. So:
+
+    1. wait iff (k + q) x gap <= cycle x SHARE, for the k callers just woken and the q entries queued:
+       gap is the usual time between two returning callers' enqueues, cycle the usual time from taking
+       a batch to its durable commit;
+    2. for at most min(2 x k x gap, cycle), ending as soon as k more entries are queued.
+
+    A slow fsync (a long cycle) makes waiting pay; callers that do not come back at once (each on its
+    own schedule) make gap long, and the rule stops waiting for them. Pure: the writer thread feeds it
+    what it measures.
+    """
+
+    gap: float = 25e-6  # seconds; a first guess until returns are measured
+    cycle: float = 0.0  # seconds; 0 until a batch has been committed
+    SHARE = 0.75  # below 1 (the break-even) for a margin
+    WEIGHT = 0.2  # of each new measurement in the moving averages
+    MIN_SAMPLE = 4
+
+    def saw_returns(self, seconds: float, n: int, *, held: bool) -> None:
+        """n entries were enqueued within `seconds` of waking the last batch's callers (a batch held
+        open for them, whatever it got, always counts; otherwise only a sample of MIN_SAMPLE)."""
+        if held or n >= self.MIN_SAMPLE:
+            self.gap += self.WEIGHT * (seconds / max(n, 1) - self.gap)
+
+    def saw_cycle(self, seconds: float) -> None:
+        """A batch was durable this long after it was taken."""
+        self.cycle = seconds if not self.cycle else self.cycle + self.WEIGHT * (seconds - self.cycle)
+
+    def wait_for(self, k: int, queued: int) -> float:
+        """Seconds to wait for the k callers just woken to append again; 0 means do not wait."""
+        if k <= 0 or (k + queued) * self.gap > self.cycle * self.SHARE:
+            return 0.0
+        return min(2 * k * self.gap, self.cycle)
 
 
 class _Pending:
     """One queued append. `done` is a raw lock held until the writer settles it: waking a waiter is
     one C-level release, far cheaper than an Event (a Condition) when 64 callers wait per batch."""
 
-    __slots__ = ("done", "error", "hash", "next", "prep", "rotate", "seq", "time")
+    __slots__ = ("done", "error", "hash", "next", "prep", "queued", "rotate", "seq", "time")
 
     def __init__(self, prep: PreparedEntry, rotate: NoteSigner | None = None) -> None:
         self.prep = prep
@@ -92,6 +144,7 @@ class _Pending:
         self.hash = ""
         self.time = ""
         self.next: _Pending | None = None  # the next caller to wake (see _wake)
+        self.queued = 0.0  # perf_counter() when enqueued (see Pacing)
 
 
 def _relay(p: _Pending) -> None:
@@ -134,12 +187,15 @@ class Ledger:
         self._qlock = _allocate_lock()
         self._queue: list[_Pending] = []
         self._idle = False
+        self._until = 0  # while the writer holds a batch open: the queue length that ends the wait
         self._kick = _allocate_lock()
         self._kick.acquire()
         self._closed = False
         self._writer: threading.Thread | None = None
         self._rotating = threading.Lock()
         self._unwoken: list[_Pending] = []  # committed, callers not yet woken (writer thread only)
+        self.pacing = Pacing()  # the writer thread's; read it, do not write
+        self._woke_at = 0.0  # when the writer last woke callers (writer thread only)
 
     @classmethod
     def open(cls, url: str, *, signer: NoteSigner, clock: Callable[[], datetime] | None = None) -> Ledger:
@@ -275,12 +331,19 @@ class Ledger:
         return self._await(p)
 
     def _enqueue(self, pending: list[_Pending]) -> None:
+        now = _perf_counter()
+        for p in pending:
+            p.queued = now
         with self._qlock:
             if self._closed:
                 raise LedgerClosed("ledger is closed")
-            self._queue.extend(pending)
+            queue = self._queue
+            queue.extend(pending)
             if self._idle:
                 self._idle = False
+                self._kick.release()
+            elif self._until and len(queue) >= self._until:
+                self._until = 0
                 self._kick.release()
 
     def _await(self, p: _Pending) -> AppendResult:
@@ -301,10 +364,17 @@ class Ledger:
     def _run_writer(self) -> None:
         queue = self._queue
         store = self._store
+        pacing = self.pacing
         while True:
             if store.maintenance_due():
                 self._wake()  # the last batch is durable: its callers need not wait for this too
                 store.maintain()
+            held = False
+            if self._unwoken:
+                wait = pacing.wait_for(len(self._unwoken), len(queue))
+                if wait > 0:
+                    self._hold_open(wait)
+                    held = True
             with self._qlock:
                 if queue:
                     n = min(len(queue), MAX_BATCH)
@@ -324,8 +394,32 @@ class Ledger:
                 self._wake()
                 self._kick.acquire()
                 continue
-            self._commit(batch)
+            taken = _perf_counter()
+            if not held:  # (a hold measured its own)
+                i = bisect.bisect_left(batch, self._woke_at, key=_QUEUED)  # the first enqueued since
+                if len(batch) - i > 1:  # from the first return, not the wake: the writer may have slept
+                    pacing.saw_returns(batch[-1].queued - batch[i].queued, len(batch) - i - 1, held=False)
+            if self._commit(batch):
+                pacing.saw_cycle(_perf_counter() - taken)
         self._wake()
+
+    def _hold_open(self, wait: float) -> None:
+        """Wake the last batch's callers and wait up to `wait` seconds for as many new entries."""
+        k = len(self._unwoken)
+        self._wake()
+        with self._qlock:
+            if self._closed:
+                return
+            before = len(self._queue)
+            self._until = before + k
+        self.stats.held_open += 1
+        if not self._kick.acquire(timeout=wait):
+            with self._qlock:
+                timed_out = self._until != 0
+                self._until = 0
+            if not timed_out:
+                self._kick.acquire()  # released after the timeout, before we looked: take that release
+        self.pacing.saw_returns(_perf_counter() - self._woke_at, len(self._queue) - before, held=True)
 
     def _wake(self) -> None:
         """Release the callers of the last committed batch (their entries are already durable).
@@ -337,11 +431,13 @@ class Ledger:
         """
         unwoken, self._unwoken = self._unwoken, []
         if unwoken:
+            self._woke_at = _perf_counter()
             for a, b in itertools.pairwise(unwoken):
                 a.next = b
             unwoken[0].done.release()
 
-    def _commit(self, batch: list[_Pending]) -> None:
+    def _commit(self, batch: list[_Pending]) -> bool:
+        """Write batch as one transaction; True if it was written (its callers are woken later)."""
         with self._state:
             start, prev = self._size, self._last_hash
         rows: list[Row] = []
@@ -385,13 +481,14 @@ class Ledger:
             err = LedgerUnavailable(f"ledger write failed: {e}")
             err.__cause__ = e
             self._recover(start, rows, batch, err)
-            return
+            return False
         with self._state:
             self._size, self._last_hash, self._checkpoint = end, prev, note
             if new_signer is not None:
                 self._signer = new_signer
         self._record(len(batch))
         self._unwoken = batch
+        return True
 
     def _recover(self, start: int, rows: list[Row], batch: list[_Pending], err: LedgerUnavailable) -> None:
         """After a failed write, make memory match the store again, then fail the batch.
@@ -500,8 +597,9 @@ class Ledger:
             if self._closed:
                 return
             self._closed = True
-            if self._idle:
+            if self._idle or self._until:
                 self._idle = False
+                self._until = 0
                 self._kick.release()
         if self._writer is not None:
             self._writer.join()

@@ -1,0 +1,84 @@
+"""The group-commit rule (Pacing): when the writer holds a batch open for the callers it just woke."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from ledger.keys import NoteSigner
+from ledger.service import Ledger, Pacing
+from ledger.store import Row, SqliteStore
+
+
+@pytest.mark.parametrize(
+    ("gap_us", "cycle_us", "woken", "queued", "wait_us"),
+    [
+        (20, 2500, 32, 32, 1280),  # slow commits, callers back within a fraction of one: wait for all
+        (20, 2500, 64, 0, 2500),  # ... at most one cycle
+        (20, 800, 32, 32, 0),  # fast commits: 64 returns take longer than 3/4 of a cycle
+        (100, 800, 6, 6, 0),  # callers on their own schedule (an offered rate): never worth it
+        (20, 0, 4, 0, 0),  # nothing committed yet
+        (20, 2500, 0, 10, 0),  # nobody was woken
+    ],
+    ids=["slow-disk", "capped-by-cycle", "fast-disk", "open-loop", "no-cycle-yet", "none-woken"],
+)
+def test_wait_for(gap_us: int, cycle_us: int, woken: int, queued: int, wait_us: int) -> None:
+    pacing = Pacing(gap=gap_us * 1e-6, cycle=cycle_us * 1e-6)
+    assert pacing.wait_for(woken, queued) == pytest.approx(wait_us * 1e-6)
+
+
+def test_estimates_follow_what_the_writer_sees() -> None:
+    pacing = Pacing()
+    pacing.saw_cycle(0.002)
+    assert pacing.cycle == 0.002  # the first measurement, then a moving average
+    pacing.saw_cycle(0.001)
+    assert pacing.cycle == pytest.approx(0.0018)
+    pacing.saw_returns(0.0003, 2, held=False)  # too few to go by
+    assert pacing.gap == 25e-6
+    for _ in range(30):
+        pacing.saw_returns(0.0003, 30, held=False)
+    assert pacing.gap == pytest.approx(10e-6, rel=0.01)
+    pacing.saw_returns(0.0016, 0, held=True)  # held open, nobody came: waiting stops paying
+    assert pacing.wait_for(30, 30) == 0.0
+
+
+class SlowStore(SqliteStore):
+    """A real SQLite store whose commits take 10 ms, like a disk with a slow fsync."""
+
+    def write_batch(
+        self,
+        rows: Sequence[Row],
+        blobs: Mapping[str, bytes],
+        checkpoint: tuple[int, str],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        def slow() -> None:
+            if before_commit is not None:
+                before_commit()
+            time.sleep(0.01)
+
+        super().write_batch(rows, blobs, checkpoint, slow)
+
+
+def test_callers_appending_in_a_loop_share_slow_commits(tmp_path: Path, signer: NoteSigner) -> None:
+    led = Ledger.from_store(SlowStore(tmp_path / "ledger.db"), signer=signer)
+    sizes: list[int] = []
+
+    def run(t: int) -> None:
+        for i in range(30):
+            led.append("k", {"t": t, "i": i})
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    sizes = [n for n, count in sorted(led.stats.batch_sizes.items()) for _ in range(count)]
+    led.close()
+    # Taking only what is queued, they would split into two groups of about 8 taking turns.
+    assert led.stats.held_open > 0
+    assert sum(sizes) / len(sizes) > 12, led.stats.batch_sizes
