@@ -6,8 +6,10 @@ the RFC 6962 leaf hash), so the rest is kept to a few slice comparisons: the can
 ``,"prev":"<64 hex>","seq":<n>,"time":"<27 chars>"}`` sits at a fixed distance from the end. Entries
 that do not take this fast path (blobs, key rotations, anything unusual, or all under deep=True)
 are parsed and checked in full, exactly as for a store. A bundle's entries section is split at
-line boundaries into byte ranges that worker processes scan independently; the parent stitches
-them: each range's first ``prev`` must be the previous range's last hash.
+line boundaries into byte ranges, many more than worker processes, that the workers take in turn
+and scan independently (hashlib holds the GIL for inputs this small, so threads would not help);
+the parent stitches them: each range's first ``prev`` must be the previous range's last hash, and a
+range that does not join cleanly is scanned again in the parent (ledger/verify.py).
 """
 
 from __future__ import annotations
