@@ -245,6 +245,7 @@ class SqliteStore:
                     raise
             except sqlite3.Error as e:
                 raise StoreError(f"ledger write failed: {e}") from e
+            cp.committed()
             self._unchecked += sum(len(r[2]) for r in rows)
             if self._unchecked >= _CHECKPOINT_EVERY:
                 self._unchecked = 0

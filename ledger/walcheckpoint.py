@@ -13,10 +13,14 @@ while it copies), and SQLite restarts a WAL only once it has all been copied. So
 `RESTART_FRAMES`, whose RESTART then stalled the ledger's writer for 150 ms, and until then every commit
 grew the file: an fsync that grows a file also commits the file system's journal (0.35 ms instead of
 0.2 ms on a quiet disk, several ms when other I/O is queued on that journal). A database with one busy
-writer (the ledger) therefore takes `finishing=True`: it asks for rounds by volume (`kick`), a round makes
-passes until one has little left behind, and the writer finishes the round itself between two of its
-transactions (`finish_due`, `finish`), copying those few frames; its next transaction then restarts the
-WAL from the start, and later commits overwrite blocks the file already has.
+writer (the ledger) therefore takes `finishing=True`: it asks for rounds by volume (`kick`), and the
+writer finishes each round itself between two of its transactions (`finish_due`, `finish`), copying the
+frames that came in meanwhile; its next transaction then restarts the WAL from the start, and later
+commits overwrite blocks the file already has. The finish also has to fsync the database pages the round
+copied (SQLite syncs the database only when a pass reaches the end of the WAL): 4-6 ms in the writer on
+this project's machines. So after its first pass a round makes three more, each just after one of the
+writer's commits (`committed`): copying one commit's frames often ends before the next commit, the sync
+then happens in this thread, and the finish takes about 1 ms (one such pass was not enough often enough).
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from pathlib import Path
 
 AUTOCHECKPOINT_OFF = "PRAGMA wal_autocheckpoint=0"
 RESTART_FRAMES = 16_384  # 64 MiB of 4 KiB pages
-_MAX_PASSES = 4  # per round, when finishing
-_FINISH_FRAMES = 128  # a pass that found no more than these new frames leaves little for finish()
+_PASSES = 4  # per round, when finishing: one, then three after commits (one of which usually syncs)
+_COMMIT_WAIT_S = 0.05
 
 log = logging.getLogger("jobgate.sqlite")
 
@@ -47,6 +51,8 @@ class WalCheckpointer:
         self.finish_due = False
         self._stop = False
         self._wake = threading.Event()
+        self._commit = threading.Event()
+        self._waiting = False  # for committed()
         self._thread = threading.Thread(target=self._run, name=f"wal-checkpoint {path.name}", daemon=True)
         self._thread.start()
 
@@ -82,9 +88,25 @@ class WalCheckpointer:
         finally:
             conn.close()
 
+    def committed(self) -> None:
+        """The writer has just committed (finishing only; cheap unless a round waits for it)."""
+        if self._waiting:
+            self._commit.set()
+
+    def _after_next_commit(self) -> None:
+        self._commit.clear()
+        self._waiting = True
+        self._commit.wait(_COMMIT_WAIT_S)  # a writer that has gone quiet leaves the WAL whole anyway
+        self._waiting = False
+
     def _round(self, conn: sqlite3.Connection) -> None:
-        before = -1
-        for _ in range(_MAX_PASSES if self.finishing else 1):
+        for i in range(_PASSES if self.finishing else 1):
+            if i:
+                if self._stop:
+                    return
+                # A pass that copies the few frames of one commit before the next one lands reaches the
+                # end of the WAL, and then SQLite fsyncs the database here, not in the writer's finish().
+                self._after_next_commit()
             # frames: the WAL's frames when the pass began; done: how many of them are now copied.
             busy, frames, done = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
             if frames > RESTART_FRAMES:
@@ -92,12 +114,10 @@ class WalCheckpointer:
                 return
             if busy or done <= 0:
                 return
-            if before >= 0 and frames - before <= _FINISH_FRAMES:
-                break  # little came in during the last pass
-            before = frames
         self.finish_due = self.finishing
 
     def close(self) -> None:
         self._stop = True
         self._wake.set()
+        self._commit.set()
         self._thread.join(timeout=10)

@@ -127,3 +127,28 @@ def test_a_round_that_copied_frames_asks_the_writer_to_finish_it(tmp_path: Path,
     finally:
         checkpointer.close()
         writer.close()
+
+
+def test_a_finishing_round_makes_its_later_passes_right_after_the_writers_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ledger.walcheckpoint
+
+    monkeypatch.setattr(ledger.walcheckpoint, "_COMMIT_WAIT_S", 60.0)
+    path = tmp_path / "db.sqlite"
+    writer = _writer(path)
+    _write_pages(writer, 50)
+    checkpointer = WalCheckpointer(path, interval_s=3600, finishing=True)
+    try:
+        checkpointer.kick()
+        time.sleep(0.3)
+        assert checkpointer.checkpoints == 0  # the first pass is done; the next waits for a commit
+        deadline = time.monotonic() + 30
+        while checkpointer.checkpoints < 1 and time.monotonic() < deadline:
+            _write_pages(writer, 1)
+            checkpointer.committed()
+            time.sleep(0.01)
+        assert checkpointer.checkpoints == 1 and checkpointer.finish_due
+    finally:
+        checkpointer.close()
+        writer.close()
