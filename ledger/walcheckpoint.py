@@ -53,6 +53,7 @@ class WalCheckpointer:
         self._wake = threading.Event()
         self._commit = threading.Event()
         self._waiting = False  # for committed()
+        self._seen = -1  # the WAL's frames at the end of the last round
         self._thread = threading.Thread(target=self._run, name=f"wal-checkpoint {path.name}", daemon=True)
         self._thread.start()
 
@@ -112,8 +113,9 @@ class WalCheckpointer:
             if frames > RESTART_FRAMES:
                 conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
                 return
-            if busy or done <= 0:
-                return
+            if busy or done <= 0 or frames == self._seen:
+                return  # (the same frames as the last round saw: nothing was written since)
+        self._seen = frames
         self.finish_due = self.finishing
 
     def close(self) -> None:
