@@ -39,6 +39,7 @@ from ledger.errors import (
 from ledger.keys import NoteSigner
 from ledger.merkle import MerkleTree, leaf_hash
 from ledger.note import Checkpoint, cosign, open_note, parse_checkpoint, sign_checkpoint
+from ledger.pacing import Pacing
 from ledger.proofs import ConsistencyProof, InclusionProof
 from ledger.rotation import (
     ROTATION_KIND,
@@ -81,50 +82,6 @@ class LedgerStats:
     failed_batches: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)
     held_open: int = 0  # batches held open for the callers of the one before (see Pacing)
-
-
-@dataclass
-class Pacing:
-    """The group-commit rule: after a commit, take what is queued, or first wait for its callers?
-
-    Taking what is queued keeps the disk busy: the callers of the batch just committed are woken
-    during the next commit and go into the one after. But callers that append in a loop then split into
-    two groups that take turns, so a batch holds only half of them. Waking them first and waiting for
-    them to append again puts everyone in the next commit, for the time they all take to come back,
-    once per cycle instead of overlapped with it: with N callers, N/(N x gap + cycle) entries a second
-    instead of (N/2)/cycle. So:
-
-    1. wait iff (k + q) x gap <= cycle x SHARE, for the k callers just woken and the q entries queued:
-       gap is the usual time between two returning callers' enqueues, cycle the usual time from taking
-       a batch to its durable commit;
-    2. for at most min(2 x k x gap, cycle), ending as soon as k more entries are queued.
-
-    A slow fsync (a long cycle) makes waiting pay; callers that do not come back at once (each on its
-    own schedule) make gap long, and the rule stops waiting for them. Pure: the writer thread feeds it
-    what it measures.
-    """
-
-    gap: float = 25e-6  # seconds; a first guess until returns are measured
-    cycle: float = 0.0  # seconds; 0 until a batch has been committed
-    SHARE = 0.75  # below 1 (the break-even) for a margin
-    WEIGHT = 0.2  # of each new measurement in the moving averages
-    MIN_SAMPLE = 4
-
-    def saw_returns(self, seconds: float, n: int, *, held: bool) -> None:
-        """n entries were enqueued within `seconds` of waking the last batch's callers (a batch held
-        open for them, whatever it got, always counts; otherwise only a sample of MIN_SAMPLE)."""
-        if held or n >= self.MIN_SAMPLE:
-            self.gap += self.WEIGHT * (seconds / max(n, 1) - self.gap)
-
-    def saw_cycle(self, seconds: float) -> None:
-        """A batch was durable this long after it was taken."""
-        self.cycle = seconds if not self.cycle else self.cycle + self.WEIGHT * (seconds - self.cycle)
-
-    def wait_for(self, k: int, queued: int) -> float:
-        """Seconds to wait for the k callers just woken to append again; 0 means do not wait."""
-        if k <= 0 or (k + queued) * self.gap > self.cycle * self.SHARE:
-            return 0.0
-        return min(2 * k * self.gap, self.cycle)
 
 
 class _Pending:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ledger.keys import NoteSigner
-from ledger.service import Ledger, Pacing
+from ledger.pacing import Pacing
+from ledger.service import Ledger
 from ledger.store import Row, SqliteStore
 
 
