@@ -7,7 +7,8 @@ import rego.v1
 # Each granted finding's need. `missing` = required - recorded valid approvals (never below zero).
 needs contains w if {
 	second_person_possible
-	some f in findings
+	fs := findings
+	some f in fs
 	f.kind == "grant"
 	required := required_approvals(f)
 	required > 0
@@ -30,7 +31,8 @@ needs contains w if {
 default second_person_possible := false
 
 second_person_possible if {
-	some f in findings
+	fs := findings
+	some f in fs
 	f.base > 0
 }
 
@@ -41,7 +43,8 @@ second_person_possible if cross_project_batch
 default any_external_target := false
 
 any_external_target if {
-	some t in targets
+	ts := targets
+	some t in ts
 	t.external_rights == true
 }
 
@@ -92,7 +95,8 @@ cross_project_batch if {
 # The notches that applied, for the audit record.
 notches_fired contains {"rule": "R3.one_notch_stricter", "reason": sprintf("job %s uses external-rights data: one more approval is required", [f.target.id])} if {
 	any_external_target
-	some f in findings
+	fs := findings
+	some f in fs
 	f.kind == "grant"
 	external_target(f)
 }
@@ -112,18 +116,22 @@ notches_fired contains {
 
 # Who may confirm: the rule's own eligible set, or — when only a notch requires a second person — the
 # default second person for that job (its owner, a queue admin of its project, on-call).
+# `is_object` rather than a bare `f.target`: the same outcome for every value (second_person of a
+# non-object is undefined), without rego-cpp serialising the job to test it against false.
 eligible_for(f) := f.eligible if {
 	f.base > 0
 } else := second_person(f.target) if {
-	f.target
+	is_object(f.target)
 } else := {"roles": ["platform_admin"], "principals": [], "projects": ["*"]}
 
 # Valid approvals: by someone other than the actor (M2), still fresh, and from an eligible person.
 approvers(f, eligible) := {a.by |
-	some a in approvals_given
+	some a in given
 	a.by != actor
 	fresh(a)
 	approval_matches(a, f, eligible)
+} if {
+	given := approvals_given
 }
 
 # By name, as the job's owner (the gateway marks approvals given by the owner: A4 owner consent), or

@@ -7,6 +7,10 @@
 #   4. anything else         -> deny by default (never fail open)
 # Capabilities come precomputed in input.granted[project] (Casbin, matrix.csv); this package never
 # reads role bindings, only capabilities — and the roles recorded on approvals.
+#
+# Collections are iterated through a local (`fs := findings; some f in fs`), never as `some f in findings`:
+# rego-cpp tests a referenced rule's value against false before iterating it, and that test serialises
+# the whole value (findings carry their target jobs), costing more than the iteration itself.
 package jobgate.authz
 
 import rego.v1
@@ -24,12 +28,13 @@ default decision := {
 
 decision := {
 	"effect": "deny",
-	"reasons": [d.reason | some d in denials],
-	"rules": sort({d.rule | some d in denials}),
+	"reasons": [d.reason | some d in ds],
+	"rules": sort({d.rule | some d in ds}),
 	"approvals_required": no_approvals,
 	"obligations": [],
 } if {
-	count(denials) > 0
+	ds := denials
+	count(ds) > 0
 } else := {
 	"effect": "needs_approval",
 	"reasons": waiting_reasons,
@@ -40,54 +45,63 @@ decision := {
 	count(waiting) > 0
 } else := {
 	"effect": "allow",
-	"reasons": [f.reason | some f in findings],
+	"reasons": [f.reason | some f in fs],
 	"rules": fired_rules,
 	"approvals_required": no_approvals,
 	"obligations": sort(obligations),
 } if {
 	# No denial above means every finding is a grant (each deny finding is a denial).
-	count(findings) > 0
+	fs := findings
+	count(fs) > 0
 }
 
 # Denials: every `deny` finding plus the guards in guards.rego.
 denials contains {"rule": f.rule, "reason": f.reason} if {
-	some f in findings
+	fs := findings
+	some f in fs
 	f.kind == "deny"
 }
 
 # Subjects still waiting for approvals (M2), with how many are missing.
 waiting contains w if {
-	some w in needs
+	ns := needs
+	some w in ns
 	w.missing > 0
 }
 
-waiting_reasons := [r | some r in ({w.reason | some w in waiting} | notch_reasons)]
+waiting_reasons := [r | some r in ({w.reason | some w in ws} | notch_reasons)] if ws := waiting
 
-fired_rules := sort({f.rule | some f in findings} | {n.rule | some n in notches_fired})
-
-notch_reasons := {n.reason | some n in notches_fired}
-
-approvals_required := {
-	"count": max([w.missing | some w in waiting]),
-	"roles": sort({v |
-		some w in waiting
-		some v in w.eligible.roles
-	}),
-	"principals": sort({v |
-		some w in waiting
-		some v in w.eligible.principals
-	}),
-	"projects": sort({v |
-		some w in waiting
-		some v in w.eligible.projects
-	}),
+fired_rules := sort({f.rule | some f in fs} | {n.rule | some n in ns}) if {
+	fs := findings
+	ns := notches_fired
 }
+
+notch_reasons := {n.reason | some n in ns} if ns := notches_fired
 
 approval_expiry_obligation := {"kind": "approval_expiry", "seconds": data.approval.expiry_seconds}
 
+approvals_required := {
+	"count": max([w.missing | some w in ws]),
+	"roles": sort({v |
+		some w in ws
+		some v in w.eligible.roles
+	}),
+	"principals": sort({v |
+		some w in ws
+		some v in w.eligible.principals
+	}),
+	"projects": sort({v |
+		some w in ws
+		some v in w.eligible.projects
+	}),
+} if {
+	ws := waiting
+}
+
 # Obligations the gateway must carry out when it executes (notify owner, grace window, ...).
 obligations contains o if {
-	some f in findings
+	fs := findings
+	some f in fs
 	f.kind == "grant"
 	some o in f.obligations
 }

@@ -12,10 +12,13 @@ mutating if input.action != "job.view"
 
 # Each guard starts with its cheapest test, so the common single-job request leaves most of them
 # after one comparison (batch-wide counts are computed only for batches).
+# rego-cpp runs a body's tests in source order, except in a body that iterates (`some`): there the tests
+# that do not depend on the iteration run first, in reverse source order. So a guard that iterates is
+# gated by one cached rule.
 
 # H1: node agents report; they never change jobs through the gateway.
 denials contains {"rule": "H1.node_cannot_act", "reason": sprintf("%s is a node identity; nodes cannot request job actions", [actor])} if {
-	input.actor.kind == "node"
+	actor_kind == "node"
 }
 
 # F1: every automation identity must map back to a responsible person and a trigger source.
@@ -23,7 +26,7 @@ denials contains {
 	"rule": "F1.unattributed_service",
 	"reason": sprintf("service account %s must name its responsible person and trigger", [actor]),
 } if {
-	input.actor.kind == "service"
+	actor_kind == "service"
 	not service_attributed
 }
 
@@ -59,31 +62,45 @@ denials contains {
 	not input.action in unbatched_actions
 }
 
+# One job: its own GPUs (a job without `gpus` counts none). Several: their sum.
+denials contains {
+	"rule": "H2.gpus_per_call",
+	"reason": sprintf("the request affects %d GPUs; at most %d per call", [gpus, data.limits.gpus_per_call]),
+} if {
+	count(targets) == 1
+	gpus := targets[0].gpus
+	gpus > data.limits.gpus_per_call
+	mutating
+	not input.action in unbatched_actions
+}
+
 denials contains {
 	"rule": "H2.gpus_per_call",
 	"reason": sprintf("the request affects %d GPUs; at most %d per call", [gpus_at_stake, data.limits.gpus_per_call]),
 } if {
+	batch
 	gpus_at_stake > data.limits.gpus_per_call
 	mutating
 	not input.action in unbatched_actions
 }
 
-target_projects := {t.project | some t in targets}
+target_projects := {t.project | some t in ts} if ts := targets
 
-# More than one job named: only then can the batch guards below apply.
+# More than one job named: only then can the batch guards apply.
 default batch := false
 
 batch if count(targets) > 1
 
 gpus_at_stake := object.get(targets[0], "gpus", 0) if {
 	count(targets) == 1
-} else := sum([object.get(t, "gpus", 0) | some t in targets])
+} else := sum([object.get(t, "gpus", 0) | some t in ts]) if ts := targets
 
 # R1: one job named twice is a malformed selection; refuse rather than guess.
 # The denial is built in the body, after the test: rego-cpp builds a constant rule head before the body.
 denials contains d if {
 	batch
-	count({t.id | some t in targets}) != count(targets)
+	ts := targets
+	count({t.id | some t in ts}) != count(ts)
 	d := {"rule": "R1.duplicate_target", "reason": "the request names the same job more than once"}
 }
 
@@ -92,10 +109,16 @@ denials contains {
 	"rule": "R3.reason_required",
 	"reason": sprintf("job %s uses data of external rights holder %s: a written reason is required to %s it", [t.id, t.rights_holder, verb]),
 } if {
-	# Checked first: rego-cpp evaluates `not reason_given` before a `some` that does not feed it.
-	any_external_target
-	some t in targets
+	r3_reason_missing
+	ts := targets
+	some t in ts
 	t.external_rights == true
+}
+
+default r3_reason_missing := false
+
+r3_reason_missing if {
+	any_external_target
 	input.action in reason_actions
 	not reason_given
 }

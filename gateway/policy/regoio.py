@@ -24,17 +24,32 @@ from regopy import Bundle, Input, Interpreter, RegoError
 from regopy import rego_shared as _shared
 
 _lib = _shared.rego
+# The input builders run for microseconds each, a hundred or more per decision: called through a PyDLL
+# handle they keep the GIL (a CDLL call releases and retakes it every time, and under load another
+# thread may hold it for a whole switch interval in between). The query itself goes through regopy's
+# CDLL handle and releases the GIL while rego-cpp evaluates.
+_py = ctypes.PyDLL(_lib._name)
+
+
+def _builder(name: str, *argtypes: Any) -> Any:
+    fn = getattr(_py, name)
+    fn.argtypes = list(argtypes)
+    fn.restype = ctypes.c_uint32
+    return fn
+
+
+_P = ctypes.c_void_p
 _new_input = _lib.regoNewInput
 _free_input = _lib.regoFreeInput
-_int = _lib.regoInputInt
-_float = _lib.regoInputFloat
-_str = _lib.regoInputString
-_bool = _lib.regoInputBoolean
-_null = _lib.regoInputNull
-_item = _lib.regoInputObjectItem
-_object = _lib.regoInputObject
-_array = _lib.regoInputArray
-_set = _lib.regoInputSet
+_int = _builder("regoInputInt", _P, ctypes.c_int64)
+_float = _builder("regoInputFloat", _P, ctypes.c_double)
+_str = _builder("regoInputString", _P, ctypes.c_char_p)
+_bool = _builder("regoInputBoolean", _P, ctypes.c_bool)
+_null = _builder("regoInputNull", _P)
+_item = _builder("regoInputObjectItem", _P)
+_object = _builder("regoInputObject", _P, ctypes.c_uint32)
+_array = _builder("regoInputArray", _P, ctypes.c_uint32)
+_set = _builder("regoInputSet", _P, ctypes.c_uint32)
 _query_entrypoint = _lib.regoBundleQueryEntrypoint
 _output_ok = _lib.regoOutputOk
 _output_size = _lib.regoOutputJSONSize
@@ -51,9 +66,24 @@ HOT_KEYS = (
 _RANK = {k: i for i, k in enumerate(HOT_KEYS)}
 _LAST = len(HOT_KEYS)
 
+# The order to send an object's keys in, by the keys as they come: positions into that tuple. Inputs
+# repeat a few key sets (request, actor, job, approval), so this is a lookup, not a sort, per object.
+# Positions, not keys, are kept: keys that compare equal (1 and True) get the same order either way.
+_ORDERS: dict[tuple[Any, ...], tuple[int, ...]] = {}
+_ORDERS_MAX = 4096
+
 
 def _rank(key: Any) -> int:
     return _RANK.get(key, _LAST)
+
+
+def _order(keys: tuple[Any, ...]) -> tuple[int, ...]:
+    # sorted() is stable: keys outside HOT_KEYS keep their order.
+    order = tuple(sorted(range(len(keys)), key=lambda i: _rank(keys[i])))
+    if len(_ORDERS) >= _ORDERS_MAX:
+        _ORDERS.clear()  # key sets are few in practice; a flood of distinct ones only costs sorts
+    _ORDERS[keys] = order
+    return order
 
 
 class UndefinedResult(Exception):
@@ -67,19 +97,31 @@ def _add(p: int, val: Any) -> int:
     kind = type(val)
     if kind is str:
         return int(_str(p, val.encode("utf-8")))
+    if kind is dict:
+        keys = tuple(val)
+        order = _ORDERS.get(keys)
+        if order is None:
+            order = _order(keys)
+        for i in order:
+            k = keys[i]
+            rc = (_str(p, k.encode("utf-8")) if type(k) is str else _add(p, k)) or _add(p, val[k]) or _item(p)
+            if rc:
+                return int(rc)
+        return int(_object(p, len(keys)))
     if val is None:
         return int(_null(p))
     if kind is int:
         return int(_int(p, val))
+    if kind is list:
+        for x in val:
+            rc = _add(p, x)
+            if rc:
+                return rc
+        return int(_array(p, len(val)))
     if kind is float:
         return int(_float(p, val))
     if isinstance(val, Mapping):
-        # sorted() is stable: keys outside HOT_KEYS keep their order.
-        for k in sorted(val, key=_rank):
-            rc = _add(p, k) or _add(p, val[k]) or int(_item(p))
-            if rc:
-                return rc
-        return int(_object(p, len(val)))
+        return _add(p, dict(val))
     if isinstance(val, list | tuple):
         for x in val:
             rc = _add(p, x)
