@@ -42,6 +42,9 @@ decision := {
 	"approvals_required": approvals_required,
 	"obligations": sort(obligations | {approval_expiry_obligation}),
 } if {
+	# Nothing waits unless some subject can need a second person (approvals.rego): one cached test
+	# before the per-subject work.
+	second_person_possible
 	count(waiting) > 0
 } else := {
 	"effect": "allow",
@@ -71,9 +74,14 @@ waiting contains w if {
 
 waiting_reasons := [r | some r in ({w.reason | some w in ws} | notch_reasons)] if ws := waiting
 
+# A notch fires only where a second person is possible (R3 external target, H2 cross-project batch,
+# C2 with a need), so without one the rules are the findings' alone.
 fired_rules := sort({f.rule | some f in fs} | {n.rule | some n in ns}) if {
+	second_person_possible
 	fs := findings
 	ns := notches_fired
+} else := sort({f.rule | some f in fs}) if {
+	fs := findings
 }
 
 notch_reasons := {n.reason | some n in ns} if ns := notches_fired

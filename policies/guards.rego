@@ -39,23 +39,28 @@ service_attributed if {
 	input.actor.trigger != ""
 }
 
-# H2: ceilings per call, so a wrong selector cannot empty a queue.
-denials contains {
+# H2 ceilings per call (so a wrong selector cannot empty a queue) and R1, for batches: one `batch` test
+# for all of them (batch_denials).
+denials contains d if {
+	batch
+	bs := batch_denials
+	some d in bs
+}
+
+batch_denials contains {
 	"rule": "H2.jobs_per_batch",
 	"reason": sprintf("the request names %d jobs; at most %d per batch", [count(targets), data.limits.jobs_per_batch]),
 } if {
-	batch
 	count(targets) > data.limits.jobs_per_batch
 	mutating
 	not input.action in unbatched_actions
 }
 
-denials contains {
+batch_denials contains {
 	"rule": "H2.projects_per_batch",
 	"reason": sprintf("the request spans %d projects; at most %d per batch", [count(target_projects), data.limits.projects_per_batch]),
 } if {
 	# A batch cannot span more projects than it has jobs.
-	batch
 	count(targets) > data.limits.projects_per_batch
 	count(target_projects) > data.limits.projects_per_batch
 	mutating
@@ -74,11 +79,10 @@ denials contains {
 	not input.action in unbatched_actions
 }
 
-denials contains {
+batch_denials contains {
 	"rule": "H2.gpus_per_call",
 	"reason": sprintf("the request affects %d GPUs; at most %d per call", [gpus_at_stake, data.limits.gpus_per_call]),
 } if {
-	batch
 	gpus_at_stake > data.limits.gpus_per_call
 	mutating
 	not input.action in unbatched_actions
@@ -97,8 +101,7 @@ gpus_at_stake := object.get(targets[0], "gpus", 0) if {
 
 # R1: one job named twice is a malformed selection; refuse rather than guess.
 # The denial is built in the body, after the test: rego-cpp builds a constant rule head before the body.
-denials contains d if {
-	batch
+batch_denials contains d if {
 	ts := targets
 	count({t.id | some t in ts}) != count(ts)
 	d := {"rule": "R1.duplicate_target", "reason": "the request names the same job more than once"}

@@ -10,7 +10,8 @@ Why this exists (measured with bench/policy.py and perf, rego-cpp 1.5.2 through 
   would flag one that did.
 - regopy's `Input(value)` walks the value through generic helpers (an isinstance chain and a fresh
   ctypes buffer per string); the same C calls made directly cost a fraction of it.
-- regopy's `Output` fetches the answer's JSON twice; here it is fetched and parsed once.
+- regopy's `Output` fetches the answer's JSON twice; here it is fetched once and parsed with orjson.
+- The builders are called through a PyDLL handle: they keep the GIL, see below.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 from collections.abc import Mapping, Set
 from typing import Any
 
+import orjson
 from regopy import Bundle, Input, Interpreter, RegoError
 from regopy import rego_shared as _shared
 
@@ -177,14 +179,17 @@ def query_value(rego: Interpreter, bundle: Bundle, entrypoint: bytes) -> Any:
         rc = _output_json(out, buf, size)
         if rc:
             raise RegoError(_shared.rego_get_error(rego._impl), rc)
-        text = buf.value.decode("utf-8")
+        raw = buf.value
         if not _output_ok(out):
-            raise RegoError(text)
+            raise RegoError(raw.decode("utf-8"))
     finally:
         _free_output(out)
-    if text == "undefined":
+    if raw == b"undefined":
         raise UndefinedResult
-    parsed = json.loads(text)
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:  # what orjson refuses (integers beyond 64 bits), the standard parser takes
+        parsed = json.loads(raw)
     first = parsed[0] if isinstance(parsed, list) else parsed
     if not isinstance(first, dict) or not first.get("expressions"):
         raise UndefinedResult
