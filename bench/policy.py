@@ -6,8 +6,9 @@ Measured in the same run, on the same requests:
   set before the speed restructuring (commit 23bf37e, read from git) under the same engine;
 - Casbin alone (capabilities + roles for the input; one Casbin enforce) and Rego alone (input conversion and
   evaluation as the engine does them, and with regopy's generic Input/Output for comparison);
-- a decision over HTTP on loopback with a keep-alive client: GET /v1/jobs/{id} (token check, job read, A1
-  decision) against a real uvicorn server, beside GET /healthz (the HTTP floor);
+- a decision over HTTP on loopback: GET /v1/jobs/{id} (token check, job read, A1 decision) against the app
+  served by uvicorn in a process of its own (its own data dir), from a one-connection keep-alive client in
+  this process, beside GET /healthz (the HTTP floor); with the server's CPU time per request;
 - `jobgate policy whatif` replay over 100,000 recorded decision entries (ledger entry bytes, unique
   inputs: distinct job ids and times), parsed and replayed under the policy set.
 
@@ -20,12 +21,12 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -106,8 +107,6 @@ def baseline_policies(target: Path) -> Path | None:
     Only the modules are old: data.json, matrix.csv and tests are today's, so the loader's checks pass and
     the comparison isolates the Rego. None outside a git checkout.
     """
-    import shutil
-
     try:
         names = subprocess.run(["git", "ls-tree", "--name-only", BASELINE_COMMIT, "policies/"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.split()
@@ -214,8 +213,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def over_http(rounds: int) -> dict[str, Any]:
-    import httpx
+def serve(data_dir: Path, port: int) -> None:
+    """Child process (--serve): the demo cast seeded into its own data dir, the app served by uvicorn."""
     import uvicorn
 
     from gateway.app import create_app
@@ -223,53 +222,122 @@ def over_http(rounds: int) -> dict[str, Any]:
     from gateway.demo import seed_demo
     from gateway.settings import Settings
 
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp)
-        settings = Settings(data_dir=data, policy_watch_interval_s=0)
-        db = Database(settings.resolved_database_url())
-        db.create_schema()
-        with db.transaction() as session:
-            seed_demo(session, data)
-        db.close()
-        tokens = json.loads((data / "demo-tokens.json").read_text())
-        port = _free_port()
-        server = uvicorn.Server(uvicorn.Config(create_app(settings, run_scheduler=False), host="127.0.0.1",
-                                               port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
+    settings = Settings(data_dir=data_dir, policy_watch_interval_s=0)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.resolved_database_url())
+    db.create_schema()
+    with db.transaction() as session:
+        seed_demo(session, data_dir)
+    db.close()
+    uvicorn.run(create_app(settings, run_scheduler=False), host="127.0.0.1", port=port, log_level="warning")
+
+
+class Http:
+    """One keep-alive HTTP/1.1 connection, blocking: the lightest client for one request at a time, so the
+    figure is the server's answer time plus as little client work as possible."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.head = f"Host: bench\r\nAuthorization: Bearer {token}\r\n".encode()
+        self.buf = b""
+
+    def request(self, method: str, path: str, body: object = None) -> tuple[int, bytes]:
+        data = b"" if body is None else json.dumps(body).encode()
+        self.sock.sendall(f"{method} {path} HTTP/1.1\r\n".encode() + self.head
+                          + f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+        while b"\r\n\r\n" not in self.buf:
+            self._fill()
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        length = next(int(line.split(b":", 1)[1]) for line in lines[1:] if line.lower().startswith(b"content-length:"))
+        while len(self.buf) < length:
+            self._fill()
+        payload, self.buf = self.buf[:length], self.buf[length:]
+        return int(lines[0].split(b" ", 2)[1]), payload
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the server closed the connection")
+        self.buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def over_http(rounds: int) -> dict[str, Any]:
+    """GET /v1/jobs/{id} (token check, job read, A1 decision) and GET /healthz, one request at a time on one
+    keep-alive connection, from this process to a gateway in its own process (uvicorn, its own data dir)."""
+    tmp = Path(tempfile.mkdtemp(prefix="jobgate-bench-policy-"))
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(tmp / "var"), str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError("the gateway under test exited early")
             if time.monotonic() > deadline:
-                raise RuntimeError("gateway did not start")
-            time.sleep(0.05)
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}",
-                              headers={"Authorization": f"Bearer {tokens['alice']}"}) as client:
-                job = client.post("/v1/jobs", json={"name": "bench", "project": "vision", "gpus_per_node": 1,
-                                                    "nodes": 1, "command": ["true"]}).json()["id"]
+                raise RuntimeError("the gateway under test did not start")
+            try:
+                probe = Http(port, "-")
+                ready = probe.request("GET", "/healthz")[0] == 200
+                probe.close()
+                if ready:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        tokens = json.loads((tmp / "var" / "demo-tokens.json").read_text())
+        client = Http(port, tokens["alice"])
+        status, body = client.request("POST", "/v1/jobs", {"name": "bench", "project": "vision", "gpus_per_node": 1,
+                                                           "nodes": 1, "command": ["true"]})
+        assert status == 201, body
+        job = json.loads(body)["id"]
 
-                def timed(path: str) -> dict[str, float]:
-                    for _ in range(100):
-                        client.get(path)
-                    samples = []
-                    for _ in range(rounds):
-                        t = time.perf_counter_ns()
-                        r = client.get(path)
-                        samples.append(time.perf_counter_ns() - t)
-                        assert r.status_code == 200, r.text
-                    return summary(samples)
+        def timed(path: str) -> tuple[list[int], float]:
+            for _ in range(100):
+                client.request("GET", path)
+            cpu_before = _cpu_seconds(server.pid)
+            samples = []
+            for _ in range(rounds // 2):
+                t = time.perf_counter_ns()
+                status, body = client.request("GET", path)
+                samples.append(time.perf_counter_ns() - t)
+                assert status == 200, body
+            return samples, _cpu_seconds(server.pid) - cpu_before
 
-                return {"decision_get_job": timed(f"/v1/jobs/{job}"), "floor_healthz": timed("/healthz"),
-                        "target_p99_ms": 5.0}
-        finally:
-            server.should_exit = True
-            thread.join(timeout=10)
+        # Two interleaved halves per path, so a burst of load from elsewhere on the machine hits both alike.
+        runs = [timed(path) for path in (f"/v1/jobs/{job}", "/healthz", f"/v1/jobs/{job}", "/healthz")]
+        client.close()
+
+        def figures(a: tuple[list[int], float], b: tuple[list[int], float]) -> dict[str, float]:
+            samples = a[0] + b[0]
+            return {**summary(samples), "server_cpu_ms_per_request": round((a[1] + b[1]) * 1000 / len(samples), 3)}
+
+        return {"decision_get_job": figures(runs[0], runs[2]), "floor_healthz": figures(runs[1], runs[3]),
+                "target_p99_ms": 5.0}
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Fewer rounds and 20,000 replayed decisions.")
+    parser.add_argument("--serve", nargs=2, metavar=("DATA_DIR", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        serve(Path(args.serve[0]), int(args.serve[1]))
+        return
     rounds = 1000 if args.quick else 4000
     result: dict[str, Any] = {
         "bench": "policy_decision",
