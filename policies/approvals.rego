@@ -86,7 +86,7 @@ external_target(f) if {
 default cross_project_batch := false
 
 cross_project_batch if {
-	count(targets) > 1
+	batch
 	count(target_projects) > 1
 	mutating
 	not input.action in unbatched_actions

@@ -40,7 +40,7 @@ decision := {
 	"reasons": waiting_reasons,
 	"rules": fired_rules,
 	"approvals_required": approvals_required,
-	"obligations": sort(obligations | {approval_expiry_obligation}),
+	"obligations": sort(obligations),
 } if {
 	# Nothing waits unless some subject can need a second person (approvals.rego): one cached test
 	# before the per-subject work.
@@ -72,19 +72,29 @@ waiting contains w if {
 	w.missing > 0
 }
 
+# Why the request waits: each waiting subject's reason and each notch's. rego-cpp iterates a set in the
+# order its members were added, except the result of `|`, which comes out ordered: so these reasons are
+# listed through the union, never through a set built another way (that would reorder them).
 waiting_reasons := [r | some r in ({w.reason | some w in ws} | notch_reasons)] if ws := waiting
 
-# A notch fires only where a second person is possible (R3 external target, H2 cross-project batch,
-# C2 with a need), so without one the rules are the findings' alone.
-fired_rules := sort({f.rule | some f in fs} | {n.rule | some n in ns}) if {
-	second_person_possible
+notch_reasons := {n.reason | some n in ns} if ns := notches_fired
+
+# Sorted, so the way the set is built does not matter: one rule with two bodies rather than a union
+# (rego-cpp keys every member of a set by serialising it, and `|` builds a third set).
+fired_rules := sort(rule_ids)
+
+rule_ids contains f.rule if {
 	fs := findings
-	ns := notches_fired
-} else := sort({f.rule | some f in fs}) if {
-	fs := findings
+	some f in fs
 }
 
-notch_reasons := {n.reason | some n in ns} if ns := notches_fired
+# A notch fires only where a second person is possible (R3 external target, H2 cross-project batch,
+# C2 with a need).
+rule_ids contains n.rule if {
+	second_person_possible
+	ns := notches_fired
+	some n in ns
+}
 
 approval_expiry_obligation := {"kind": "approval_expiry", "seconds": data.approval.expiry_seconds}
 
@@ -112,6 +122,12 @@ obligations contains o if {
 	some f in fs
 	f.kind == "grant"
 	some o in f.obligations
+}
+
+# M2: a request that waits for a second person says how long an approval stays valid.
+obligations contains approval_expiry_obligation if {
+	second_person_possible
+	count(waiting) > 0
 }
 
 # P4: every stop goes through prepare signal, grace window, then forced kill.

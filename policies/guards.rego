@@ -72,10 +72,10 @@ denials contains {
 	"rule": "H2.gpus_per_call",
 	"reason": sprintf("the request affects %d GPUs; at most %d per call", [gpus, data.limits.gpus_per_call]),
 } if {
+	mutating
 	count(targets) == 1
 	gpus := targets[0].gpus
 	gpus > data.limits.gpus_per_call
-	mutating
 	not input.action in unbatched_actions
 }
 
