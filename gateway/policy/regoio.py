@@ -93,7 +93,10 @@ class UndefinedResult(Exception):
 
 
 def _add(p: int, val: Any) -> int:
-    """Push `val` onto the input builder `p`; returns a non-zero rego-cpp code on failure."""
+    """Push `val` onto the input builder `p`; returns a non-zero rego-cpp code on failure.
+
+    Objects and arrays push their string, null and boolean members inline (most of an input's members):
+    a call less per member than recursing."""
     if val is True or val is False:
         return int(_bool(p, val))
     kind = type(val)
@@ -106,20 +109,31 @@ def _add(p: int, val: Any) -> int:
             order = _order(keys)
         for i in order:
             k = keys[i]
-            rc = (_str(p, k.encode("utf-8")) if type(k) is str else _add(p, k)) or _add(p, val[k]) or _item(p)
+            v = val[k]
+            rc = _str(p, k.encode("utf-8")) if type(k) is str else _add(p, k)
+            if not rc:
+                if type(v) is str:
+                    rc = _str(p, v.encode("utf-8"))
+                elif v is None:
+                    rc = _null(p)
+                elif v is True or v is False:
+                    rc = _bool(p, v)
+                else:
+                    rc = _add(p, v)
+            rc = rc or _item(p)
             if rc:
                 return int(rc)
         return int(_object(p, len(keys)))
+    if kind is list:
+        for x in val:
+            rc = _str(p, x.encode("utf-8")) if type(x) is str else _add(p, x)
+            if rc:
+                return int(rc)
+        return int(_array(p, len(val)))
     if val is None:
         return int(_null(p))
     if kind is int:
         return int(_int(p, val))
-    if kind is list:
-        for x in val:
-            rc = _add(p, x)
-            if rc:
-                return rc
-        return int(_array(p, len(val)))
     if kind is float:
         return int(_float(p, val))
     if isinstance(val, Mapping):
