@@ -4,12 +4,16 @@
 # (second persons the rule itself needs), `obligations`, and — when base > 0 — `eligible` (who may be
 # that second person).
 #
-# Cost notes (rego-cpp 1.x, measured with bench/policy.py; each decision runs every statement below that
-# its path reaches, at about a microsecond each): an object is built key by key and each insert compares
-# the keys already there, so an 8-key object costs about five 3-key ones; a function call copies every
-# argument; a rule's value is cached within a query (a function's is not); a lookup walks an object's
-# keys in order. So the rules below build few and small objects, pass few arguments, and test the
-# cheapest discriminating fact first.
+# Cost notes (rego-cpp 1.x, measured with bench/policy.py and perf): every statement a decision's path
+# reaches costs about a microsecond, and some much more. Testing a value for truth or comparing it
+# serialises it, so a collection or an object is never tested: collections are iterated through a local
+# (`ts := targets; some t in ts`), since `some t in targets` first tests the whole value against false.
+# An object is built key by key, each insert comparing the keys already there. A lookup walks an
+# object's keys in order (the input's keys come in regoio.HOT_KEYS order, data.json's in file order).
+# Every call, of a rule (cached within a query), a function (not cached) or a builtin, pays a name
+# lookup. So the rules below test the cheapest discriminating fact first, gate rarely true work behind
+# one cached rule, and build few and small objects. rego-cpp also checks the whole compiled policy on
+# every query, so its size costs too (about 15 ns per statement of the plan).
 package jobgate.authz
 
 import rego.v1
@@ -92,6 +96,8 @@ project_grant(rule, reason, project, base, eligible, obligations) := {
 }
 
 refuse(rule, reason, subject) := {"kind": "deny", "rule": rule, "reason": reason, "subject": subject}
+
+nobody := {"roles": [], "principals": [], "projects": []}
 
 # Default second person for another's job (A3, A4): its owner, a queue admin of its project, or on-call.
 second_person(t) := {
