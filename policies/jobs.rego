@@ -1,6 +1,5 @@
 # Per-job rules of the action matrix (A1-A6, A8) and expiry reclaim (R4).
 # Each function is an ordered list: the first branch whose conditions hold decides the job.
-# Within a branch the capability is tested before ownership: both must hold, and the lookup is cheaper.
 package jobgate.authz
 
 import rego.v1
@@ -27,8 +26,8 @@ sensitivity(t) := "external_rights" if {
 stop_finding(t) := system_stop_finding(t) if {
 	actor_kind == "system"
 } else := grant_alone("A4.own_job", sprintf("%s stops their own job %s", [actor, t.id]), t, []) if {
-	"job.stop.own" in granted[t.project]
 	owns(t)
+	"job.stop.own" in granted[t.project]
 } else := service_stop_finding(t) if {
 	t.creator_kind == "service"
 } else := grant(
@@ -82,8 +81,8 @@ others_job_obligations(t) := [notify_owner(t)] if {
 priority_finding(t) := grant_alone(
 	"A2.own", sprintf("%s changes the priority of their own job %s", [actor, t.id]), t, [],
 ) if {
-	"job.priority.own" in granted[t.project]
 	owns(t)
+	"job.priority.own" in granted[t.project]
 } else := grant(
 	"A3.second_person", sprintf("%s changes the priority of %s's job %s; a second person must confirm", [actor, t.owner, t.id]),
 	t, 1, second_person(t), others_job_obligations(t),
@@ -96,8 +95,8 @@ pause_finding(t) := grant_alone(
 	"A5.own", sprintf("%s pauses their own job %s", [actor, t.id]), t,
 	[{"kind": "keep_checkpoint", "job": t.id}],
 ) if {
-	"job.pause.own" in granted[t.project]
 	owns(t)
+	"job.pause.own" in granted[t.project]
 } else := grant_alone(
 	"A5.notify_owner", sprintf("%s pauses %s's job %s; the owner is notified", [actor, t.owner, t.id]), t,
 	[{"kind": "keep_checkpoint", "job": t.id}, notify_owner(t)],
