@@ -43,7 +43,7 @@ def _url(data_dir: Path | None, db: str | None) -> str:
     return db
 
 
-def _progress(label: str) -> Callable[[int, int], None] | None:
+def progress_bar(label: str) -> Callable[[int, int], None] | None:
     """A progress bar on stderr, only when stderr is a terminal."""
     if not sys.stderr.isatty():
         return None
@@ -56,7 +56,7 @@ def _progress(label: str) -> Callable[[int, int], None] | None:
     return draw
 
 
-def _end_progress(p: Callable[[int, int], None] | None) -> None:
+def end_progress_bar(p: Callable[[int, int], None] | None) -> None:
     if p is not None:
         click.echo("", err=True)
 
@@ -121,7 +121,7 @@ def verify_cmd(
             _error("--public-key is required with --bundle or --db")
         public_key = data_dir / "keys" / VERIFIER_FILE
     trusted = _read_text(trusted_checkpoint, "trusted checkpoint") if trusted_checkpoint is not None else None
-    progress = _progress("verifying")
+    progress = progress_bar("verifying")
     try:
         verifier = load_verifier(public_key)
         if bundle is not None:
@@ -129,9 +129,9 @@ def verify_cmd(
         else:
             verdict = verify_store(_url(data_dir, db), verifier, progress=progress, deep=deep, trusted=trusted)
     except LedgerError as e:
-        _end_progress(progress)
+        end_progress_bar(progress)
         _error(e.diagnostics())
-    _end_progress(progress)
+    end_progress_bar(progress)
     _print_verdict(verdict, as_json)
 
 
@@ -172,7 +172,7 @@ def export_cmd(
     url = _url(data_dir, db)
     if public_key is None and data_dir is not None and (data_dir / "keys" / VERIFIER_FILE).is_file():
         public_key = data_dir / "keys" / VERIFIER_FILE
-    progress = _progress("exporting")
+    progress = progress_bar("exporting")
     try:
         keys = [load_verifier(public_key).vkey] if public_key is not None else []
         store = open_store(url, create=False)
@@ -189,9 +189,9 @@ def export_cmd(
         finally:
             store.close()
     except LedgerError as e:
-        _end_progress(progress)
+        end_progress_bar(progress)
         _error(e.diagnostics())
-    _end_progress(progress)
+    end_progress_bar(progress)
     if as_json:
         click.echo(json.dumps(summary.to_json(), sort_keys=True))
     else:

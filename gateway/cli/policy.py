@@ -20,6 +20,7 @@ from gateway.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.policy.errors import PolicyError, PolicyLoadError
 from gateway.policy.loader import load_policy_set
 from gateway.settings import REPO_POLICIES
+from ledger.cli import end_progress_bar, progress_bar
 
 _dir_arg = click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
 
@@ -260,7 +261,12 @@ def whatif_cmd(candidate: Path, since: str | None, data_dir: Path | None, ledger
             records = list(records_from_entries((row[2] for row in store.iter_entries()), _parse_since(since)))
         finally:
             store.close()
-        report = replay(candidate, records, bindings, bindings_source=source, workers=workers)
+        progress = progress_bar("replaying")
+        try:
+            report = replay(candidate, records, bindings, bindings_source=source, workers=workers,
+                            progress=progress)
+        finally:
+            end_progress_bar(progress)
     except LedgerError as e:
         fail(f"cannot read the ledger: {e}")
     except PolicyError as e:
