@@ -200,6 +200,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=500.0, help="offered submissions/s for the latency figure")
     parser.add_argument("--approval-rate", type=float, default=10.0,
                         help="offered approvals/s (people approve one request at a time)")
+    parser.add_argument("--approval-seconds", type=float, default=20.0,
+                        help="length of the approvals-at-a-person's-pace measurement (200 samples at 10/s)")
     parser.add_argument("--queued", type=int, default=1000,
                         help="jobs that stay queued while approvals run (each decision records the queue)")
     parser.add_argument("--serve", nargs=3, metavar=("DATA_DIR", "POLICIES", "PORT"), help=argparse.SUPPRESS)
@@ -305,7 +307,7 @@ async def measure_approvals(port: int, tokens: dict[str, str], args: argparse.Na
                             pid: int) -> dict[str, object]:
     """Carol asks to stop alice's queued jobs; dave approves them. Every decision on an existing job records
     the whole queue (H3), so the queue's length is set (--queued jobs stay queued throughout) and reported."""
-    wanted = int(args.seconds * (args.approval_rate + 100)) + 50
+    wanted = int(args.approval_seconds * args.approval_rate + args.seconds * 100) + 50
     left = args.queued + wanted
     ids: list[str] = []
 
@@ -338,7 +340,8 @@ async def measure_approvals(port: int, tokens: dict[str, str], args: argparse.Na
         return await c.request("POST", f"/v1/approvals/{pending.pop()}/approve")
 
     at_start = args.queued + len(pending)
-    approve_lat = await open_loop(port, tokens["dave"], args.clients, args.seconds, args.approval_rate, approve)
+    approve_lat = await open_loop(port, tokens["dave"], args.clients, args.approval_seconds, args.approval_rate,
+                                  approve)
     approve_cap = await closed_loop(port, tokens["dave"], args.clients, args.seconds, approve, pid)
     return {"at_rate": approve_lat, "capacity": approve_cap,
             "queued_jobs": {"at_start": at_start, "at_end": args.queued + len(pending)}}
