@@ -62,3 +62,35 @@ def fresh_pg_database(pg_server_url: str) -> Iterator[Callable[[str], str]]:
     for name in created:
         with psycopg.connect(pg_server_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def run_on_a_terminal() -> Callable[..., tuple[int, bytes, bytes]]:
+    """Run `jobgate ARGS` with stderr on a pseudo-terminal, as a person at a shell would see it.
+
+    Returns (exit code, stdout, what the terminal showed): progress bars draw only on a terminal."""
+    import pty
+    import subprocess
+    import sys
+
+    jobgate = os.path.join(os.path.dirname(sys.executable), "jobgate")
+
+    def run(*args: str) -> tuple[int, bytes, bytes]:
+        master, slave = pty.openpty()
+        try:
+            proc = subprocess.run([jobgate, *args], stdout=subprocess.PIPE, stderr=slave, timeout=120, check=False)
+            os.close(slave)
+            seen = b""
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except OSError:  # the other end closed
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+        finally:
+            os.close(master)
+        return proc.returncode, proc.stdout, seen
+
+    return run

@@ -4,11 +4,8 @@ set; every flip is listed with counts; the bindings used are named (current DB, 
 from __future__ import annotations
 
 import json
-import os
-import pty
 import shutil
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,28 +97,12 @@ def test_whatif_bad_input_is_one_line(tmp_path: Path) -> None:
     assert code == 1 and "--since 'yesterday' is not an ISO date" in out
 
 
-def test_whatif_shows_progress_on_a_terminal_only(tmp_path: Path) -> None:
+def test_whatif_shows_progress_on_a_terminal_only(
+        tmp_path: Path, run_on_a_terminal: Callable[..., tuple[int, bytes, bytes]]) -> None:
     data = tmp_path / "var"
     record_some_decisions(data)
-    jobgate = Path(sys.executable).parent / "jobgate"
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.run([str(jobgate), "policy", "whatif", "--policies", str(REPO_POLICIES),
-                               "--data-dir", str(data)], stdout=subprocess.PIPE, stderr=slave, timeout=120,
-                              check=False)
-        os.close(slave)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-    finally:
-        os.close(master)
-    assert proc.returncode == 0, proc.stdout
+    code, out, seen = run_on_a_terminal("policy", "whatif", "--policies", str(REPO_POLICIES), "--data-dir", str(data))
+    assert code == 0, out
     assert b"replaying [" in seen and b"100%" in seen
     # Not a terminal (CliRunner): nothing but the report.
     code, out = whatif("--policies", str(REPO_POLICIES), "--data-dir", str(data))

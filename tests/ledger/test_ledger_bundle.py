@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -352,35 +353,10 @@ def test_proof_sizes_out_of_range(data_dir: Path, args: list[str]) -> None:
     _expect_error(*run(*args, "--data-dir", str(data_dir)))
 
 
-def test_progress_bar_only_on_a_terminal(full: Path, key: Path) -> None:
-    import os
-    import pty
-    import subprocess
-    import sys
-
-    jobgate = Path(sys.executable).parent / "jobgate"
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.run(
-            [str(jobgate), "ledger", "verify", "--bundle", str(full), "--public-key", str(key)],
-            stdout=subprocess.PIPE,
-            stderr=slave,
-            timeout=60,
-            check=False,
-        )
-        os.close(slave)
-        seen = b""
-        while True:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            seen += chunk
-    finally:
-        os.close(master)
-    assert proc.returncode == 0 and proc.stdout.startswith(b"OK: ")
+def test_progress_bar_only_on_a_terminal(full: Path, key: Path,
+                                         run_on_a_terminal: Callable[..., tuple[int, bytes, bytes]]) -> None:
+    code, out, seen = run_on_a_terminal("ledger", "verify", "--bundle", str(full), "--public-key", str(key))
+    assert code == 0 and out.startswith(b"OK: ")
     assert b"verifying [" in seen and b"100%" in seen and f"{N}/{N}".encode() in seen
     # Not a terminal (CliRunner): nothing on stderr.
     assert verify(full, key)[2] == ""
