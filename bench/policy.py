@@ -218,17 +218,11 @@ def serve(data_dir: Path, port: int) -> None:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.db import Database
-    from gateway.demo import seed_demo
+    from gateway.demo import prepare_demo
     from gateway.settings import Settings
 
     settings = Settings(data_dir=data_dir, policy_watch_interval_s=0)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, data_dir)
-    db.close()
+    prepare_demo(settings)
     uvicorn.run(create_app(settings, run_scheduler=False), host="127.0.0.1", port=port, log_level="warning")
 
 

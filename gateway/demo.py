@@ -10,7 +10,9 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from gateway.context import utcnow
+from gateway.db import Database
 from gateway.models import Meta, Node, Principal, Project, RoleBinding
+from gateway.settings import Settings
 from gateway.tokens import issue_token
 
 DEMO_NODES = ("demo-node-1", "demo-node-2")
@@ -45,6 +47,19 @@ def write_secret_text(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
+
+
+def prepare_demo(settings: Settings) -> bool:
+    """Create the business schema in the settings' database and seed the demo cast there and in its data
+    dir (tokens in demo-tokens.json). Returns True if it seeded now, False if the cast was already there."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(settings.resolved_database_url())
+    try:
+        db.create_schema()
+        with db.transaction() as session:
+            return seed_demo(session, settings.data_dir)
+    finally:
+        db.close()
 
 
 def seed_demo(session: Session, data_dir: Path) -> bool:

@@ -66,7 +66,6 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.db import Database
     from gateway.keys import load_or_create_command_key
     from gateway.settings import Settings
 
@@ -77,15 +76,11 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     url = f"http://{host}:{port}"
     agents: list[subprocess.Popen[bytes]] = []
     if demo:
-        from gateway.demo import seed_demo
+        from gateway.demo import prepare_demo
 
         data_dir.mkdir(parents=True, exist_ok=True)
         load_or_create_command_key(settings.keys_dir)
-        db = Database(settings.resolved_database_url())
-        db.create_schema()
-        with db.transaction() as session:
-            seeded = seed_demo(session, data_dir)
-        db.close()
+        seeded = prepare_demo(settings)
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
         agents = _start_agents(data_dir, url)
     click.echo(_banner(url, data_dir, demo))

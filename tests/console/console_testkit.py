@@ -14,8 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.settings import Settings
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -64,11 +63,7 @@ def console(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Console]
     else:
         make = request.getfixturevalue("fresh_pg_database")
         settings = Settings(data_dir=tmp_path, database_url=make("jobgate_biz"), ledger_url=make("jobgate_ledger"))
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, settings.data_dir)
-    db.close()
+    prepare_demo(settings)
     tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
     app = create_app(settings, run_scheduler=False)
     with TestClient(app) as lifespan:

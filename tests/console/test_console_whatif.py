@@ -11,8 +11,7 @@ from console_testkit import Console, csrf_of, submit
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.settings import REPO_POLICIES, Settings
 
 
@@ -22,11 +21,7 @@ def test_whatif_lists_the_decisions_a_policy_change_would_flip(tmp_path: Path) -
     # No watcher: the edited files stay on disk, not loaded, as after a refused or pending reload.
     (tmp_path / "var").mkdir()
     settings = Settings(data_dir=tmp_path / "var", policies_dir=policies, policy_watch_interval_s=0)
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, settings.data_dir)
-    db.close()
+    prepare_demo(settings)
     tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
     app = create_app(settings, run_scheduler=False)
     with TestClient(app):

@@ -11,8 +11,7 @@ from fastapi.testclient import TestClient
 from gateway_testkit import Api
 
 from gateway.app import create_app
-from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.settings import Settings
 
 
@@ -26,11 +25,7 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def api(settings: Settings) -> Iterator[Api]:
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, settings.data_dir)
-    db.close()
+    prepare_demo(settings)
     tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
     with TestClient(create_app(settings, run_scheduler=False)) as client:
         yield Api(client, tokens, settings)

@@ -8,18 +8,13 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.settings import Settings
 
 
 def test_start_up_objects_are_frozen_before_requests_are_served(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, policy_watch_interval_s=0)
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, tmp_path)
-    db.close()
+    prepare_demo(settings)
     gc.unfreeze()  # whatever an earlier test's app froze
     assert gc.get_freeze_count() == 0
     with TestClient(create_app(settings, run_scheduler=False)) as client:

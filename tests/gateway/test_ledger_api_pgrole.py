@@ -12,8 +12,7 @@ from fastapi.testclient import TestClient
 from gateway_testkit import Api, job_spec
 
 from gateway.app import create_app
-from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.settings import Settings
 from ledger.admin import init_db
 from ledger.keys import load_verifier
@@ -36,11 +35,7 @@ def role_api(
     monkeypatch.setenv("JOBGATE_LEDGER_URL", res.gateway_url)
     settings = Settings(data_dir=tmp_path, database_url=fresh_pg_database("jobgate_biz"))
     assert settings.resolved_ledger_url() == res.gateway_url
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, settings.data_dir)
-    db.close()
+    prepare_demo(settings)
     tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
     try:
         with TestClient(create_app(settings, run_scheduler=False)) as client:

@@ -15,8 +15,7 @@ from fastapi.testclient import TestClient
 from gateway_testkit import Api, job_spec
 
 from gateway.app import create_app
-from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.policy.opa import OpaEngine
 from gateway.settings import Settings
 
@@ -34,11 +33,7 @@ def opa_api(tmp_path: Path) -> Iterator[tuple[Api, Any]]:
     server = standin_module.StandInProcess()
     settings = Settings(data_dir=tmp_path, policy_engine="opa", opa_url=server.url, opa_timeout_s=0.5,
                         policy_watch_interval_s=0)
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, settings.data_dir)
-    db.close()
+    prepare_demo(settings)
     tokens = json.loads((tmp_path / "demo-tokens.json").read_text())
     try:
         with TestClient(create_app(settings, run_scheduler=False)) as client:

@@ -15,17 +15,12 @@ from fastapi.testclient import TestClient
 from gateway_testkit import Api, job_spec
 
 from gateway.app import create_app
-from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.settings import REPO_POLICIES, Settings
 
 
 def start_api(settings: Settings) -> Iterator[Api]:
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, settings.data_dir)
-    db.close()
+    prepare_demo(settings)
     tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
     with TestClient(create_app(settings, run_scheduler=False)) as client:
         yield Api(client, tokens, settings)

@@ -15,19 +15,14 @@ from gateway_testkit import Api, job_spec
 
 from gateway.app import create_app
 from gateway.cli.main import cli
-from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.settings import REPO_POLICIES, Settings
 
 
 def record_some_decisions(data_dir: Path) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(data_dir=data_dir, policy_watch_interval_s=0)
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, data_dir)
-    db.close()
+    prepare_demo(settings)
     tokens = json.loads((data_dir / "demo-tokens.json").read_text())
     with TestClient(create_app(settings, run_scheduler=False)) as client:
         api = Api(client, tokens, settings)

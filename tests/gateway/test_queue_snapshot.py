@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import inspect, text
 
 from gateway.db import Database
-from gateway.demo import seed_demo
+from gateway.demo import prepare_demo
 from gateway.models import Job
 from gateway.pipeline import _PENDING_SQL, queue_snapshot, snapshot_blob
 from gateway.settings import Settings
@@ -29,10 +29,8 @@ def job(job_id: str, *, queue: str = "default", priority: float = 0.0, state: st
 
 @pytest.fixture
 def db(settings: Settings) -> Iterator[Database]:
+    prepare_demo(settings)
     database = Database(settings.resolved_database_url())
-    database.create_schema()
-    with database.transaction() as session:
-        seed_demo(session, settings.data_dir)
     yield database
     database.close()
 

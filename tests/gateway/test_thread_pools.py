@@ -11,19 +11,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.db import Database
-from gateway.demo import DEMO_NODES, seed_demo
+from gateway.demo import DEMO_NODES, prepare_demo
 from gateway.settings import Settings
 
 
 @pytest.fixture
 def one_thread_gateway(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
     settings = Settings(data_dir=tmp_path, api_threads=1, policy_watch_interval_s=0)
-    db = Database(settings.resolved_database_url())
-    db.create_schema()
-    with db.transaction() as session:
-        seed_demo(session, tmp_path)
-    db.close()
+    prepare_demo(settings)
     with TestClient(create_app(settings, run_scheduler=False)) as client:
         yield client, tmp_path
 
