@@ -13,10 +13,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 import orjson
-from sqlalchemy import select
+from sqlalchemy import Integer, and_, case, cast, func, select
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from gateway.auth import Caller
@@ -57,14 +59,48 @@ def target_facts(job: Job, now: datetime) -> dict[str, Any]:
 
 _SAFE_INT = 2**53 - 1  # the I-JSON integer range; beyond it RFC 8785 prints a number like a float
 _JOB = Job.__table__.c
+_IS_PENDING = _JOB.state.in_(PENDING_STATES)
 # Read in the order of the index ix_jobs_queue_snapshot, which covers it.
-_PENDING = (
-    select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.gpus_per_node * _JOB.nodes)
-    .where(_JOB.state.in_(PENDING_STATES))
-    .order_by(_JOB.queue, _JOB.base_priority.desc(), _JOB.submitted_at, _JOB.id)
-)
-_PENDING_SQL: dict[str, str] = {}  # by dialect name: the statement has no parameters
+_QUEUE_ORDER = (_JOB.queue, _JOB.base_priority.desc(), _JOB.submitted_at, _JOB.id)
+_PENDING = (select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.gpus_per_node * _JOB.nodes)
+            .where(_IS_PENDING).order_by(*_QUEUE_ORDER))
+# SQLite renders each row as canonical JSON itself (its json_quote escapes strings exactly as RFC 8785 does;
+# tests/gateway/test_queue_snapshot.py checks the bytes), so a queue of thousands costs Python one string per
+# row. A whole-number priority is written as an int; any other sets the row's flag and the snapshot takes
+# the general path, since SQLite and RFC 8785 print fractions differently.
+_WHOLE_PRIORITY = case((and_(_JOB.base_priority == cast(_JOB.base_priority, Integer),
+                             func.abs(_JOB.base_priority) <= _SAFE_INT), cast(_JOB.base_priority, Integer)))
+_PENDING_JSON = (select(func.json_array(_JOB.id, _JOB.project, _JOB.queue, _WHOLE_PRIORITY,
+                                        _JOB.gpus_per_node * _JOB.nodes), _WHOLE_PRIORITY.is_(None))
+                 .where(_IS_PENDING).order_by(*_QUEUE_ORDER))
+_BY_QUEUE = select(_JOB.queue, func.count()).where(_IS_PENDING).group_by(_JOB.queue)
+_SQL: dict[tuple[str, str], str] = {}  # (statement, dialect name) -> SQL; the statements have no parameters
+_STATEMENTS = {"pending": _PENDING, "pending_json": _PENDING_JSON, "by_queue": _BY_QUEUE}
 SNAPSHOT_COLUMNS = ("id", "project", "queue", "priority", "gpus")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_SNAPSHOT_HEAD = b'{"columns":' + orjson.dumps(SNAPSHOT_COLUMNS) + b',"pending":['
+
+
+def snapshot_sql(statement: str, dialect: Dialect) -> str:
+    """The SQL of one of the snapshot's statements for a dialect, compiled once."""
+    if (sql := _SQL.get((statement, dialect.name))) is None:
+        sql = _SQL[statement, dialect.name] = str(_STATEMENTS[statement].compile(
+            dialect=dialect, compile_kwargs={"literal_binds": True}))
+    return sql
+
+
+def _fetch(session: Session, statement: str) -> Sequence[Any]:
+    """Rows of a snapshot statement, read with a plain DB-API cursor on the transaction's connection:
+    SQLAlchemy's result rows would double the cost. Sees this transaction's own changes, as an ORM query
+    would (the session is flushed first)."""
+    session.flush()
+    connection = session.connection()
+    cursor = connection.connection.cursor()
+    try:
+        cursor.execute(snapshot_sql(statement, connection.dialect))
+        return cursor.fetchall()
+    finally:
+        cursor.close()
 
 
 def queue_snapshot(session: Session) -> dict[str, Any]:
@@ -73,19 +109,7 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
     One row per queued job, in queue order (queue, then priority, then age), its fields named once in
     `columns`: a queue of thousands is recorded for every decision on existing jobs, and rows of
     objects would repeat every field name in every row of every snapshot."""
-    session.flush()  # as an ORM query would: the snapshot sees this transaction's own changes
-    connection = session.connection()
-    dialect = connection.dialect
-    if (sql := _PENDING_SQL.get(dialect.name)) is None:
-        sql = _PENDING_SQL[dialect.name] = str(_PENDING.compile(dialect=dialect,
-                                                                 compile_kwargs={"literal_binds": True}))
-    # A plain DB-API cursor on the transaction's connection: SQLAlchemy's result rows would double the cost.
-    cursor = connection.connection.cursor()
-    try:
-        cursor.execute(sql)
-        rows = cursor.fetchall()
-    finally:
-        cursor.close()
+    rows = _fetch(session, "pending")
     # A whole-number priority is written as an int: RFC 8785 prints 3.0 as 3 anyway, so the bytes are the
     # same, and a snapshot without floats can skip the general encoder (see snapshot_bytes).
     pending = [[i, project, queue, int(p) if p.is_integer() and abs(p) <= _SAFE_INT else p, gpus]
@@ -96,7 +120,19 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
 
 def snapshot_blob(session: Session) -> bytes:
     """The queue snapshot as the canonical (RFC 8785) JSON blob a ledger entry references (H3)."""
+    if session.get_bind().dialect.name == "sqlite" and (blob := sqlite_snapshot_blob(session)) is not None:
+        return blob
     return snapshot_bytes(queue_snapshot(session))
+
+
+def sqlite_snapshot_blob(session: Session) -> bytes | None:
+    """snapshot_blob with every row rendered by SQLite; None when a priority is fractional."""
+    rows = _fetch(session, "pending_json")
+    if any(map(_SECOND, rows)):
+        return None
+    by_queue = dict(_fetch(session, "by_queue"))
+    return b"".join((_SNAPSHOT_HEAD, ",".join(map(_FIRST, rows)).encode(), b'],"pending_by_queue":',
+                     canonical(by_queue), b"}"))
 
 
 def snapshot_bytes(snapshot: dict[str, Any]) -> bytes:

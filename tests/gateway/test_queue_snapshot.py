@@ -8,12 +8,13 @@ from pathlib import Path
 
 import orjson
 import pytest
+import rfc8785
 from sqlalchemy import inspect, text
 
 from gateway.db import Database
 from gateway.demo import prepare_demo
 from gateway.models import Job
-from gateway.pipeline import _PENDING_SQL, queue_snapshot, snapshot_blob
+from gateway.pipeline import queue_snapshot, snapshot_blob, snapshot_sql, sqlite_snapshot_blob
 from gateway.settings import Settings
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -65,16 +66,47 @@ def test_snapshot_sees_the_transactions_own_unflushed_changes(db: Database) -> N
         assert [row[0] for row in orjson.loads(snapshot_blob(session))["pending"]] == ["j-2"]
 
 
-def test_sqlite_reads_the_snapshot_from_its_covering_index_without_sorting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("statement", ["pending", "pending_json", "by_queue"])
+def test_sqlite_reads_the_snapshot_from_its_covering_index_without_sorting(tmp_path: Path, statement: str) -> None:
     db = Database(f"sqlite:///{tmp_path / 'b.db'}")
     db.create_schema()
     with db.transaction(immediate=False) as session:
-        queue_snapshot(session)  # compiles the statement for this dialect
-        plan = " | ".join(str(row[-1]) for row in session.connection().exec_driver_sql(
-            "EXPLAIN QUERY PLAN " + _PENDING_SQL["sqlite"]))
+        connection = session.connection()
+        plan = " | ".join(str(row[-1]) for row in connection.exec_driver_sql(
+            "EXPLAIN QUERY PLAN " + snapshot_sql(statement, connection.dialect)))
     db.close()
     assert "COVERING INDEX ix_jobs_queue_snapshot" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
+
+
+# Strings SQLite must escape as RFC 8785 does: quote, backslash, the short forms, other controls (lowercase
+# \u00xx), DEL and "/" (left alone), non-ASCII and astral characters (raw UTF-8).
+AWKWARD = ['a"b', "back\\slash", "\b\t\n\f\r", "\x01\x1f", "\x7f/", "é", "\U0001f600", "\ufb01"]
+
+
+def test_sqlite_renders_the_snapshot_byte_for_byte_as_rfc8785(tmp_path: Path) -> None:
+    prepare_demo(Settings(data_dir=tmp_path))
+    db = Database(Settings(data_dir=tmp_path).resolved_database_url())
+    with db.transaction() as session:
+        session.add_all([job(f"j-{i}-{text}", queue=text, priority=p, minutes=i, gpus=i + 1)
+                         for i, (text, p) in enumerate(zip(AWKWARD, [0, -3, 2**53 - 1, 7, -0.0, 1e15, 4, 5],
+                                                           strict=True))])
+    with db.transaction(immediate=False) as session:
+        blob = sqlite_snapshot_blob(session)
+        assert blob is not None
+        assert blob == rfc8785.dumps(queue_snapshot(session))
+        assert len(orjson.loads(blob)["pending"]) == len(AWKWARD)
+    db.close()
+
+
+@pytest.mark.parametrize("priority", [2.5, 2.0**53, -1e-7])
+def test_a_priority_sqlite_would_print_otherwise_takes_the_general_path(db: Database, priority: float) -> None:
+    with db.transaction() as session:
+        session.add_all([job("j-plain", priority=3), job("j-odd", priority=priority, minutes=1)])
+    with db.transaction(immediate=False) as session:
+        if db.engine.dialect.name == "sqlite":
+            assert sqlite_snapshot_blob(session) is None
+        assert snapshot_blob(session) == rfc8785.dumps(queue_snapshot(session))
 
 
 def test_create_schema_adds_indexes_a_newer_version_declares_to_an_existing_database(tmp_path: Path) -> None:
