@@ -2,13 +2,16 @@
 
 Schema (both engines): ledger_entries(seq, hash, data), ledger_checkpoints(size, note),
 ledger_blobs(digest, data). Triggers refuse UPDATE and DELETE (and TRUNCATE on PostgreSQL) so the
-ledger role can only append and read (DESIGN.md "Stores", requirement H3). Every driver error is
-mapped to StoreError here, at the boundary.
+ledger role can only append and read (DESIGN.md "Stores", requirement H3). SQLite also has
+ledger_batch, an always-empty view whose INSTEAD OF INSERT trigger sends each row on to one of the
+three tables, so that one INSERT statement writes a whole batch (see SqliteStore.write_batch). Every
+driver error is mapped to StoreError here, at the boundary.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import sqlite3
 import threading
@@ -40,6 +43,14 @@ CREATE TRIGGER IF NOT EXISTS ledger_blobs_no_update BEFORE UPDATE ON ledger_blob
   BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS ledger_blobs_no_delete BEFORE DELETE ON ledger_blobs
   BEGIN SELECT RAISE(ABORT, 'ledger is append-only'); END;
+CREATE VIEW IF NOT EXISTS ledger_batch (seq, hash, data) AS SELECT NULL, NULL, NULL WHERE 0;
+CREATE TRIGGER IF NOT EXISTS ledger_batch_insert INSTEAD OF INSERT ON ledger_batch BEGIN
+  INSERT INTO ledger_entries (seq, hash, data) SELECT NEW.seq, NEW.hash, NEW.data
+    WHERE NEW.seq IS NOT NULL AND NEW.hash IS NOT NULL;
+  INSERT INTO ledger_checkpoints (size, note) SELECT NEW.seq, NEW.data WHERE NEW.seq IS NOT NULL AND NEW.hash IS NULL;
+  INSERT INTO ledger_blobs (digest, data) SELECT NEW.hash, NEW.data
+    WHERE NEW.seq IS NULL AND NOT EXISTS (SELECT 1 FROM ledger_blobs WHERE digest = NEW.hash);
+END;
 """
 
 _PG_SCHEMA = """
@@ -61,8 +72,8 @@ END $$;
 """
 
 _FETCH = 2048
-# SQLite before 3.32 allows at most 999 bound parameters per statement.
-_ROWS_PER_INSERT = 333
+# Bound values a statement may hold: 999 before SQLite 3.32, 32,766 since (a build may set another).
+_MAX_PARAMS = sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER
 # Entry bytes committed between two WAL checkpoint rounds (see ledger/walcheckpoint.py): the WAL then
 # cycles through about twice this (pages are not full, a commit rewrites its last page) instead of growing.
 _CHECKPOINT_EVERY = 4 << 20
@@ -71,6 +82,11 @@ _CHECKPOINT_EVERY = 4 << 20
 @functools.lru_cache(maxsize=64)
 def _multi_insert(n: int) -> str:
     return "INSERT INTO ledger_entries (seq, hash, data) VALUES " + ",".join(["(?, ?, ?)"] * n)
+
+
+@functools.lru_cache(maxsize=64)
+def _batch_insert(n: int) -> str:
+    return "INSERT INTO ledger_batch (seq, hash, data) VALUES " + ",".join(["(?, ?, ?)"] * n)
 
 
 def _row(seq: Any, h: Any, data: Any) -> Row:
@@ -101,8 +117,9 @@ class LedgerStore(Protocol):
     ) -> None:
         """Insert rows, blobs and the checkpoint in one durable transaction (all or nothing).
 
-        before_commit runs after the inserts, just before COMMIT (the group-commit writer wakes the
-        previous batch's callers there).
+        before_commit runs just before the step that makes the batch durable (COMMIT, or on SQLite
+        usually the one statement that writes and commits it all): the group-commit writer wakes the
+        previous batch's callers there, so their work overlaps this batch's write.
         """
         ...
 
@@ -149,6 +166,10 @@ class SqliteStore:
                 missing = {"ledger_entries", "ledger_checkpoints", "ledger_blobs"} - have
                 if missing:
                     raise StoreError(f"{path} is not a ledger database (missing {', '.join(sorted(missing))})")
+            # A database from before the ledger_batch view, opened with create=False, is written the old way.
+            self._batch_view = create or bool(
+                self._r.execute("SELECT 1 FROM sqlite_master WHERE name = 'ledger_batch_insert'").fetchall()
+            )
         except sqlite3.Error as e:
             raise StoreError(f"cannot open ledger database {path}: {e}") from e
         self._wlock = threading.Lock()
@@ -171,6 +192,7 @@ class SqliteStore:
                 self._w.executescript(_SQLITE_SCHEMA)
             except sqlite3.Error as e:
                 raise StoreError(f"cannot create ledger tables: {e}") from e
+            self._batch_view = True
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._rlock:
@@ -220,29 +242,28 @@ class SqliteStore:
         checkpoint: tuple[int, str],
         before_commit: Callable[[], None] | None = None,
     ) -> None:
+        # The batch as (seq, hash, data) rows for the ledger_batch view: entries, the checkpoint as
+        # (size, NULL, note), blobs as (NULL, digest, data).
+        params = list(itertools.chain.from_iterable(rows))
+        params += (checkpoint[0], None, checkpoint[1])
+        for digest, data in blobs.items():
+            params += (None, digest, data)
         with self._wlock:
             cp = self._checkpointer
             if cp is None:
                 cp = self._checkpointer = WalCheckpointer(self.path, finishing=True)
-            c = self._w
             try:
-                c.execute("BEGIN IMMEDIATE")
-                try:
-                    # Multi-row INSERTs: each statement step releases the GIL, and under many appender
-                    # threads every re-acquisition is a wait, so fewer steps means faster batches.
-                    for i in range(0, len(rows), _ROWS_PER_INSERT):
-                        chunk = rows[i : i + _ROWS_PER_INSERT]
-                        c.execute(_multi_insert(len(chunk)), [v for r in chunk for v in r])
-                    if blobs:
-                        c.executemany("INSERT OR IGNORE INTO ledger_blobs (digest, data) VALUES (?, ?)", blobs.items())
-                    c.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (?, ?)", checkpoint)
+                if self._batch_view and len(params) <= self._w.getlimit(_MAX_PARAMS):
+                    # One statement in autocommit mode is one transaction (all or nothing; the trigger's
+                    # inserts included), made durable before execute() returns. One statement, not
+                    # BEGIN, INSERTs and COMMIT, because each execute() releases the GIL and then has to
+                    # win it back from the appending threads: under 64 of them that was most of a batch's
+                    # time (and a context switch each).
                     if before_commit is not None:
                         before_commit()
-                    c.execute("COMMIT")
-                except BaseException:
-                    if c.in_transaction:
-                        c.execute("ROLLBACK")
-                    raise
+                    self._w.execute(_batch_insert(len(params) // 3), params)
+                else:
+                    self._write_in_steps(rows, blobs, checkpoint, before_commit)
             except sqlite3.Error as e:
                 raise StoreError(f"ledger write failed: {e}") from e
             cp.committed()
@@ -250,6 +271,33 @@ class SqliteStore:
             if self._unchecked >= _CHECKPOINT_EVERY:
                 self._unchecked = 0
                 cp.kick()
+
+    def _write_in_steps(
+        self,
+        rows: Sequence[Row],
+        blobs: Mapping[str, bytes],
+        checkpoint: tuple[int, str],
+        before_commit: Callable[[], None] | None,
+    ) -> None:
+        """The batch in one explicit transaction of several statements: for a batch with more bound
+        values than one statement may have, or a database without the ledger_batch view."""
+        c = self._w
+        per_insert = max(1, c.getlimit(_MAX_PARAMS) // 3)
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            for i in range(0, len(rows), per_insert):
+                chunk = rows[i : i + per_insert]
+                c.execute(_multi_insert(len(chunk)), list(itertools.chain.from_iterable(chunk)))
+            if blobs:
+                c.executemany("INSERT OR IGNORE INTO ledger_blobs (digest, data) VALUES (?, ?)", blobs.items())
+            c.execute("INSERT INTO ledger_checkpoints (size, note) VALUES (?, ?)", checkpoint)
+            if before_commit is not None:
+                before_commit()
+            c.execute("COMMIT")
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
 
     def maintenance_due(self) -> bool:
         cp = self._checkpointer
