@@ -125,7 +125,7 @@ def open_request(
     )
     session.add(approval)
     session.flush()
-    record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": action,
+    record(gw, session, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": action,
                                    "result": "approval_requested", "approval_id": approval.id,
                                    "digest": approval.digest, "targets": ids,
                                    "expires_at": approval.expires_at.isoformat()})
@@ -212,7 +212,8 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     rec = decide(gw, session, _requester(session, approval), approval.action, targets=live, project=approval.project,
                  params=approval.params, reason=approval.reason, ticket=approval.ticket,
                  granularity=approval.granularity, approvals=approvals,
-                 context={"approval_id": approval.id, "approver": caller.to_json()}, rate_limited=False)
+                 context={"approval_id": approval.id, "approver": caller.to_json()}, rate_limited=False,
+                 durable_by_commit=True)
     effect = rec.decision.effect
     missing_before = int(approval.required.get("count", 1))
     missing_now = int(rec.decision.approvals_required.get("count", 0)) if effect == "needs_approval" else 0
@@ -231,7 +232,7 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     approval.approvals = approvals
     approval.required = dict(rec.decision.approvals_required) if effect == "needs_approval" else {"count": 0}
     if effect == "needs_approval":
-        record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
+        record(gw, session, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
                                        "action": approval.action, "approval_id": approval.id,
                                        "result": "approval_recorded", "missing": missing_now})
         return approval

@@ -14,13 +14,15 @@ from sqlalchemy.orm import Session
 
 from gateway.bus import CommandBus
 from gateway.db import Database
+from gateway.errors import LedgerUnavailable
 from gateway.models import RoleBinding as RoleBindingRow
 from gateway.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.policy.loader import PolicySet
 from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
 from gateway.token_cache import TokenCache
-from ledger.service import Ledger
+from ledger.errors import LedgerError
+from ledger.service import Ledger, Ticket
 
 
 def utcnow() -> datetime:
@@ -51,11 +53,17 @@ class Gateway:
     def transaction(self, *, immediate: bool = True) -> Iterator[Session]:
         """One business transaction; node agents are woken only after it commits.
 
-        Immediate (the write lock up front on SQLite) unless the caller only reads."""
+        Immediate (the write lock up front on SQLite) unless the caller only reads. Ledger entries queued
+        in it without waiting (`ledger_tickets`, see pipeline.decide) are durable before it commits, and
+        before an error leaves it; if one cannot be written, it rolls back with LedgerUnavailable."""
         with self.db.transaction(immediate=immediate) as session:
             session.info["notify_nodes"] = set()
             session.info["after_commit"] = []
-            yield session
+            session.info[QUEUED_ENTRIES] = []
+            try:
+                yield session
+            finally:
+                settle_queued_entries(session)
             notify = session.info["notify_nodes"]
             after = session.info["after_commit"]
         self.bus.notify(notify)
@@ -65,6 +73,24 @@ class Gateway:
     def close(self) -> None:
         self.ledger.close()
         self.db.close()
+
+
+QUEUED_ENTRIES = "ledger_tickets"  # session.info key: entries queued for this transaction, not yet waited for
+
+
+def settle_queued_entries(session: Session) -> None:
+    """Wait until the ledger entries this transaction queued (pipeline.decide) are durable. Before its
+    commit, and before any entry that may cite one is appended: if one cannot be written, the entries
+    queued behind it fail too and are numbered again, so a citation appended after that would point at
+    another entry. Raises LedgerUnavailable."""
+    tickets: list[Ticket] = session.info.get(QUEUED_ENTRIES, [])
+    while tickets:
+        try:
+            tickets[0].wait()
+        except LedgerError as e:
+            tickets.clear()
+            raise LedgerUnavailable(f"the decision could not be recorded ({e}); nothing was changed") from e
+        del tickets[0]
 
 
 def load_bindings(session: Session) -> list[RoleBinding]:

@@ -270,7 +270,7 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
     if job.state in ENDED_STATES:
         raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
     rec = decide(gw, session, caller, "job.stop", targets=[job], project=job.project,
-                 reason=req.reason, ticket=req.ticket)
+                 reason=req.reason, ticket=req.ticket, durable_by_commit=True)
     refuse_unless_allowed(rec)
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action="job.stop", target_ids=[job.id],

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from gateway.auth import Caller
-from gateway.context import Gateway
+from gateway.context import QUEUED_ENTRIES, Gateway, settle_queued_entries
 from gateway.errors import Forbidden, LedgerUnavailable
 from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Job
@@ -180,12 +180,16 @@ def decide(
     context: Mapping[str, Any] | None = None,
     record: bool = True,
     rate_limited: bool = True,
+    durable_by_commit: bool = False,
 ) -> Recorded:
     """Decide one request and (unless record=False, for reads) append the decision to the ledger.
 
     `context` adds facts to the ledger entry that are not policy input (e.g. the approval being approved).
     Recorded calls on existing jobs count against the caller's and the projects' rate limits unless
     `rate_limited` is False (an approval executing an earlier, already counted request).
+    With `durable_by_commit`, the decision is queued and this returns with its seq at once: the caller's
+    Gateway.transaction waits for it before it commits (or before an error leaves it), so the fsync
+    overlaps the work of carrying the decision out, and the outcome entries that cite it.
 
     Raises LedgerUnavailable when the decision cannot be made durable.
     """
@@ -239,9 +243,14 @@ def decide(
         **({"policy_decision": policy_said} if policy_said else {}),
         **({"context": dict(context)} if context else {}),
     }
+    # H3: an action on existing jobs records the queue as it stood; a submission changes no one's job.
+    blobs = {"queue_snapshot": snapshot_blob(session)} if targets else {}
+    tickets = session.info.get(QUEUED_ENTRIES) if durable_by_commit else None
     try:
-        # H3: an action on existing jobs records the queue as it stood; a submission changes no one's job.
-        blobs = {"queue_snapshot": snapshot_blob(session)} if targets else {}
+        if tickets is not None:
+            queued = gw.ledger.enqueue("decision", body, blobs=blobs)
+            tickets.append(queued)
+            return Recorded(request_id, decision, queued.seq, decision_input)
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
         LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
@@ -281,6 +290,7 @@ def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
         yield
     finally:
         session.info.pop(_LEDGER_BATCH, None)
+    settle_queued_entries(session)  # the decision these outcomes cite is durable first
     try:
         gw.ledger.append_many(pending)
     except LedgerError as e:
@@ -292,6 +302,8 @@ def record(gw: Gateway, session: Session | None, kind: str, body: Mapping[str, A
     """Append to the ledger now, or at the end of the enclosing `ledger_batch` (then returns -1)."""
     batch = session.info.get(_LEDGER_BATCH) if session is not None else None
     if batch is None:
+        if session is not None:
+            settle_queued_entries(session)  # the decision this entry may cite is durable first
         return record_outcome(gw, kind, body, blobs)
     batch.append((kind, dict(body), dict(blobs or {})))
     return -1

@@ -88,15 +88,17 @@ class _Pending:
     """One queued append. `done` is a raw lock held until the writer settles it: waking a waiter is
     one C-level release, far cheaper than an Event (a Condition) when 64 callers wait per batch."""
 
-    __slots__ = ("done", "error", "hash", "next", "prep", "queued", "rotate", "seq", "time")
+    __slots__ = ("alone", "done", "error", "hash", "next", "prep", "queued", "rotate", "seq", "time")
 
-    def __init__(self, prep: PreparedEntry, rotate: NoteSigner | None = None) -> None:
+    def __init__(self, prep: PreparedEntry, rotate: NoteSigner | None = None, *, alone: bool = False) -> None:
         self.prep = prep
+        # Woken on its own rather than by the baton (see _wake): a Ticket's holder may never wait for it.
+        self.alone = alone
         self.done = _allocate_lock()
         self.done.acquire()
         self.error: LedgerError | None = None
         self.rotate = rotate  # a key-rotation entry: the batch ends here and the signer changes
-        # Set by the writer once durable; the caller builds its AppendResult from them.
+        # seq is set when queued (see Ledger.enqueue); hash and time by the writer once durable.
         self.seq = -1
         self.hash = ""
         self.time = ""
@@ -109,6 +111,28 @@ def _relay(p: _Pending) -> None:
     p.done.acquire()
     if p.next is not None:
         p.next.done.release()
+
+
+class Ticket:
+    """An entry queued by Ledger.enqueue: its seq at once, its AppendResult once durable."""
+
+    __slots__ = ("_ledger", "_pending", "_result")
+
+    def __init__(self, ledger: Ledger, pending: _Pending) -> None:
+        self._ledger = ledger
+        self._pending = pending
+        self._result: AppendResult | None = None
+
+    @property
+    def seq(self) -> int:
+        """The entry's seq, which it keeps if it is written; if the write fails, wait() raises."""
+        return self._pending.seq
+
+    def wait(self) -> AppendResult:
+        """Block until the entry is durable; raises LedgerUnavailable if it could not be written."""
+        if self._result is None:
+            self._result = self._ledger._await(self._pending)
+        return self._result
 
 
 def _utcnow() -> datetime:
@@ -143,6 +167,7 @@ class Ledger:
         # first submitter that finds it idle) — much cheaper per append than a Condition.
         self._qlock = _allocate_lock()
         self._queue: list[_Pending] = []
+        self._next_seq = 0  # the seq the next queued entry gets (under _qlock)
         self._idle = False
         self._until = 0  # while the writer holds a batch open: the queue length that ends the wait
         self._kick = _allocate_lock()
@@ -230,6 +255,7 @@ class Ledger:
             self._tree = tree
             self._size = tree.size
             self._last_hash = last[1] if last is not None else ZERO_HASH
+        self._next_seq = tree.size
 
     # -- appending -----------------------------------------------------------------------------
 
@@ -268,6 +294,20 @@ class Ledger:
             raise error
         return results
 
+    def enqueue(self, kind: str, body: Mapping[str, Any], *, blobs: Mapping[str, bytes] | None = None) -> Ticket:
+        """Queue one entry and return at once: the ticket knows the entry's seq now, and ticket.wait()
+        returns once it is durable. For a caller with more to do before it needs the entry durable (later
+        entries that cite this seq, a transaction to commit only after it), so the fsync overlaps that work.
+
+        Entries queued after one whose write fails fail too (their seqs counted on it). A ticket nobody
+        waits for holds up no one; its entry is written all the same. Raises InvalidEntry, LedgerClosed.
+        """
+        if kind == ROTATION_KIND:
+            raise InvalidEntry("key rotations are appended by rotate_key() only")
+        p = _Pending(prepare(kind, body, blobs), alone=True)
+        self._enqueue([p])
+        return Ticket(self, p)
+
     def rotate_key(self, new: NoteSigner) -> AppendResult:
         """Announce new as the signing key in an entry signed under the current key, then switch.
 
@@ -294,6 +334,11 @@ class Ledger:
         with self._qlock:
             if self._closed:
                 raise LedgerClosed("ledger is closed")
+            seq = self._next_seq
+            for p in pending:
+                p.seq = seq
+                seq += 1
+            self._next_seq = seq
             queue = self._queue
             queue.extend(pending)
             if self._idle:
@@ -389,6 +434,13 @@ class Ledger:
         unwoken, self._unwoken = self._unwoken, []
         if unwoken:
             self._woke_at = _perf_counter()
+            if any(p.alone for p in unwoken):
+                for p in unwoken:
+                    if p.alone:
+                        p.done.release()
+                unwoken = [p for p in unwoken if not p.alone]
+                if not unwoken:
+                    return
             for a, b in itertools.pairwise(unwoken):
                 a.next = b
             unwoken[0].done.release()
@@ -397,6 +449,10 @@ class Ledger:
         """Write batch as one transaction; True if it was written (its callers are woken later)."""
         with self._state:
             start, prev = self._size, self._last_hash
+        if batch[0].seq != start:  # seqs are handed out when queued; a gap here would misnumber the batch
+            self._recover(start, [], batch, LedgerUnavailable(
+                f"ledger write refused: queued seq {batch[0].seq} does not follow the stored {start} entries"))
+            return False
         rows: list[Row] = []
         leaves: list[bytes] = []
         blobs: dict[str, bytes] = {}
@@ -417,7 +473,7 @@ class Ledger:
                 lf.update(tail)
                 leaves.append(lf.digest())
                 rows.append((seq, prev, prep.head + tail))
-                p.seq, p.hash, p.time = seq, prev, t
+                p.hash, p.time = prev, t
                 if prep.blob_data:
                     blobs.update(prep.blob_data)
                 prev_b = prev.encode()
@@ -477,7 +533,13 @@ class Ledger:
                     p.done.release()
                 return
         self.stats.failed_batches += 1
-        for p in batch:
+        with self._qlock:
+            # Entries queued behind the batch were numbered after it and may be cited by seq (an outcome
+            # naming its decision): they fail with it, and numbering starts again at the store's size.
+            stranded = self._queue[:]
+            self._queue.clear()
+            self._next_seq = start
+        for p in (*batch, *stranded):
             p.error = err
             p.done.release()
 

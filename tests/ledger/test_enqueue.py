@@ -1,0 +1,99 @@
+"""Ledger.enqueue: the seq at once, durability later (a decision whose outcomes cite it, one wait for all)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from test_service import FlakyStore
+
+from ledger.errors import InvalidEntry, LedgerUnavailable
+from ledger.keys import NoteSigner
+from ledger.service import Ledger
+from ledger.store import Row
+from ledger.verify import verify_store
+
+
+@pytest.fixture
+def ledger(store_url: str, signer: NoteSigner, clock: Callable[[], datetime]) -> Iterator[Ledger]:
+    led = Ledger.open(store_url, signer=signer, clock=clock)
+    yield led
+    led.close()
+
+
+def test_the_seq_is_known_when_queued_and_kept_once_durable(ledger: Ledger, store_url: str,
+                                                            signer: NoteSigner) -> None:
+    ledger.append("k", {"i": 0})
+    decision = ledger.enqueue("decision", {"i": 1})
+    assert decision.seq == 1
+    outcome = ledger.append("outcome", {"decision_seq": decision.seq})
+    assert outcome.seq == 2
+    result = decision.wait()
+    assert result.seq == 1 and decision.wait() is result
+    assert ledger.entry(2).value["body"]["decision_seq"] == 1
+    assert ledger.entry(1).value["kind"] == "decision"
+    with pytest.raises(InvalidEntry):
+        ledger.enqueue("ledger.key_rotation", {})
+    verdict = verify_store(store_url, signer.verifier())
+    assert verdict.ok and verdict.size == 3, verdict.message
+
+
+def test_a_ticket_nobody_waits_for_holds_up_no_one(ledger: Ledger) -> None:
+    # Callers of one batch are woken one after another, each passing the wake-up on; a ticket whose holder
+    # never waits must not break that chain.
+    forgotten = [ledger.enqueue("forgotten", {"i": i}) for i in range(5)]
+    done: list[int] = []
+
+    def appender(n: int) -> None:
+        for i in range(20):
+            done.append(ledger.append("k", {"t": n, "i": i}).seq)
+            ledger.enqueue("forgotten", {"t": n, "i": i})
+
+    threads = [threading.Thread(target=appender, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(done) == 160
+    assert ledger.size() >= 5 + 160 + 150  # the forgotten ones queued before the last appends returned
+    assert [ledger.entry(t.seq).value["body"]["i"] for t in forgotten] == list(range(5))
+
+
+class GatedStore(FlakyStore):
+    """Holds each write until the test opens the gate, so that entries queue up behind it."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.writing = threading.Event()
+        self.gate = threading.Event()
+
+    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str],
+                    before_commit: Callable[[], None] | None = None) -> None:
+        self.writing.set()
+        self.gate.wait(timeout=30)
+        super().write_batch(rows, blobs, checkpoint, before_commit)
+
+
+def test_entries_queued_behind_a_failed_write_fail_with_it(tmp_path: Path, signer: NoteSigner) -> None:
+    store = GatedStore(tmp_path / "ledger.db")
+    led = Ledger.from_store(store, signer=signer)
+    store.fail_before = True
+    decision = led.enqueue("decision", {"i": 0})
+    assert store.writing.wait(timeout=30)  # the writer holds the decision's batch
+    outcome = led.enqueue("outcome", {"decision_seq": decision.seq})
+    assert outcome.seq == decision.seq + 1
+    store.gate.set()
+    with pytest.raises(LedgerUnavailable):
+        decision.wait()
+    with pytest.raises(LedgerUnavailable):  # it cited a seq that now belongs to nothing
+        outcome.wait()
+    store.fail_before = False
+    assert led.enqueue("decision", {"i": 1}).seq == 0  # numbering starts again at the store's size
+    assert led.append("outcome", {"i": 2}).seq == 1
+    led.close()
+    verdict = verify_store(f"sqlite:///{tmp_path}/ledger.db", signer.verifier())
+    assert verdict.ok and verdict.size == 2, verdict.message
