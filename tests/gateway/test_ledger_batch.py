@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import pytest
-from gateway_testkit import Api, ledger_entries
-from test_approvals_api import ask_stop, running_job
+from gateway_testkit import Api, job_spec, ledger_entries
+from sqlalchemy.orm import Session
+from test_approvals_api import ask_stop, job_state, running_job
 
+from gateway.auth import Caller, authenticate
+from gateway.context import QUEUED_ENTRIES
 from gateway.errors import LedgerUnavailable
-from gateway.pipeline import ledger_batch, record
+from gateway.jobs import load_job
+from gateway.pipeline import decide, ledger_batch, record
 from ledger.errors import StoreError
+
+
+def gw_caller(api: Api, session: Session, who: str) -> Caller:
+    return authenticate(session, f"Bearer {api.tokens[who]}", trigger=None, source={}, now=api.gateway.clock())
 
 
 def test_entries_wait_for_the_end_of_the_block_and_go_in_one_group_commit(api: Api) -> None:
@@ -56,3 +64,37 @@ def test_an_approved_stop_records_its_outcomes_after_the_decision_in_one_commit(
                      ("outcome", "job.stop")], kinds
     assert new[-1]["body"]["result"] == "executed" and new[-1]["body"]["approval_id"] == approval_id
     assert gw.ledger.stats.batches == batches + 2  # the re-decision, then its outcomes together
+
+
+def test_a_decision_is_queued_until_the_transaction_needs_it_durable(api: Api) -> None:
+    gw = api.gateway
+    job_id = running_job(api)
+    size = gw.ledger.size()
+    with gw.transaction() as session:
+        job = load_job(session, job_id)
+        rec = decide(gw, session, gw_caller(api, session, "carol"), "job.stop", targets=[job], project="vision",
+                     reason="queued, not waited for", durable_by_commit=True)
+        assert rec.seq == size
+        assert [t.seq for t in session.info[QUEUED_ENTRIES]] == [size]  # nobody has waited for it yet
+        record(gw, session, "outcome", {"decision_seq": rec.seq})  # cites it: waits for it first
+        assert session.info[QUEUED_ENTRIES] == []
+    assert [e["kind"] for e in ledger_entries(api)[size:]] == ["decision", "outcome"]
+
+
+def test_a_stop_whose_queued_decision_is_not_written_changes_nothing(api: Api,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = api.gateway
+    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    size = gw.ledger.size()
+
+    class Unwritten:  # what Ledger.enqueue hands back for an entry whose write then fails
+        seq = size
+
+        def wait(self) -> None:
+            raise StoreError("disk full")
+
+    monkeypatch.setattr(gw.ledger, "enqueue", lambda *args, **kwargs: Unwritten())
+    r = api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "wrong config"})
+    assert r.status_code == 503 and "disk full" in r.json()["detail"], r.text
+    assert job_state(api, job_id) == "pending"
+    assert gw.ledger.size() == size  # no transition or outcome citing a decision that is not there
