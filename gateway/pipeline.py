@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import groupby
-from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -65,19 +64,22 @@ _QUEUE_ORDER = (_JOB.queue, _JOB.base_priority.desc(), _JOB.submitted_at, _JOB.i
 _PENDING = (select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.gpus_per_node * _JOB.nodes)
             .where(_IS_PENDING).order_by(*_QUEUE_ORDER))
 # SQLite renders each row as canonical JSON itself (its json_quote escapes strings exactly as RFC 8785 does;
-# tests/gateway/test_queue_snapshot.py checks the bytes), so a queue of thousands costs Python one string per
-# row. A whole-number priority is written as an int; any other sets the row's flag and the snapshot takes
-# the general path, since SQLite and RFC 8785 print fractions differently.
+# tests/gateway/test_queue_snapshot.py checks the bytes) and joins them, so a queue of thousands reaches
+# Python as one string. The rows are joined in the subquery's order: SQLite drops the ORDER BY of a FROM
+# subquery only when the outer query could not tell, which an aggregate other than count, min or max can.
+# A whole-number priority is written as an int; any other sets `fractional` and the snapshot takes the
+# general path, since SQLite and RFC 8785 print fractions differently.
 _WHOLE_PRIORITY = case((and_(_JOB.base_priority == cast(_JOB.base_priority, Integer),
                              func.abs(_JOB.base_priority) <= _SAFE_INT), cast(_JOB.base_priority, Integer)))
-_PENDING_JSON = (select(func.json_array(_JOB.id, _JOB.project, _JOB.queue, _WHOLE_PRIORITY,
-                                        _JOB.gpus_per_node * _JOB.nodes), _WHOLE_PRIORITY.is_(None))
-                 .where(_IS_PENDING).order_by(*_QUEUE_ORDER))
+_PENDING_ROWS = (select(func.json_array(_JOB.id, _JOB.project, _JOB.queue, _WHOLE_PRIORITY,
+                                        _JOB.gpus_per_node * _JOB.nodes).label("row"),
+                        _WHOLE_PRIORITY.is_(None).label("fractional"))
+                 .where(_IS_PENDING).order_by(*_QUEUE_ORDER).subquery())
+_PENDING_JSON = select(func.group_concat(_PENDING_ROWS.c.row, ","), func.max(_PENDING_ROWS.c.fractional))
 _BY_QUEUE = select(_JOB.queue, func.count()).where(_IS_PENDING).group_by(_JOB.queue)
 _SQL: dict[tuple[str, str], str] = {}  # (statement, dialect name) -> SQL; the statements have no parameters
 _STATEMENTS = {"pending": _PENDING, "pending_json": _PENDING_JSON, "by_queue": _BY_QUEUE}
 SNAPSHOT_COLUMNS = ("id", "project", "queue", "priority", "gpus")
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _SNAPSHOT_HEAD = b'{"columns":' + orjson.dumps(SNAPSHOT_COLUMNS) + b',"pending":['
 
 
@@ -127,12 +129,11 @@ def snapshot_blob(session: Session) -> bytes:
 
 def sqlite_snapshot_blob(session: Session) -> bytes | None:
     """snapshot_blob with every row rendered by SQLite; None when a priority is fractional."""
-    rows = _fetch(session, "pending_json")
-    if any(map(_SECOND, rows)):
+    ((pending, fractional),) = _fetch(session, "pending_json")
+    if fractional:
         return None
     by_queue = dict(_fetch(session, "by_queue"))
-    return b"".join((_SNAPSHOT_HEAD, ",".join(map(_FIRST, rows)).encode(), b'],"pending_by_queue":',
-                     canonical(by_queue), b"}"))
+    return b"".join((_SNAPSHOT_HEAD, (pending or "").encode(), b'],"pending_by_queue":', canonical(by_queue), b"}"))
 
 
 def snapshot_bytes(snapshot: dict[str, Any]) -> bytes:

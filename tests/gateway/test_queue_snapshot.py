@@ -87,16 +87,24 @@ AWKWARD = ['a"b', "back\\slash", "\b\t\n\f\r", "\x01\x1f", "\x7f/", "é", "\U000
 def test_sqlite_renders_the_snapshot_byte_for_byte_as_rfc8785(tmp_path: Path) -> None:
     prepare_demo(Settings(data_dir=tmp_path))
     db = Database(Settings(data_dir=tmp_path).resolved_database_url())
+    with db.transaction(immediate=False) as session:
+        empty = sqlite_snapshot_blob(session)
+        assert empty == rfc8785.dumps(queue_snapshot(session)) and orjson.loads(empty or b"")["pending"] == []
     with db.transaction() as session:
         session.add_all([job(f"j-{i}-{text}", queue=text, priority=p, minutes=i, gpus=i + 1)
                          for i, (text, p) in enumerate(zip(AWKWARD, [0, -3, 2**53 - 1, 7, -0.0, 1e15, 4, 5],
                                                            strict=True))])
+        # and within one queue: priority first, then age, then id
+        session.add_all([job("j-z1", priority=1, minutes=20), job("j-z2", priority=9, minutes=21),
+                         job("j-z4", priority=9, minutes=19), job("j-z3", priority=9, minutes=19)])
     with db.transaction(immediate=False) as session:
         blob = sqlite_snapshot_blob(session)
         assert blob is not None
         assert blob == rfc8785.dumps(queue_snapshot(session))
-        assert len(orjson.loads(blob)["pending"]) == len(AWKWARD)
+        pending = orjson.loads(blob)["pending"]
     db.close()
+    assert len(pending) == len(AWKWARD) + 4
+    assert [row[0] for row in pending if row[2] == "default"] == ["j-z3", "j-z4", "j-z2", "j-z1"]
 
 
 @pytest.mark.parametrize("priority", [2.5, 2.0**53, -1e-7])
