@@ -97,3 +97,21 @@ def test_a_database_without_the_view_is_written_in_steps_until_its_schema_is_upd
     assert set(seen) == {"INSERT INTO ledger_batch"}
     entries, cps, _ = stored(path)
     assert [e[0] for e in entries] == [0, 1, 2, 3] and [c[0] for c in cps] == [2, 4]
+
+
+def test_the_first_batch_trigger_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    SqliteStore(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(
+        """CREATE TRIGGER ledger_batch_insert INSTEAD OF INSERT ON ledger_batch BEGIN
+             INSERT INTO ledger_entries (seq, hash, data) SELECT NEW.seq, NEW.hash, NEW.data
+               WHERE NEW.seq IS NOT NULL AND NEW.hash IS NOT NULL;
+           END"""
+    )
+    conn.close()
+    store = SqliteStore(path)  # beside today's triggers it would insert every entry a second time
+    store.write_batch(rows(0, 2), {}, (2, "note\n"))
+    store.close()
+    entries, cps, _ = stored(path)
+    assert [e[0] for e in entries] == [0, 1] and [c[0] for c in cps] == [2]
