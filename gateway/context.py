@@ -54,7 +54,7 @@ class Gateway:
         """One business transaction; node agents are woken only after it commits.
 
         Immediate (the write lock up front on SQLite) unless the caller only reads. Ledger entries queued
-        in it without waiting (`ledger_tickets`, see pipeline.decide) are durable before it commits, and
+        in it without waiting (see pipeline.decide) are durable before it commits, and
         before an error leaves it; if one cannot be written, it rolls back with LedgerUnavailable."""
         with self.db.transaction(immediate=immediate) as session:
             session.info["notify_nodes"] = set()
