@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import secrets
 import sqlite3
 import sys
@@ -48,6 +49,13 @@ def _cpu() -> float:
     """CPU seconds of this process and its finished children (the verifier's worker processes)."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+def _switches() -> int:
+    """Context switches of this process's threads so far, voluntary and not: with many appenders on few
+    cores, thread hand-offs (each wake-up, each wait for the GIL) cost more CPU than the appends do."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_nvcsw + r.ru_nivcsw
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -79,12 +87,12 @@ def closed_loop(url: str, threads: int, per_thread: int) -> tuple[dict[str, Any]
     for th in ths:
         th.start()
     barrier.wait()
-    c0 = _cpu()
+    c0, s0 = _cpu(), _switches()
     t0 = time.perf_counter()
     for th in ths:
         th.join()
     elapsed = time.perf_counter() - t0
-    cpu = _cpu() - c0
+    cpu, switches = _cpu() - c0, _switches() - s0
     n = threads * per_thread
     s = led.stats
     return {
@@ -92,6 +100,7 @@ def closed_loop(url: str, threads: int, per_thread: int) -> tuple[dict[str, Any]
         "entries": n,
         "entries_per_s": round(n / elapsed),
         "cpu_us_per_entry": round(cpu / n * 1e6, 1),
+        "context_switches_per_entry": round(switches / n, 2),
         "latency_ms_p50": round(pct(lat, 50) * 1e3, 3),
         "latency_ms_p99": round(pct(lat, 99) * 1e3, 3),
         "batches": s.batches,
@@ -172,17 +181,22 @@ def bench_open_loop(tmp: Path, rate: float, seconds: float, workers: int = 128) 
             lat.extend(mine)
 
     ths = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    c0, s0 = _cpu(), _switches()
     for th in ths:
         th.start()
     for th in ths:
         th.join()
     achieved = total / (time.perf_counter() - start)
+    cpu, switches = _cpu() - c0, _switches() - s0
     s = led.stats
     led.close()
     return {
         "offered_per_s": rate,
         "achieved_per_s": round(achieved),
         "appends": total,
+        # Beside the latencies, which other processes on the machine move a lot: the work per append.
+        "cpu_us_per_entry": round(cpu / total * 1e6, 1),
+        "context_switches_per_entry": round(switches / total, 2),
         "latency_ms_p50": round(pct(lat, 50) * 1e3, 3),
         "latency_ms_p99": round(pct(lat, 99) * 1e3, 3),
         "latency_ms_max": round(max(lat) * 1e3, 3),
