@@ -486,8 +486,9 @@ class Ledger:
             new_signer = batch[-1].rotate
             if new_signer is not None:
                 note = cosign(note, new_signer)
-            # The previous batch's callers are woken just before this COMMIT: their Python work then
-            # overlaps our fsync instead of delaying this batch's inserts while we wait for the GIL.
+            # The previous batch's callers are woken just before the step that makes this batch durable
+            # (SQLite: its one INSERT statement; PostgreSQL: COMMIT): their Python work then overlaps our
+            # write and fsync instead of delaying this batch's inserts while we wait for the GIL.
             self._store.write_batch(rows, blobs, (end, note), before_commit=self._wake)
         except Exception as e:  # the writer must survive anything; callers get a LedgerError
             self._wake()
