@@ -450,8 +450,14 @@ class Ledger:
         with self._state:
             start, prev = self._size, self._last_hash
         if batch[0].seq != start:  # seqs are handed out when queued; a gap here would misnumber the batch
-            self._recover(start, [], batch, LedgerUnavailable(
-                f"ledger write refused: queued seq {batch[0].seq} does not follow the stored {start} entries"))
+            self._recover(
+                start,
+                [],
+                batch,
+                LedgerUnavailable(
+                    f"ledger write refused: queued seq {batch[0].seq} does not follow the stored {start} entries"
+                ),
+            )
             return False
         rows: list[Row] = []
         leaves: list[bytes] = []

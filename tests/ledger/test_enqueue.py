@@ -24,8 +24,7 @@ def ledger(store_url: str, signer: NoteSigner, clock: Callable[[], datetime]) ->
     led.close()
 
 
-def test_the_seq_is_known_when_queued_and_kept_once_durable(ledger: Ledger, store_url: str,
-                                                            signer: NoteSigner) -> None:
+def test_the_seq_is_known_when_queued_and_kept_once_durable(ledger: Ledger, store_url: str, signer: NoteSigner) -> None:
     ledger.append("k", {"i": 0})
     decision = ledger.enqueue("decision", {"i": 1})
     assert decision.seq == 1
@@ -71,8 +70,13 @@ class GatedStore(FlakyStore):
         self.writing = threading.Event()
         self.gate = threading.Event()
 
-    def write_batch(self, rows: Sequence[Row], blobs: Mapping[str, bytes], checkpoint: tuple[int, str],
-                    before_commit: Callable[[], None] | None = None) -> None:
+    def write_batch(
+        self,
+        rows: Sequence[Row],
+        blobs: Mapping[str, bytes],
+        checkpoint: tuple[int, str],
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
         self.writing.set()
         self.gate.wait(timeout=30)
         super().write_batch(rows, blobs, checkpoint, before_commit)

@@ -353,8 +353,9 @@ def test_proof_sizes_out_of_range(data_dir: Path, args: list[str]) -> None:
     _expect_error(*run(*args, "--data-dir", str(data_dir)))
 
 
-def test_progress_bar_only_on_a_terminal(full: Path, key: Path,
-                                         run_on_a_terminal: Callable[..., tuple[int, bytes, bytes]]) -> None:
+def test_progress_bar_only_on_a_terminal(
+    full: Path, key: Path, run_on_a_terminal: Callable[..., tuple[int, bytes, bytes]]
+) -> None:
     code, out, seen = run_on_a_terminal("ledger", "verify", "--bundle", str(full), "--public-key", str(key))
     assert code == 0 and out.startswith(b"OK: ")
     assert b"verifying [" in seen and b"100%" in seen and f"{N}/{N}".encode() in seen
