@@ -16,7 +16,8 @@ from itertools import groupby
 from typing import Any
 
 import orjson
-from sqlalchemy import Integer, and_, case, cast, func, select
+from sqlalchemy import BigInteger, Integer, Text, and_, case, cast, func, literal, select
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
@@ -63,22 +64,38 @@ _IS_PENDING = _JOB.state.in_(PENDING_STATES)
 _QUEUE_ORDER = (_JOB.queue, _JOB.base_priority.desc(), _JOB.submitted_at, _JOB.id)
 _PENDING = (select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.gpus_per_node * _JOB.nodes)
             .where(_IS_PENDING).order_by(*_QUEUE_ORDER))
-# SQLite renders each row as canonical JSON itself (its json_quote escapes strings exactly as RFC 8785 does;
-# tests/gateway/test_queue_snapshot.py checks the bytes) and joins them, so a queue of thousands reaches
-# Python as one string. The rows are joined in the subquery's order: SQLite drops the ORDER BY of a FROM
-# subquery only when the outer query could not tell, which an aggregate other than count, min or max can.
-# A whole-number priority is written as an int; any other sets `fractional` and the snapshot takes the
-# general path, since SQLite and RFC 8785 print fractions differently.
-_WHOLE_PRIORITY = case((and_(_JOB.base_priority == cast(_JOB.base_priority, Integer),
-                             func.abs(_JOB.base_priority) <= _SAFE_INT), cast(_JOB.base_priority, Integer)))
-_PENDING_ROWS = (select(func.json_array(_JOB.id, _JOB.project, _JOB.queue, _WHOLE_PRIORITY,
-                                        _JOB.gpus_per_node * _JOB.nodes).label("row"),
-                        _WHOLE_PRIORITY.is_(None).label("fractional"))
-                 .where(_IS_PENDING).order_by(*_QUEUE_ORDER).subquery())
-_PENDING_JSON = select(func.group_concat(_PENDING_ROWS.c.row, ","), func.max(_PENDING_ROWS.c.fractional))
+# The database renders each row as canonical JSON itself and joins them in queue order, so a queue of
+# thousands reaches Python as one string. SQLite's json_quote and PostgreSQL's to_json escape strings
+# exactly as RFC 8785 does (tests/gateway/test_queue_snapshot.py checks the bytes on both). A whole-number
+# priority is written as an int; any other sets `fractional` and the snapshot takes the general path,
+# since neither database prints fractions as RFC 8785 does.
+_SQLITE_WHOLE = case((and_(_JOB.base_priority == cast(_JOB.base_priority, Integer),
+                           func.abs(_JOB.base_priority) <= _SAFE_INT), cast(_JOB.base_priority, Integer)))
+# SQLite joins the rows in its FROM subquery's order: it drops such an ORDER BY only when the outer query
+# could not tell, which an aggregate other than count, min or max can.
+_SQLITE_ROWS = (select(func.json_array(_JOB.id, _JOB.project, _JOB.queue, _SQLITE_WHOLE,
+                                       _JOB.gpus_per_node * _JOB.nodes).label("row"),
+                       _SQLITE_WHOLE.is_(None).label("fractional"))
+                .where(_IS_PENDING).order_by(*_QUEUE_ORDER).subquery())
+# PostgreSQL: trunc, not a cast, tests for a whole number (a cast rounds, and fails beyond bigint).
+_PG_WHOLE = case((and_(_JOB.base_priority == func.trunc(_JOB.base_priority),
+                       func.abs(_JOB.base_priority) <= _SAFE_INT), cast(_JOB.base_priority, BigInteger)))
+
+
+def _pg_json(column: Any) -> Any:
+    return cast(func.to_json(column), Text)
+
+
+_PG_ROW = (literal("[") + _pg_json(_JOB.id) + "," + _pg_json(_JOB.project) + "," + _pg_json(_JOB.queue) + ","
+           + cast(_PG_WHOLE, Text) + "," + cast(_JOB.gpus_per_node * _JOB.nodes, Text) + "]")
+_PENDING_JSON = {
+    "sqlite": select(func.group_concat(_SQLITE_ROWS.c.row, ","), func.max(_SQLITE_ROWS.c.fractional)),
+    "postgresql": select(func.string_agg(_PG_ROW, aggregate_order_by(literal(","), *_QUEUE_ORDER)),
+                         func.bool_or(_PG_WHOLE.is_(None))).where(_IS_PENDING),
+}
 _BY_QUEUE = select(_JOB.queue, func.count()).where(_IS_PENDING).group_by(_JOB.queue)
 _SQL: dict[tuple[str, str], str] = {}  # (statement, dialect name) -> SQL; the statements have no parameters
-_STATEMENTS = {"pending": _PENDING, "pending_json": _PENDING_JSON, "by_queue": _BY_QUEUE}
+_STATEMENTS: dict[str, Any] = {"pending": _PENDING, "pending_json": _PENDING_JSON, "by_queue": _BY_QUEUE}
 SNAPSHOT_COLUMNS = ("id", "project", "queue", "priority", "gpus")
 _SNAPSHOT_HEAD = b'{"columns":' + orjson.dumps(SNAPSHOT_COLUMNS) + b',"pending":['
 
@@ -86,8 +103,9 @@ _SNAPSHOT_HEAD = b'{"columns":' + orjson.dumps(SNAPSHOT_COLUMNS) + b',"pending":
 def snapshot_sql(statement: str, dialect: Dialect) -> str:
     """The SQL of one of the snapshot's statements for a dialect, compiled once."""
     if (sql := _SQL.get((statement, dialect.name))) is None:
-        sql = _SQL[statement, dialect.name] = str(_STATEMENTS[statement].compile(
-            dialect=dialect, compile_kwargs={"literal_binds": True}))
+        stmt = _STATEMENTS[statement]
+        stmt = stmt[dialect.name] if isinstance(stmt, dict) else stmt
+        sql = _SQL[statement, dialect.name] = str(stmt.compile(dialect=dialect, compile_kwargs={"literal_binds": True}))
     return sql
 
 
@@ -122,13 +140,13 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
 
 def snapshot_blob(session: Session) -> bytes:
     """The queue snapshot as the canonical (RFC 8785) JSON blob a ledger entry references (H3)."""
-    if session.get_bind().dialect.name == "sqlite" and (blob := sqlite_snapshot_blob(session)) is not None:
+    if session.get_bind().dialect.name in _PENDING_JSON and (blob := rendered_snapshot_blob(session)) is not None:
         return blob
     return snapshot_bytes(queue_snapshot(session))
 
 
-def sqlite_snapshot_blob(session: Session) -> bytes | None:
-    """snapshot_blob with every row rendered by SQLite; None when a priority is fractional."""
+def rendered_snapshot_blob(session: Session) -> bytes | None:
+    """snapshot_blob with every row rendered by the database; None when a priority is fractional."""
     ((pending, fractional),) = _fetch(session, "pending_json")
     if fractional:
         return None

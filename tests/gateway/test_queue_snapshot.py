@@ -14,7 +14,7 @@ from sqlalchemy import inspect, text
 from gateway.db import Database
 from gateway.demo import prepare_demo
 from gateway.models import Job
-from gateway.pipeline import queue_snapshot, snapshot_blob, snapshot_sql, sqlite_snapshot_blob
+from gateway.pipeline import queue_snapshot, rendered_snapshot_blob, snapshot_blob, snapshot_sql
 from gateway.settings import Settings
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -84,11 +84,9 @@ def test_sqlite_reads_the_snapshot_from_its_covering_index_without_sorting(tmp_p
 AWKWARD = ['a"b', "back\\slash", "\b\t\n\f\r", "\x01\x1f", "\x7f/", "é", "\U0001f600", "\ufb01"]
 
 
-def test_sqlite_renders_the_snapshot_byte_for_byte_as_rfc8785(tmp_path: Path) -> None:
-    prepare_demo(Settings(data_dir=tmp_path))
-    db = Database(Settings(data_dir=tmp_path).resolved_database_url())
+def test_the_database_renders_the_snapshot_byte_for_byte_as_rfc8785(db: Database) -> None:
     with db.transaction(immediate=False) as session:
-        empty = sqlite_snapshot_blob(session)
+        empty = rendered_snapshot_blob(session)
         assert empty == rfc8785.dumps(queue_snapshot(session)) and orjson.loads(empty or b"")["pending"] == []
     with db.transaction() as session:
         session.add_all([job(f"j-{i}-{text}", queue=text, priority=p, minutes=i, gpus=i + 1)
@@ -98,22 +96,20 @@ def test_sqlite_renders_the_snapshot_byte_for_byte_as_rfc8785(tmp_path: Path) ->
         session.add_all([job("j-z1", priority=1, minutes=20), job("j-z2", priority=9, minutes=21),
                          job("j-z4", priority=9, minutes=19), job("j-z3", priority=9, minutes=19)])
     with db.transaction(immediate=False) as session:
-        blob = sqlite_snapshot_blob(session)
+        blob = rendered_snapshot_blob(session)
         assert blob is not None
         assert blob == rfc8785.dumps(queue_snapshot(session))
         pending = orjson.loads(blob)["pending"]
-    db.close()
     assert len(pending) == len(AWKWARD) + 4
     assert [row[0] for row in pending if row[2] == "default"] == ["j-z3", "j-z4", "j-z2", "j-z1"]
 
 
 @pytest.mark.parametrize("priority", [2.5, 2.0**53, -1e-7])
-def test_a_priority_sqlite_would_print_otherwise_takes_the_general_path(db: Database, priority: float) -> None:
+def test_a_priority_the_database_would_print_otherwise_takes_the_general_path(db: Database, priority: float) -> None:
     with db.transaction() as session:
         session.add_all([job("j-plain", priority=3), job("j-odd", priority=priority, minutes=1)])
     with db.transaction(immediate=False) as session:
-        if db.engine.dialect.name == "sqlite":
-            assert sqlite_snapshot_blob(session) is None
+        assert rendered_snapshot_blob(session) is None
         assert snapshot_blob(session) == rfc8785.dumps(queue_snapshot(session))
 
 
