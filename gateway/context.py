@@ -54,7 +54,7 @@ class Gateway:
         """One business transaction; node agents are woken only after it commits.
 
         Immediate (the write lock up front on SQLite) unless the caller only reads. Ledger entries queued
-        in it without waiting (see pipeline.decide) are durable before it commits, and
+        in it without waiting (pipeline.decide, pipeline.ledger_batch) are durable before it commits, and
         before an error leaves it; if one cannot be written, it rolls back with LedgerUnavailable."""
         with self.db.transaction(immediate=immediate) as session:
             session.info["notify_nodes"] = set()
@@ -62,6 +62,7 @@ class Gateway:
             session.info[QUEUED_ENTRIES] = []
             try:
                 yield session
+                session.flush()  # this transaction's writes overlap the ledger's fsync of the entries it queued
             finally:
                 settle_queued_entries(session)
             notify = session.info["notify_nodes"]
@@ -79,7 +80,7 @@ QUEUED_ENTRIES = "ledger_tickets"  # session.info key: entries queued for this t
 
 
 def settle_queued_entries(session: Session) -> None:
-    """Wait until the ledger entries this transaction queued (pipeline.decide) are durable. Before its
+    """Wait until the ledger entries this transaction queued are durable. Before its
     commit, and before any entry that may cite one is appended: if one cannot be written, the entries
     queued behind it fail too and are numbered again, so a citation appended after that would point at
     another entry. Raises LedgerUnavailable."""
@@ -89,7 +90,7 @@ def settle_queued_entries(session: Session) -> None:
             tickets[0].wait()
         except LedgerError as e:
             tickets.clear()
-            raise LedgerUnavailable(f"the decision could not be recorded ({e}); nothing was changed") from e
+            raise LedgerUnavailable(f"the ledger could not record this change ({e}); nothing was changed") from e
         del tickets[0]
 
 

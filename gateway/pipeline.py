@@ -292,13 +292,14 @@ Pending = tuple[str, Mapping[str, Any], Mapping[str, bytes] | None]
 
 @contextmanager
 def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
-    """Collect the entries `record` is given inside the block and append them, in order, with one wait at
-    its end: one group commit instead of one fsync each, still before the business transaction commits.
+    """Collect the entries `record` is given inside the block and append them, in order, at its end: one
+    group commit instead of one fsync each, still before the business transaction commits.
 
-    For the outcomes of an action already decided (its transitions, commands, results); the decision
-    itself is appended at once by `decide`. A block that raises appends nothing, so a rolled-back change
-    leaves no outcome claiming it happened. Raises LedgerUnavailable (the caller's transaction then
-    rolls back).
+    For the outcomes of an action already decided (its transitions, commands, results). The decision they
+    cite is durable first. In a Gateway.transaction they are queued, and the transaction waits for them
+    before it commits, after writing its own changes meanwhile; elsewhere this waits for them. A block
+    that raises appends nothing, so a rolled-back change leaves no outcome claiming it happened. Raises
+    LedgerUnavailable (the caller's transaction then rolls back).
     """
     if _LEDGER_BATCH in session.info:  # nested: the outer block appends
         yield
@@ -310,8 +311,12 @@ def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
     finally:
         session.info.pop(_LEDGER_BATCH, None)
     settle_queued_entries(session)  # the decision these outcomes cite is durable first
+    queued = session.info.get(QUEUED_ENTRIES)
     try:
-        gw.ledger.append_many(pending)
+        if queued is not None:
+            queued.extend(gw.ledger.enqueue_many(pending))
+        else:
+            gw.ledger.append_many(pending)
     except LedgerError as e:
         raise LedgerUnavailable(f"could not record {len(pending)} outcome entries ({e})") from e
 

@@ -295,18 +295,27 @@ class Ledger:
         return results
 
     def enqueue(self, kind: str, body: Mapping[str, Any], *, blobs: Mapping[str, bytes] | None = None) -> Ticket:
-        """Queue one entry and return at once: the ticket knows the entry's seq now, and ticket.wait()
-        returns once it is durable. For a caller with more to do before it needs the entry durable (later
-        entries that cite this seq, a transaction to commit only after it), so the fsync overlaps that work.
+        """Queue one entry and return at once (see enqueue_many)."""
+        return self.enqueue_many([(kind, body, blobs)])[0]
 
-        Entries queued after one whose write fails fail too (their seqs counted on it). A ticket nobody
-        waits for holds up no one; its entry is written all the same. Raises InvalidEntry, LedgerClosed.
+    def enqueue_many(
+        self, entries: Sequence[tuple[str, Mapping[str, Any], Mapping[str, bytes] | None]]
+    ) -> list[Ticket]:
+        """Queue (kind, body, blobs) entries in this order and return at once: each ticket knows its entry's
+        seq now, and ticket.wait() returns once the entry is durable. For a caller with more to do before it
+        needs them durable (entries that cite these seqs, a transaction to commit only after them), so that
+        the fsync overlaps that work.
+
+        Every entry is validated before any is queued. Entries queued after one whose write fails fail too
+        (their seqs counted on it). A ticket nobody waits for holds up no one; its entry is written all the
+        same. Raises InvalidEntry, LedgerClosed.
         """
-        if kind == ROTATION_KIND:
+        if any(kind == ROTATION_KIND for kind, _, _ in entries):
             raise InvalidEntry("key rotations are appended by rotate_key() only")
-        p = _Pending(prepare(kind, body, blobs), alone=True)
-        self._enqueue([p])
-        return Ticket(self, p)
+        pending = [_Pending(prepare(kind, body, blobs), alone=True) for kind, body, blobs in entries]
+        if pending:
+            self._enqueue(pending)
+        return [Ticket(self, p) for p in pending]
 
     def rotate_key(self, new: NoteSigner) -> AppendResult:
         """Announce new as the signing key in an entry signed under the current key, then switch.

@@ -51,8 +51,8 @@ def test_ledger_routes_are_read_only(api: Api) -> None:
 def test_the_ledger_service_has_no_way_to_change_an_entry() -> None:
     public = {m for m in dir(Ledger) if not m.startswith("_")}
     assert public <= {
-        "append", "append_many", "enqueue", "rotate_key", "close", "open", "from_store", "size", "entry", "entries",
-        "blob", "root", "latest_checkpoint", "inclusion_proof", "consistency_proof", "vkey",
+        "append", "append_many", "enqueue", "enqueue_many", "rotate_key", "close", "open", "from_store", "size",
+        "entry", "entries", "blob", "root", "latest_checkpoint", "inclusion_proof", "consistency_proof", "vkey",
     }, public  # fmt: skip
 
 

@@ -40,14 +40,35 @@ def test_a_block_that_raises_appends_nothing(api: Api) -> None:
     assert gw.ledger.size() == size
 
 
+class Unwritten:
+    """What Ledger.enqueue hands back for an entry whose write then fails."""
+
+    seq = -1
+
+    def wait(self) -> None:
+        raise StoreError("disk full")
+
+
 def test_a_ledger_that_cannot_write_refuses_the_block(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = api.gateway
+    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    monkeypatch.setattr(gw.ledger, "enqueue_many", lambda entries: [Unwritten() for _ in entries])
+    with pytest.raises(LedgerUnavailable, match="disk full"), gw.transaction() as session, \
+            ledger_batch(gw, session):
+        load_job(session, job_id).state = "stopped"
+        record(gw, session, "outcome", {"result": "executed"})
+    assert job_state(api, job_id) == "pending"
+
+
+def test_outside_a_gateway_transaction_the_block_waits_for_its_entries(api: Api,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     gw = api.gateway
 
     def broken(entries: object) -> None:
         raise StoreError("disk full")
 
     monkeypatch.setattr(gw.ledger, "append_many", broken)
-    with pytest.raises(LedgerUnavailable, match="disk full"), gw.transaction() as session, \
+    with pytest.raises(LedgerUnavailable, match="disk full"), gw.db.transaction() as session, \
             ledger_batch(gw, session):
         record(gw, session, "outcome", {"result": "executed"})
 
@@ -87,13 +108,7 @@ def test_a_stop_whose_queued_decision_is_not_written_changes_nothing(api: Api,
     job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
     size = gw.ledger.size()
 
-    class Unwritten:  # what Ledger.enqueue hands back for an entry whose write then fails
-        seq = size
-
-        def wait(self) -> None:
-            raise StoreError("disk full")
-
-    monkeypatch.setattr(gw.ledger, "enqueue", lambda *args, **kwargs: Unwritten())
+    monkeypatch.setattr(gw.ledger, "enqueue_many", lambda entries: [Unwritten() for _ in entries])
     r = api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "wrong config"})
     assert r.status_code == 503 and "disk full" in r.json()["detail"], r.text
     assert job_state(api, job_id) == "pending"
