@@ -131,6 +131,9 @@ def verify_cmd(
     except LedgerError as e:
         end_progress_bar(progress)
         _error(e.diagnostics())
+    except OSError as e:  # the bundle went away or became unreadable while it was being read
+        end_progress_bar(progress)
+        _error(f"cannot read {e.filename or bundle or 'the ledger store'}: {e.strerror or e}")
     end_progress_bar(progress)
     _print_verdict(verdict, as_json)
 

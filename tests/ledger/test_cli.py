@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from ledger import cli
 from ledger.cli import ledger_group
 from ledger.keys import load_or_create_signer
 from ledger.merkle import verify_consistency, verify_inclusion
@@ -106,3 +107,22 @@ def test_prove_and_consistency_print_verifiable_json(data_dir: Path) -> None:
     assert verify_consistency(7, 20, [base64.b64decode(h) for h in c["hashes"]], root7, root)
     code, _, err = run("prove", "--seq", "50", "--data-dir", str(data_dir))
     assert code == 2 and err.startswith("Error: ")
+
+
+def test_a_bundle_that_goes_away_mid_verify_is_a_one_line_error(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "ledger.bundle"
+    code, _, err = run("export", "--data-dir", str(data_dir), "--out", str(bundle))
+    assert code == 0, err
+    monkeypatch.setenv("JOBGATE_VERIFY_WORKERS", "2")  # workers open the bundle by its path
+    real = cli.verify_material
+
+    def goes_away(*args: object, **kwargs: object) -> object:
+        bundle.unlink()  # after the verifier opened it, before the workers do
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "verify_material", goes_away)
+    code, out, err = run("verify", "--bundle", str(bundle), "--public-key", str(data_dir / "keys/ledger.vkey"))
+    assert code == 2 and out == ""
+    assert err == f"Error: cannot read {bundle}: No such file or directory\n", err
