@@ -17,7 +17,8 @@ from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict
 from gateway.models import Job
-from gateway.pipeline import record_outcome, snapshot_blob
+from gateway.pipeline import record_outcome
+from gateway.queue_snapshot import snapshot_blob
 from gateway.states import ENDED_STATES
 
 

@@ -14,7 +14,7 @@ from sqlalchemy import inspect, text
 from gateway.db import Database
 from gateway.demo import prepare_demo
 from gateway.models import Job
-from gateway.pipeline import queue_snapshot, rendered_snapshot_blob, snapshot_blob, snapshot_sql
+from gateway.queue_snapshot import queue_snapshot, rendered_snapshot_blob, snapshot_blob, snapshot_sql
 from gateway.settings import Settings
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
