@@ -19,7 +19,8 @@ Two measures per endpoint:
 Capacity figures also give the server's CPU time per request, which bounds what one gateway process can
 serve on this machine. Approvals run on a second fresh gateway whose queue length is set (--queued):
 every decision on an existing job records the whole queue (H3), so its cost grows with the queue.
-Prints one JSON object. Usage: python bench/gateway.py [--seconds 5] [--clients 32] [--rate 500] [--queued 1000]
+Prints one JSON object. Usage: python bench/gateway.py [--only submissions|approvals] [--seconds 5]
+[--clients 32] [--rate 500] [--queued 1000]
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def main() -> None:
                         help="length of the approvals-at-a-person's-pace measurement (200 samples at 10/s)")
     parser.add_argument("--queued", type=int, default=1000,
                         help="jobs that stay queued while approvals run (each decision records the queue)")
+    parser.add_argument("--only", choices=["submissions", "approvals"], help="measure only these")
     parser.add_argument("--serve", nargs=3, metavar=("DATA_DIR", "POLICIES", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -262,15 +264,19 @@ async def submit(c: Connection, i: int) -> Response:
 
 
 async def run(args: argparse.Namespace) -> None:
-    async with gateway_under_test() as (port, tokens, pid):
-        submissions = await measure_submissions(port, tokens, args, pid)
-    async with gateway_under_test() as (port, tokens, pid):
-        approvals = await measure_approvals(port, tokens, args, pid)
+    submissions: dict[str, object] = {}
+    approvals: dict[str, object] = {}
+    if args.only in (None, "submissions"):
+        async with gateway_under_test() as (port, tokens, pid):
+            submissions = await measure_submissions(port, tokens, args, pid)
+    if args.only in (None, "approvals"):
+        async with gateway_under_test() as (port, tokens, pid):
+            approvals = {"approve": await measure_approvals(port, tokens, args, pid)}
     print(json.dumps({
         "bench": "gateway",
         "clients": args.clients,
         **submissions,
-        "approve": approvals,
+        **approvals,
         "targets": {"submit_per_second": 500, "submit_p99_ms_at_500_per_second": 30, "approve_p99_ms": 15},
     }, indent=2))
 
