@@ -439,6 +439,7 @@ class Ledger:
         all at once, 30-60 threads would pile onto the GIL, each waking twice (its lock, then the
         GIL), and the writer would queue behind them for the GIL after every SQLite call; passed
         on, about one caller at a time is runnable, which halves the context switches per append.
+        Entries queued by enqueue_many are released on their own: their holders may never wait.
         """
         unwoken, self._unwoken = self._unwoken, []
         if unwoken:
