@@ -14,6 +14,7 @@ from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
+from gateway.db import insert_new
 from gateway.errors import Conflict, Invalid, NotFound, PolicyDenied
 from gateway.models import Job, Node, Principal, Project
 from gateway.obligations import notify_owners
@@ -140,9 +141,7 @@ def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: JobSubm
         job, rec = _admit(gw, session, authenticate(session), spec)
     try:
         with gw.transaction() as session:
-            session.add(job)
-            session.flush()
-            on_submit(gw, session, job, mounts=spec.mounts, datasets=spec.datasets)  # Q3 priority basis
+            insert_new(session, job, *on_submit(gw, job, mounts=spec.mounts, datasets=spec.datasets))  # Q3
     except Exception as e:
         record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
                                        "action": "job.submit", "job_id": job.id, "result": "failed",

@@ -21,8 +21,8 @@ from gateway.scheduler_tables import PriorityChange, SchedJob
 AGING_STEP = 1.0
 
 
-def on_submit(gw: Gateway, session: Session, job: Job, *, mounts: list[str], datasets: list[str]) -> SchedJob:
-    """Create the job's scheduling row and its first priority entry (baseline + contribution)."""
+def on_submit(gw: Gateway, job: Job, *, mounts: list[str], datasets: list[str]) -> tuple[SchedJob, PriorityChange]:
+    """The new job's scheduling row and its first priority entry (baseline + contribution), to insert."""
     from gateway.quotas import contribution_of
     from gateway.scheduling import scheduler_config
 
@@ -30,15 +30,13 @@ def on_submit(gw: Gateway, session: Session, job: Job, *, mounts: list[str], dat
     config = scheduler_config(gw)
     contribution = contribution_of(gw, job.owner)
     baseline = config.queue_baseline[job.queue]
+    parts = {"baseline": baseline, "contribution": contribution, "aging": 0.0, "manual": 0.0,
+             "compensation": 0.0, "fairshare": 0.0, "total": baseline + contribution}
     row = SchedJob(job_id=job.id, contribution=contribution, queued_at=now, mounts=list(mounts),
-                   datasets=list(datasets), priority=baseline + contribution,
-                   parts={"baseline": baseline, "contribution": contribution, "aging": 0.0, "manual": 0.0,
-                          "compensation": 0.0, "fairshare": 0.0, "total": baseline + contribution})
-    session.add(row)
-    row.recorded_priority = row.priority
-    record(session, job.id, now, "submit", None, row.parts, note=f"queue {job.queue} baseline {baseline:g} + "
-           f"contribution of {job.owner} {contribution:g}")
-    return row
+                   datasets=list(datasets), priority=baseline + contribution, parts=parts,
+                   recorded_priority=baseline + contribution)
+    return row, change(job.id, now, "submit", None, parts, note=f"queue {job.queue} baseline {baseline:g} + "
+                       f"contribution of {job.owner} {contribution:g}")
 
 
 def ensure(session: Session, job: Job) -> SchedJob:
@@ -52,8 +50,13 @@ def ensure(session: Session, job: Job) -> SchedJob:
 
 def record(session: Session, job_id: str, at: datetime, basis: str, before: float | None,
            parts: dict[str, Any], note: str = "") -> None:
-    session.add(PriorityChange(job_id=job_id, at=at, basis=basis, before=before, after=float(parts["total"]),
-                               parts=dict(parts), note=note))
+    session.add(change(job_id, at, basis, before, parts, note))
+
+
+def change(job_id: str, at: datetime, basis: str, before: float | None, parts: dict[str, Any],
+           note: str = "") -> PriorityChange:
+    return PriorityChange(job_id=job_id, at=at, basis=basis, before=before, after=float(parts["total"]),
+                          parts=dict(parts), note=note)
 
 
 def history(session: Session, job_id: str) -> list[dict[str, Any]]:
