@@ -42,7 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # This file is named like the package it measures: let `import gateway` find the package, not this script.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT))
 
+from bench.machine import calibration  # noqa: E402
 from gateway.api.deps import Ctx  # noqa: E402  (resolved by FastAPI from this module's globals)
 
 Response = tuple[int, bytes]
@@ -264,6 +266,7 @@ async def submit(c: Connection, i: int) -> Response:
 
 
 async def run(args: argparse.Namespace) -> None:
+    machine = calibration()  # before the gateway starts: nothing else of ours is running
     submissions: dict[str, object] = {}
     approvals: dict[str, object] = {}
     if args.only in (None, "submissions"):
@@ -275,6 +278,7 @@ async def run(args: argparse.Namespace) -> None:
     print(json.dumps({
         "bench": "gateway",
         "clients": args.clients,
+        "machine": machine,
         **submissions,
         **approvals,
         "targets": {"submit_per_second": 500, "submit_p99_ms_at_500_per_second": 30, "approve_p99_ms": 15},

@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.machine import calibration
 from ledger.bundle import FORMAT, open_bundle
 from ledger.entry import encode, prepare, tail_bytes
 from ledger.fastscan import tasks_for, workers_for
@@ -361,7 +362,8 @@ def main() -> None:
     q = args.quick
     only = set(args.only or ["append", "latency", "pg", "proofs", "verify"])
     pg = os.environ.get("JOBGATE_BENCH_PG_URL") or os.environ.get("JOBGATE_TEST_PG_URL")
-    out: dict[str, Any] = {"benchmark": "ledger", "quick": q, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+    out: dict[str, Any] = {"benchmark": "ledger", "quick": q, "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+                           "machine": calibration()}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if "append" in only:

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from regopy import Input  # noqa: E402
 
+from bench.machine import calibration  # noqa: E402
 from gateway.policy import EmbeddedEngine, RoleBinding, load_policy_set  # noqa: E402
 from gateway.policy.loader import DECISION_ENTRYPOINT, compile_rego  # noqa: E402
 from gateway.policy.regoio import query_value, rego_input  # noqa: E402
@@ -337,6 +338,7 @@ def main() -> None:
         "bench": "policy_decision",
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "machine": calibration(),
         "projects": PROJECTS,
         "principals_per_project": PRINCIPALS,
         "bindings": PROJECTS * PRINCIPALS + 2,
