@@ -177,9 +177,10 @@ def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
     """Collect the entries `record` is given inside the block and append them, in order, at its end: one
     group commit instead of one fsync each, still before the business transaction commits.
 
-    For the outcomes of an action already decided (its transitions, commands, results). The decision they
-    cite is durable first. In a Gateway.transaction they are queued, and the transaction waits for them
-    before it commits, after writing its own changes meanwhile; elsewhere this waits for them. A block
+    For the outcomes of an action already decided (its transitions, commands, results). In a
+    Gateway.transaction they are queued behind the decision they cite, which need not be durable yet (if it
+    is not written, neither are they), and the transaction waits for all of them before it commits, after
+    writing its own changes meanwhile; elsewhere this waits for them. A block
     that raises appends nothing, so a rolled-back change leaves no outcome claiming it happened. Raises
     LedgerUnavailable (the caller's transaction then rolls back).
     """
@@ -192,11 +193,11 @@ def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
         yield
     finally:
         session.info.pop(_LEDGER_BATCH, None)
-    settle_queued_entries(session)  # the decision these outcomes cite is durable first
     queued = session.info.get(QUEUED_ENTRIES)
     try:
         if queued is not None:
-            queued.extend(gw.ledger.enqueue_many(pending))
+            # Behind the decision they cite, without waiting for it: never written without it.
+            queued.extend(gw.ledger.enqueue_many(pending, after=queued))
         else:
             gw.ledger.append_many(pending)
     except LedgerError as e:

@@ -88,7 +88,7 @@ class _Pending:
     """One queued append. `done` is a raw lock held until the writer settles it: waking a waiter is
     one C-level release, far cheaper than an Event (a Condition) when 64 callers wait per batch."""
 
-    __slots__ = ("alone", "done", "error", "hash", "next", "prep", "queued", "rotate", "seq", "time")
+    __slots__ = ("alone", "done", "epoch", "error", "hash", "next", "prep", "queued", "rotate", "seq", "time")
 
     def __init__(self, prep: PreparedEntry, rotate: NoteSigner | None = None, *, alone: bool = False) -> None:
         self.prep = prep
@@ -98,8 +98,9 @@ class _Pending:
         self.done.acquire()
         self.error: LedgerError | None = None
         self.rotate = rotate  # a key-rotation entry: the batch ends here and the signer changes
-        # seq is set when queued (see Ledger.enqueue); hash and time by the writer once durable.
+        # seq and epoch are set when queued (see Ledger.enqueue); hash and time by the writer.
         self.seq = -1
+        self.epoch = 0
         self.hash = ""
         self.time = ""
         self.next: _Pending | None = None  # the next caller to wake (see _wake)
@@ -168,6 +169,7 @@ class Ledger:
         self._qlock = _allocate_lock()
         self._queue: list[_Pending] = []
         self._next_seq = 0  # the seq the next queued entry gets (under _qlock)
+        self._epoch = 0  # how many times numbering started again after a failed write (under _qlock)
         self._idle = False
         self._until = 0  # while the writer holds a batch open: the queue length that ends the wait
         self._kick = _allocate_lock()
@@ -299,7 +301,10 @@ class Ledger:
         return self.enqueue_many([(kind, body, blobs)])[0]
 
     def enqueue_many(
-        self, entries: Sequence[tuple[str, Mapping[str, Any], Mapping[str, bytes] | None]]
+        self,
+        entries: Sequence[tuple[str, Mapping[str, Any], Mapping[str, bytes] | None]],
+        *,
+        after: Sequence[Ticket] = (),
     ) -> list[Ticket]:
         """Queue (kind, body, blobs) entries in this order and return at once: each ticket knows its entry's
         seq now, and ticket.wait() returns once the entry is durable. For a caller with more to do before it
@@ -307,14 +312,17 @@ class Ledger:
         the fsync overlaps that work.
 
         Every entry is validated before any is queued. Entries queued after one whose write fails fail too
-        (their seqs counted on it). A ticket nobody waits for holds up no one; its entry is written all the
-        same. Raises InvalidEntry, LedgerClosed.
+        (their seqs counted on it). So entries that cite `after` (an outcome citing its decision) can be
+        queued without waiting for it: they are refused if one of `after` has already failed, or was
+        queued before numbering started again and not written; otherwise they are written after it, or
+        fail with it. A ticket nobody waits for holds up no one; its entry is written all the same.
+        Raises InvalidEntry, LedgerUnavailable (an entry of `after` was not written), LedgerClosed.
         """
         if any(kind == ROTATION_KIND for kind, _, _ in entries):
             raise InvalidEntry("key rotations are appended by rotate_key() only")
         pending = [_Pending(prepare(kind, body, blobs), alone=True) for kind, body, blobs in entries]
         if pending:
-            self._enqueue(pending)
+            self._enqueue(pending, [t._pending for t in after])
         return [Ticket(self, p) for p in pending]
 
     def rotate_key(self, new: NoteSigner) -> AppendResult:
@@ -336,16 +344,23 @@ class Ledger:
         self._enqueue([p])
         return self._await(p)
 
-    def _enqueue(self, pending: list[_Pending]) -> None:
+    def _enqueue(self, pending: list[_Pending], after: Sequence[_Pending] = ()) -> None:
         now = _perf_counter()
         for p in pending:
             p.queued = now
         with self._qlock:
             if self._closed:
                 raise LedgerClosed("ledger is closed")
+            epoch = self._epoch
+            for a in after:
+                # Written entries lie below the durable size; a failed write resets numbering to that size
+                # (and bumps the epoch) before its entries learn that they failed.
+                if a.error is not None or (a.epoch != epoch and a.seq >= self._size):
+                    raise LedgerUnavailable(f"ledger write refused: entry {a.seq}, which these follow, was not written")
             seq = self._next_seq
             for p in pending:
                 p.seq = seq
+                p.epoch = epoch
                 seq += 1
             self._next_seq = seq
             queue = self._queue
@@ -556,6 +571,7 @@ class Ledger:
             stranded = self._queue[:]
             self._queue.clear()
             self._next_seq = start
+            self._epoch += 1
         for p in (*batch, *stranded):
             p.error = err
             p.done.release()

@@ -101,3 +101,53 @@ def test_entries_queued_behind_a_failed_write_fail_with_it(tmp_path: Path, signe
     led.close()
     verdict = verify_store(f"sqlite:///{tmp_path}/ledger.db", signer.verifier())
     assert verdict.ok and verdict.size == 2, verdict.message
+
+
+def test_entries_queued_after_an_in_flight_ticket_are_written_after_it(tmp_path: Path, signer: NoteSigner) -> None:
+    store = GatedStore(tmp_path / "ledger.db")
+    led = Ledger.from_store(store, signer=signer)
+    decision = led.enqueue("decision", {"i": 0})
+    assert store.writing.wait(timeout=30)  # not durable yet: the writer holds its batch
+    outcomes = led.enqueue_many([("outcome", {"decision_seq": decision.seq}, None)] * 2, after=[decision])
+    assert [t.seq for t in outcomes] == [1, 2]
+    store.gate.set()
+    assert [t.wait().seq for t in outcomes] == [1, 2] and decision.wait().seq == 0
+    led.close()
+    verdict = verify_store(f"sqlite:///{tmp_path}/ledger.db", signer.verifier())
+    assert verdict.ok and verdict.size == 3, verdict.message
+
+
+def test_entries_queued_after_a_ticket_whose_write_then_fails_fail_with_it(tmp_path: Path, signer: NoteSigner) -> None:
+    store = GatedStore(tmp_path / "ledger.db")
+    led = Ledger.from_store(store, signer=signer)
+    store.fail_before = True
+    decision = led.enqueue("decision", {"i": 0})
+    assert store.writing.wait(timeout=30)
+    (outcome,) = led.enqueue_many([("outcome", {"decision_seq": decision.seq}, None)], after=[decision])
+    store.gate.set()
+    for ticket in (decision, outcome):
+        with pytest.raises(LedgerUnavailable):
+            ticket.wait()
+    led.close()
+    assert verify_store(f"sqlite:///{tmp_path}/ledger.db", signer.verifier()).size == 0
+
+
+def test_entries_citing_a_ticket_that_was_not_written_are_refused(tmp_path: Path, signer: NoteSigner) -> None:
+    store = FlakyStore(tmp_path / "ledger.db")
+    led = Ledger.from_store(store, signer=signer)
+    written = led.enqueue("decision", {"i": 0})
+    written.wait()
+    store.fail_before = True
+    failed = led.enqueue("decision", {"i": 1})
+    with pytest.raises(LedgerUnavailable):
+        failed.wait()
+    store.fail_before = False
+    # Numbering started again at 1: an outcome citing seq 1 would now cite whatever comes next.
+    with pytest.raises(LedgerUnavailable, match="entry 1, which these follow, was not written"):
+        led.enqueue_many([("outcome", {"decision_seq": failed.seq}, None)], after=[failed])
+    # A ticket written before the failure may still be cited.
+    (ok,) = led.enqueue_many([("outcome", {"decision_seq": written.seq}, None)], after=[written])
+    assert ok.wait().seq == 1
+    led.close()
+    verdict = verify_store(f"sqlite:///{tmp_path}/ledger.db", signer.verifier())
+    assert verdict.ok and verdict.size == 2, verdict.message
