@@ -88,6 +88,10 @@ def create_schema(engine: Engine) -> None:
         for table in Base.metadata.sorted_tables:
             for index in table.indexes:
                 index.create(conn, checkfirst=True)
+        if engine.dialect.name == "sqlite":
+            from gateway.queue_snapshot import add_rendered_rows
+
+            add_rendered_rows(conn)
 
 
 class Database:

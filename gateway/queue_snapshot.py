@@ -12,9 +12,9 @@ from itertools import groupby
 from typing import Any
 
 import orjson
-from sqlalchemy import BigInteger, Integer, Text, and_, case, cast, func, literal, select
+from sqlalchemy import BigInteger, Text, and_, case, cast, func, literal, literal_column, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import Session
 
 from gateway.models import Job
@@ -31,15 +31,20 @@ _PENDING = (select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.g
 # The database renders each row as canonical JSON itself and joins them in queue order, so a queue of
 # thousands reaches Python as one string. SQLite's json_quote and PostgreSQL's to_json escape strings
 # exactly as RFC 8785 does (tests/gateway/test_queue_snapshot.py checks the bytes on both). A whole-number
-# priority is written as an int; any other sets `fractional` and the snapshot takes the general path,
-# since neither database prints fractions as RFC 8785 does.
-_SQLITE_WHOLE = case((and_(_JOB.base_priority == cast(_JOB.base_priority, Integer),
-                           func.abs(_JOB.base_priority) <= _SAFE_INT), cast(_JOB.base_priority, Integer)))
+# priority is written as an int; any other leaves the row unrendered and the snapshot takes the general
+# path, since neither database prints fractions as RFC 8785 does.
+# SQLite keeps each job's row rendered, in a virtual generated column that an index stores: a snapshot
+# joins strings read from that index instead of rendering every queued job again for every decision.
+_WHOLE_SQL = f"base_priority = CAST(base_priority AS INTEGER) AND abs(base_priority) <= {_SAFE_INT}"
+RENDERED_ROW_DDL = (
+    "ALTER TABLE jobs ADD COLUMN snapshot_row TEXT GENERATED ALWAYS AS (CASE WHEN " + _WHOLE_SQL + " THEN"
+    " json_array(id, project, queue, CAST(base_priority AS INTEGER), gpus_per_node * nodes) END) VIRTUAL")
+RENDERED_ROW_INDEX = ("CREATE INDEX IF NOT EXISTS ix_jobs_queue_snapshot_rows"
+                      " ON jobs (state, queue, base_priority DESC, submitted_at, id, snapshot_row)")
+_RENDERED = literal_column("snapshot_row", Text)
 # SQLite joins the rows in its FROM subquery's order: it drops such an ORDER BY only when the outer query
 # could not tell, which an aggregate other than count, min or max can.
-_SQLITE_ROWS = (select(func.json_array(_JOB.id, _JOB.project, _JOB.queue, _SQLITE_WHOLE,
-                                       _JOB.gpus_per_node * _JOB.nodes).label("row"),
-                       _SQLITE_WHOLE.is_(None).label("fractional"))
+_SQLITE_ROWS = (select(_RENDERED.label("row")).select_from(Job.__table__)
                 .where(_IS_PENDING).order_by(*_QUEUE_ORDER).subquery())
 # PostgreSQL: trunc, not a cast, tests for a whole number (a cast rounds, and fails beyond bigint).
 _PG_WHOLE = case((and_(_JOB.base_priority == func.trunc(_JOB.base_priority),
@@ -53,7 +58,7 @@ def _pg_json(column: Any) -> Any:
 _PG_ROW = (literal("[") + _pg_json(_JOB.id) + "," + _pg_json(_JOB.project) + "," + _pg_json(_JOB.queue) + ","
            + cast(_PG_WHOLE, Text) + "," + cast(_JOB.gpus_per_node * _JOB.nodes, Text) + "]")
 _PENDING_JSON = {
-    "sqlite": select(func.group_concat(_SQLITE_ROWS.c.row, ","), func.max(_SQLITE_ROWS.c.fractional)),
+    "sqlite": select(func.group_concat(_SQLITE_ROWS.c.row, ","), func.count() - func.count(_SQLITE_ROWS.c.row)),
     "postgresql": select(func.string_agg(_PG_ROW, aggregate_order_by(literal(","), *_QUEUE_ORDER)),
                          func.bool_or(_PG_WHOLE.is_(None))).where(_IS_PENDING),
 }
@@ -62,6 +67,13 @@ _SQL: dict[tuple[str, str], str] = {}  # (statement, dialect name) -> SQL; the s
 _STATEMENTS: dict[str, Any] = {"pending": _PENDING, "pending_json": _PENDING_JSON, "by_queue": _BY_QUEUE}
 SNAPSHOT_COLUMNS = ("id", "project", "queue", "priority", "gpus")
 _SNAPSHOT_HEAD = b'{"columns":' + orjson.dumps(SNAPSHOT_COLUMNS) + b',"pending":['
+
+
+def add_rendered_rows(connection: Connection) -> None:
+    """SQLite: add the rendered-row column and its index to a jobs table that lacks them."""
+    if "snapshot_row" not in {row[1] for row in connection.exec_driver_sql("PRAGMA table_xinfo(jobs)")}:
+        connection.exec_driver_sql(RENDERED_ROW_DDL)
+    connection.exec_driver_sql(RENDERED_ROW_INDEX)
 
 
 def snapshot_sql(statement: str, dialect: Dialect) -> str:
