@@ -11,6 +11,8 @@
 # Collections are iterated through a local (`fs := findings; some f in fs`), never as `some f in findings`:
 # rego-cpp tests a referenced rule's value against false before iterating it, and that test serialises
 # the whole value (findings carry their target jobs), costing more than the iteration itself.
+# Whether a collection has a member is asked with an index (`fs[0].kind`) or one iteration step, never
+# `count(fs) > 0`: `count` and `>` are builtin calls, the costliest statements here (subjects.rego).
 package jobgate.authz
 
 import rego.v1
@@ -33,8 +35,8 @@ decision := {
 	"approvals_required": no_approvals,
 	"obligations": [],
 } if {
+	denied
 	ds := denials
-	count(ds) > 0
 } else := {
 	"effect": "needs_approval",
 	"reasons": waiting_reasons,
@@ -42,10 +44,7 @@ decision := {
 	"approvals_required": approvals_required,
 	"obligations": sort(obligations),
 } if {
-	# Nothing waits unless some subject can need a second person (approvals.rego): one cached test
-	# before the per-subject work.
-	second_person_possible
-	count(waiting) > 0
+	any_waiting
 } else := {
 	"effect": "allow",
 	"reasons": [f.reason | some f in fs],
@@ -55,7 +54,15 @@ decision := {
 } if {
 	# No denial above means every finding is a grant (each deny finding is a denial).
 	fs := findings
-	count(fs) > 0
+	fs[0].kind # some finding
+}
+
+# Whether anything is denied (a set: asked by iterating, see above).
+default denied := false
+
+denied if {
+	ds := denials
+	some _ in ds
 }
 
 # Denials: every `deny` finding plus the guards in guards.rego.
@@ -66,10 +73,16 @@ denials contains {"rule": f.rule, "reason": f.reason} if {
 }
 
 # Subjects still waiting for approvals (M2), with how many are missing.
-waiting contains w if {
-	ns := needs
-	some w in ns
-	w.missing > 0
+waiting := [n |
+	some n in ns
+	n.missing > 0
+] if ns := approval_needs
+
+default any_waiting := false
+
+any_waiting if {
+	ws := waiting
+	ws[0].missing # some subject waits
 }
 
 # Why the request waits: each waiting subject's reason and each notch's. rego-cpp iterates a set in the
@@ -89,9 +102,8 @@ rule_ids contains f.rule if {
 }
 
 # A notch fires only where a second person is possible (R3 external target, H2 cross-project batch,
-# C2 with a need).
+# C2 with a need); each of its rules tests that first.
 rule_ids contains n.rule if {
-	second_person_possible
 	ns := notches_fired
 	some n in ns
 }
@@ -126,8 +138,7 @@ obligations contains o if {
 
 # M2: a request that waits for a second person says how long an approval stays valid.
 obligations contains approval_expiry_obligation if {
-	second_person_possible
-	count(waiting) > 0
+	any_waiting
 }
 
 # P4: every stop goes through prepare signal, grace window, then forced kill.

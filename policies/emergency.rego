@@ -54,14 +54,14 @@ emergency_finding := refuse(
 	not emergency_trigger in {"safety", "security"}
 } else := refuse(
 	"C2.emergency_ceiling",
-	sprintf("the scope holds %d jobs; an emergency stop may name at most %d", [count(targets), data.emergency.max_targets]),
+	sprintf("the scope holds %d jobs; an emergency stop may name at most %d", [target_count, data.emergency.max_targets]),
 	scope_subject,
 ) if {
-	count(targets) > data.emergency.max_targets
+	target_count > data.emergency.max_targets
 } else := object.union(
 	project_grant(
 		"C2.emergency_stop",
-		sprintf("%s requests a %s-level emergency stop (%s concern) of %d jobs", [actor, emergency_granularity, emergency_trigger, count(targets)]),
+		sprintf("%s requests a %s-level emergency stop (%s concern) of %d jobs", [actor, emergency_granularity, emergency_trigger, target_count]),
 		scope_subject, object.get(data.emergency.approvals, emergency_granularity, 1),
 		{"roles": sort(emergency_approver_roles), "principals": [], "projects": ["*"]},
 		[{"kind": "notify_owners", "jobs": sort([t.id | some t in targets])}],

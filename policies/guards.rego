@@ -8,7 +8,10 @@ import rego.v1
 # false rule without a default is evaluated again at every reference.
 default mutating := false
 
-mutating if input.action != "job.view"
+mutating if {
+	action := input.action
+	not action == "job.view"
+}
 
 # Each guard starts with its cheapest test, so the common single-job request leaves most of them
 # after one comparison (batch-wide counts are computed only for batches).
@@ -49,9 +52,9 @@ denials contains d if {
 
 batch_denials contains {
 	"rule": "H2.jobs_per_batch",
-	"reason": sprintf("the request names %d jobs; at most %d per batch", [count(targets), data.limits.jobs_per_batch]),
+	"reason": sprintf("the request names %d jobs; at most %d per batch", [target_count, data.limits.jobs_per_batch]),
 } if {
-	count(targets) > data.limits.jobs_per_batch
+	target_count > data.limits.jobs_per_batch
 	mutating
 	not input.action in unbatched_actions
 }
@@ -61,7 +64,7 @@ batch_denials contains {
 	"reason": sprintf("the request spans %d projects; at most %d per batch", [count(target_projects), data.limits.projects_per_batch]),
 } if {
 	# A batch cannot span more projects than it has jobs.
-	count(targets) > data.limits.projects_per_batch
+	target_count > data.limits.projects_per_batch
 	count(target_projects) > data.limits.projects_per_batch
 	mutating
 	not input.action in unbatched_actions
@@ -73,7 +76,7 @@ denials contains {
 	"reason": sprintf("the request affects %d GPUs; at most %d per call", [gpus, data.limits.gpus_per_call]),
 } if {
 	mutating
-	count(targets) == 1
+	target_count == 1
 	gpus := targets[0].gpus
 	gpus > data.limits.gpus_per_call
 	not input.action in unbatched_actions
@@ -90,13 +93,18 @@ batch_denials contains {
 
 target_projects := {t.project | some t in ts} if ts := targets
 
-# More than one job named: only then can the batch guards apply.
+# More than one job named: only then can the batch guards apply. Neither none nor one, as two
+# equality tests rather than `>` (a builtin call, subjects.rego).
 default batch := false
 
-batch if count(targets) > 1
+batch if {
+	n := target_count
+	not n == 0
+	not n == 1
+}
 
 gpus_at_stake := object.get(targets[0], "gpus", 0) if {
-	count(targets) == 1
+	target_count == 1
 } else := sum([object.get(t, "gpus", 0) | some t in ts]) if ts := targets
 
 # R1: one job named twice is a malformed selection; refuse rather than guess.

@@ -4,27 +4,43 @@
 # (second persons the rule itself needs), `obligations`, and — when base > 0 — `eligible` (who may be
 # that second person).
 #
-# Cost notes (rego-cpp 1.x, measured with bench/policy.py and perf): every statement a decision's path
-# reaches costs about a microsecond, and some much more. Testing a value for truth or comparing it
-# serialises it, so a collection or an object is never tested: collections are iterated through a local
-# (`ts := targets; some t in ts`), since `some t in targets` first tests the whole value against false.
-# An object is built key by key, each insert comparing the keys already there. A lookup walks an
-# object's keys in order (the input's keys come in regoio.HOT_KEYS order, data.json's in file order).
-# Every call, of a rule (cached within a query), a function (not cached) or a builtin, pays a name
-# lookup. So the rules below test the cheapest discriminating fact first, gate rarely true work behind
-# one cached rule, and build few and small objects. rego-cpp also checks the whole compiled policy on
-# every query, so its size costs too (about 15 ns per statement of the plan).
+# Cost notes (rego-cpp 1.5 through regopy, measured with its statement trace, perf and paired timings;
+# bench/policy.py). Every builtin call copies the evaluator's state, one slot per local of the whole
+# compiled policy: about 5 µs early in a query and over 10 µs late, against well under one for an
+# equality test or a step of an iteration. Builtin calls include `count`, every comparison but `==`,
+# arithmetic, `in`, object.get, is_string and sprintf, and, inside a comprehension, `==` too. So hot
+# paths test with `==` (`not x == y` over bound values for `x != y`), iterate for membership, look up
+# with a fallback instead of object.get, and put a comprehension's tests in a function body.
+# Testing a value for truth or comparing it serialises it, so a collection or an object is never tested:
+# collections are iterated through a local (`ts := targets; some t in ts`), since `some t in targets`
+# first tests the whole value against false. An object is built key by key, each insert comparing the
+# keys already there, and every value put into an object, array or set is copied. A lookup walks an
+# object's keys in order, about 0.6 µs a key (the input's keys come in regoio.HOT_KEYS order,
+# data.json's in file order). Every call of a rule (cached within a query) or a function (not cached)
+# pays a name lookup. So the rules below test the cheapest discriminating fact first, gate rarely true
+# work behind one cached rule, and build few and small objects. rego-cpp also checks the whole compiled
+# policy on every query, so its size costs too (about 20 ns per statement of the plan).
 package jobgate.authz
 
 import rego.v1
 
 job_actions := {"job.stop", "job.priority", "job.pause", "job.delete"}
 
-# Written as a lookup with a fallback rather than object.get: rego-cpp copies the whole input into a
-# builtin's arguments, so object.get(input, ...) costs several times a plain lookup.
+# Written as a lookup with a fallback rather than object.get (a builtin call, see the cost notes).
 targets := ts if {
 	ts := input.targets
 } else := []
+
+# How many jobs the request names, counted once per query (undefined, as count is, for null or a number).
+target_count := count(targets)
+
+# Whether the request names any job. `not n == 0` over a bound count is `n > 0` without a builtin call.
+default has_targets := false
+
+has_targets if {
+	n := target_count
+	not n == 0
+}
 
 actor := input.actor.id
 
@@ -59,10 +75,14 @@ owns(t) := true if {
 default reason_given := false
 
 reason_given if {
-	r := input.reason
-	is_string(r)
-	trim_space(r) != ""
+	reason := trimmed_reason
+	not reason == ""
 }
+
+# Undefined unless the reason is a string (trim_space takes nothing else), so reason_given needs no
+# is_string: one builtin call instead of two. A rule of its own, not a line in reason_given: rego-cpp
+# does not stop a body at an undefined builtin result (only at an undefined rule, call or lookup).
+trimmed_reason := trim_space(input.reason)
 
 # Capability names used in sentences. They are looked up here rather than written as literals at the
 # call sites because rego-cpp 1.x formats a string literal passed as a function argument with its
@@ -78,21 +98,22 @@ missing_capability(p, capability) := sprintf("%s holds no role in project %s tha
 # A grant on a target job carries the job itself (approvals.rego reads its owner and flags); building
 # it here once is much cheaper than merging the target into the finding afterwards.
 # `eligible` is read only for a grant that itself needs a second person (base > 0, approvals.rego).
+# Keys in the order they are read most (kind, then base): a lookup walks them in that order.
 grant(rule, reason, t, base, eligible, obligations) := {
-	"kind": "grant", "rule": rule, "reason": reason, "subject": t.id, "target": t,
-	"base": base, "eligible": eligible, "obligations": obligations,
+	"kind": "grant", "base": base, "rule": rule, "reason": reason, "subject": t.id, "target": t,
+	"eligible": eligible, "obligations": obligations,
 }
 
 # A grant that needs no second person by its own rule (a notch may still ask for one, approvals.rego).
 grant_alone(rule, reason, t, obligations) := {
-	"kind": "grant", "rule": rule, "reason": reason, "subject": t.id, "target": t,
-	"base": 0, "obligations": obligations,
+	"kind": "grant", "base": 0, "rule": rule, "reason": reason, "subject": t.id, "target": t,
+	"obligations": obligations,
 }
 
 # A grant on the request's project (project-level actions): no target.
 project_grant(rule, reason, project, base, eligible, obligations) := {
-	"kind": "grant", "rule": rule, "reason": reason, "subject": project,
-	"base": base, "eligible": eligible, "obligations": obligations,
+	"kind": "grant", "base": base, "rule": rule, "reason": reason, "subject": project,
+	"eligible": eligible, "obligations": obligations,
 }
 
 refuse(rule, reason, subject) := {"kind": "deny", "rule": rule, "reason": reason, "subject": subject}
@@ -104,9 +125,15 @@ second_person(t) := {
 	"roles": ["oncall", "queue_admin"],
 	"principals": [p |
 		some p in {t.owner}
-		p != actor
+		other_than_actor(p)
 	],
 	"projects": ["*", t.project],
+}
+
+# `p != actor` as a function (rego-cpp compiles a comparison inside a comprehension as a builtin call).
+other_than_actor(p) if {
+	me := actor
+	not p == me
 }
 
 notify_owner(t) := {"kind": "notify_owner", "job": t.id, "owner": t.owner}
@@ -116,40 +143,40 @@ notify_owner(t) := {"kind": "notify_owner", "job": t.id, "owner": t.owner}
 # here rather than through a multi-definition function (which costs a lookup per definition).
 findings := [stop_finding(t) | some t in ts] if {
 	input.action == "job.stop"
+	has_targets
 	ts := targets
-	count(ts) > 0
 } else := [view_finding(t) | some t in ts] if {
 	input.action == "job.view"
+	has_targets
 	ts := targets
-	count(ts) > 0
 } else := [pause_finding(t) | some t in ts] if {
 	input.action == "job.pause"
+	has_targets
 	ts := targets
-	count(ts) > 0
 } else := [priority_finding(t) | some t in ts] if {
 	input.action == "job.priority"
+	has_targets
 	ts := targets
-	count(ts) > 0
 } else := [delete_finding(t) | some t in ts] if {
 	input.action == "job.delete"
+	has_targets
 	ts := targets
-	count(ts) > 0
 } else := [breakglass_finding] if {
 	input.action == "breakglass.request"
 } else := [emergency_finding] if {
 	input.action == "emergency.stop"
 } else := [confirm_finding(t) | some t in ts] if {
 	input.action == "job.confirm_stopped"
+	has_targets
 	ts := targets
-	count(ts) > 0
 } else := [resume_finding(t) | some t in ts] if {
 	input.action == "job.resume"
+	has_targets
 	ts := targets
-	count(ts) > 0
 } else := [undelete_finding(t) | some t in ts] if {
 	input.action == "job.undelete"
+	has_targets
 	ts := targets
-	count(ts) > 0
 } else := [] if {
 	# An extension job action naming no jobs has no subject: denied by default.
 	extension_action
