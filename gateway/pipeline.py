@@ -180,9 +180,9 @@ def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
     For the outcomes of an action already decided (its transitions, commands, results). In a
     Gateway.transaction they are queued behind the decision they cite, which need not be durable yet (if it
     is not written, neither are they), and the transaction waits for all of them before it commits, after
-    writing its own changes meanwhile; elsewhere this waits for them. A block
-    that raises appends nothing, so a rolled-back change leaves no outcome claiming it happened. Raises
-    LedgerUnavailable (the caller's transaction then rolls back).
+    writing its own changes meanwhile; elsewhere this waits for them. A block that raises appends nothing,
+    so a rolled-back change leaves no outcome claiming it happened. Raises LedgerUnavailable (the caller's
+    transaction then rolls back).
     """
     if _LEDGER_BATCH in session.info:  # nested: the outer block appends
         yield
