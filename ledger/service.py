@@ -198,7 +198,10 @@ class Ledger:
     def from_store(
         cls, store: LedgerStore, *, signer: NoteSigner, clock: Callable[[], datetime] | None = None
     ) -> Ledger:
-        """Like open() over an already open store (which the Ledger then owns and closes)."""
+        """Like open() over an already open store (which the Ledger then owns and closes).
+
+        Raises StoreError if another Ledger writes the store, LedgerCorrupted if its tail is broken."""
+        store.claim_writer()
         led = cls(store, signer, clock or _utcnow)
         led._load()
         led._writer = threading.Thread(target=led._run_writer, name="ledger-writer", daemon=True)

@@ -10,6 +10,7 @@ driver error is mapped to StoreError here, at the boundary.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import itertools
 import logging
@@ -17,7 +18,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import urlparse
 
 from ledger.errors import StoreError
@@ -128,6 +129,12 @@ class LedgerStore(Protocol):
         """
         ...
 
+    def claim_writer(self) -> None:
+        """Become the ledger's only writer until close(), or raise StoreError if another process (or
+        another Ledger in this one) writes it: each writer numbers entries from what it loaded, so a
+        second one would fail every write, or leave its own view behind."""
+        ...
+
     def maintenance_due(self) -> bool:
         """True when maintain() has work to do; cheap (the writer asks between every two batches)."""
         ...
@@ -181,6 +188,22 @@ class SqliteStore:
         self._rlock = threading.Lock()
         self._checkpointer: WalCheckpointer | None = None  # started by the first write (readers need none)
         self._unchecked = 0  # entry bytes committed since the checkpointer was last kicked
+        self._writer_lock: BinaryIO | None = None
+
+    def claim_writer(self) -> None:
+        # An flock on a file beside the database: released by the kernel when the process dies.
+        lock_path = self.path.with_name(self.path.name + ".writer-lock")
+        try:
+            handle = open(lock_path, "ab")  # noqa: SIM115 (held open until close())
+        except OSError as e:
+            raise StoreError(f"cannot open {lock_path}: {e}") from e
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise StoreError(f"ledger {self.path} is already being written by another process (one gateway"
+                             " process writes a ledger; stop it first)") from None
+        self._writer_lock = handle
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
@@ -324,6 +347,12 @@ class SqliteStore:
                 self._checkpointer.close()
             self._w.close()
             self._r.close()
+            if self._writer_lock is not None:
+                self._writer_lock.close()  # releases the flock
+                self._writer_lock = None
+
+
+_WRITER_LOCK = 7305615  # advisory lock key of the ledger's writer (7305614 serialises schema creation)
 
 
 class PostgresStore:
@@ -427,6 +456,17 @@ class PostgresStore:
 
     def maintain(self) -> None:
         pass
+
+    def claim_writer(self) -> None:
+        # A session-level advisory lock on the writing connection: held while it lives.
+        with self._wlock:
+            try:
+                row = self._w.execute("SELECT pg_try_advisory_lock(%s)", (_WRITER_LOCK,)).fetchone()
+            except self._psycopg.Error as e:
+                raise StoreError(f"cannot lock the ledger for writing: {e}") from e
+        if not (row and row[0]):
+            raise StoreError("the ledger database is already being written by another process (one gateway"
+                             " process writes a ledger; stop it first)")
 
     def close(self) -> None:
         with self._wlock, self._rlock:
