@@ -66,6 +66,22 @@ class System:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        kill_workloads(self.data_dir)
+
+
+def kill_workloads(data_dir: Path) -> None:
+    """Kill what the test's jobs still run. Workloads outlive their node agent on purpose (an agent that
+    restarts must not take training runs down with it), but a test's must not outlive the test. Each
+    carries its checkpoint directory, under the data dir, in its environment."""
+    marker = b"JOBGATE_CHECKPOINT_DIR=" + str(data_dir).encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
 
 
 @pytest.fixture
