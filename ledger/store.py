@@ -153,7 +153,8 @@ def open_store(url: str, *, create: bool = True) -> LedgerStore:
     if parsed.scheme == "sqlite":
         if not parsed.path or parsed.netloc:
             raise StoreError(f"SQLite URL must be sqlite:///absolute/path.db, got {url!r}")
-        return SqliteStore(Path(parsed.path), create=create)
+        # sqlite:////abs/path (SQLAlchemy's spelling, which the settings use) parses to //abs/path.
+        return SqliteStore(Path("/" + parsed.path.lstrip("/")), create=create)
     if parsed.scheme in ("postgresql", "postgres"):
         return PostgresStore(url, create=create)
     raise StoreError(f"unsupported ledger store URL {url!r} (use sqlite:/// or postgresql://)")

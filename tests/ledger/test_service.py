@@ -216,6 +216,13 @@ def test_postgres_refuses_updates_deletes_and_truncate(pg_url: str, signer: Note
                 conn.execute(stmt)
 
 
+def test_both_spellings_of_an_absolute_sqlite_url_name_the_same_file(tmp_path: Path) -> None:
+    for url in (f"sqlite://{tmp_path}/ledger.db", f"sqlite:///{tmp_path}/ledger.db"):  # tmp_path starts with /
+        store = open_store(url)
+        assert isinstance(store, SqliteStore) and str(store.path) == f"{tmp_path}/ledger.db", url
+        store.close()
+
+
 def test_bad_urls_raise_store_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         open_store("mysql://x/y")
