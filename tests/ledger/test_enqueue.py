@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from test_service import FlakyStore
+from test_service import FlakyStore, GatedStore
 
 from ledger.errors import InvalidEntry, LedgerUnavailable
 from ledger.keys import NoteSigner
 from ledger.service import Ledger
-from ledger.store import Row
 from ledger.verify import verify_store
 
 
@@ -62,28 +61,15 @@ def test_a_ticket_nobody_waits_for_holds_up_no_one(ledger: Ledger) -> None:
     assert [ledger.entry(t.seq).value["body"]["i"] for t in forgotten] == list(range(5))
 
 
-class GatedStore(FlakyStore):
-    """Holds each write until the test opens the gate, so that entries queue up behind it."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.writing = threading.Event()
-        self.gate = threading.Event()
-
-    def write_batch(
-        self,
-        rows: Sequence[Row],
-        blobs: Mapping[str, bytes],
-        checkpoint: tuple[int, str],
-        before_commit: Callable[[], None] | None = None,
-    ) -> None:
-        self.writing.set()
-        self.gate.wait(timeout=30)
-        super().write_batch(rows, blobs, checkpoint, before_commit)
+def held_store(path: Path) -> GatedStore:
+    """A store whose first write waits until the test opens the gate, so that entries queue up behind it."""
+    store = GatedStore(path)
+    store.gate.clear()
+    return store
 
 
 def test_entries_queued_behind_a_failed_write_fail_with_it(tmp_path: Path, signer: NoteSigner) -> None:
-    store = GatedStore(tmp_path / "ledger.db")
+    store = held_store(tmp_path / "ledger.db")
     led = Ledger.from_store(store, signer=signer)
     store.fail_before = True
     decision = led.enqueue("decision", {"i": 0})
@@ -104,7 +90,7 @@ def test_entries_queued_behind_a_failed_write_fail_with_it(tmp_path: Path, signe
 
 
 def test_entries_queued_after_an_in_flight_ticket_are_written_after_it(tmp_path: Path, signer: NoteSigner) -> None:
-    store = GatedStore(tmp_path / "ledger.db")
+    store = held_store(tmp_path / "ledger.db")
     led = Ledger.from_store(store, signer=signer)
     decision = led.enqueue("decision", {"i": 0})
     assert store.writing.wait(timeout=30)  # not durable yet: the writer holds its batch
@@ -118,7 +104,7 @@ def test_entries_queued_after_an_in_flight_ticket_are_written_after_it(tmp_path:
 
 
 def test_entries_queued_after_a_ticket_whose_write_then_fails_fail_with_it(tmp_path: Path, signer: NoteSigner) -> None:
-    store = GatedStore(tmp_path / "ledger.db")
+    store = held_store(tmp_path / "ledger.db")
     led = Ledger.from_store(store, signer=signer)
     store.fail_before = True
     decision = led.enqueue("decision", {"i": 0})

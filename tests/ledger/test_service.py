@@ -230,8 +230,9 @@ def test_bad_urls_raise_store_error(tmp_path: Path) -> None:
         open_store(f"sqlite:///{tmp_path}/absent.db", create=False)
 
 
-class GatedStore(SqliteStore):
-    """A real SQLite store whose batch writes wait at a gate, so a test can pile up appends."""
+class GatedStore(FlakyStore):
+    """A real SQLite store whose batch writes wait at a gate (open until cleared), so a test can pile up
+    appends behind a write; `writing` tells when the writer has reached it."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
