@@ -20,11 +20,12 @@ class JobSubmit(BaseModel):
 
     name: str = Field(pattern=NAME_PATTERN, description="Human name; not unique. The id is assigned.")
     project: str = Field(pattern=NAME_PATTERN, description="Project the job runs in (and is charged to).")
-    queue: Queue = "normal"
+    queue: Queue = Field("normal", description="urgent (reserved pool, may preempt), normal (weighted fair share)"
+                         " or batch (tolerates long waits; often large).")
     gpus_per_node: int = Field(ge=1, le=64, description="GPUs on each node of the gang.")
     nodes: int = Field(1, ge=1, le=1024, description="Nodes of the gang; all start at once or none do.")
     command: list[str] = Field(min_length=1, description="argv, run as its own process group.")
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the process.")
     grace_seconds: float = Field(30.0, ge=0, le=3600, description="Window between prepare signal and SIGKILL.")
     stop_signal: StopSignal = Field("SIGTERM", description="Prepare signal delivered before a stop.")
     runtime_limit_seconds: float | None = Field(None, gt=0, description="Declared limit; used for backfill.")
@@ -37,18 +38,24 @@ class JobSubmit(BaseModel):
     valid_until: datetime | None = Field(None, description="End of the job's validity period (R4).")
     auto_offline: bool = Field(False, description="Reclaim the job automatically at valid_until (R4).")
     contact: str | None = Field(None, description="First contact for incidents; default: the owner.")
-    environment: Environment = "research"
-    dependencies: list[str] = Field(default_factory=list)
-    downstream: list[str] = Field(default_factory=list)
-    labels: dict[str, str] = Field(default_factory=dict)
+    environment: Environment = Field(
+        "research", description="Where the job sits; an emergency stop can target a whole environment (C2).")
+    dependencies: list[str] = Field(
+        default_factory=list, description="What the job needs to run (services, data); listed in the inventory (C1).")
+    downstream: list[str] = Field(default_factory=list, description="What depends on the job's output (C1).")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Free key/value labels; batch and emergency selectors match them.")
     workload: str | None = Field(None, pattern=NAME_PATTERN, description="Group of jobs from one goal.")
-    trackable: bool = True
-    stoppable: bool = True
+    trackable: bool = Field(True, description="The gateway can see the job's processes (R5).")
+    stoppable: bool = Field(
+        True, description="The job can be stopped from here; a tracked job that cannot is a blind spot (R5, C4).")
     mounts: list[str] = Field(default_factory=list, description="Storage mounts the job needs (Q1 registry).")
     datasets: list[str] = Field(default_factory=list, description="Data sets the job reads (Q1 registry).")
 
 
 class StopRequest(BaseModel):
+    """Why a job is stopped; both go to the ledger with the decision."""
+
     model_config = ConfigDict(extra="forbid")
 
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
@@ -60,13 +67,13 @@ class Selector(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    project: str | None = None
-    queue: Queue | None = None
-    environment: Environment | None = None
-    workload: str | None = None
-    owner: str | None = None
+    project: str | None = Field(None, description="Only jobs of this project.")
+    queue: Queue | None = Field(None, description="Only jobs in this queue.")
+    environment: Environment | None = Field(None, description="Only jobs in this environment.")
+    workload: str | None = Field(None, description="Only jobs of this workload.")
+    owner: str | None = Field(None, description="Only jobs this person is the responsible owner of.")
     state: str | None = Field(None, description="Default: every job that can still be stopped.")
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict, description="Only jobs carrying every one of these labels.")
 
 
 class BatchRequest(BaseModel):
@@ -74,10 +81,10 @@ class BatchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ids: list[str] | None = Field(None, min_length=1, max_length=10000)
-    selector: Selector | None = None
-    reason: str = Field(min_length=3, max_length=2000)
-    ticket: str | None = Field(None, max_length=200)
+    ids: list[str] | None = Field(None, min_length=1, max_length=10000, description="Exactly these jobs.")
+    selector: Selector | None = Field(None, description="The jobs matching this selector, resolved to ids now.")
+    reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
+    ticket: str | None = Field(None, max_length=200, description="Linked ticket or incident id.")
     dry_run: bool = Field(False, description="Return the exact targets and blast radius; change nothing.")
 
     @model_validator(mode="after")
@@ -88,76 +95,98 @@ class BatchRequest(BaseModel):
 
 
 class BatchPriorityRequest(BatchRequest):
+    """Set one priority on several jobs as one decision: ids or a selector, never both."""
+
     priority: float = Field(ge=-1_000_000, le=1_000_000, allow_inf_nan=False,
                             description="The new effective priority of every selected job.")
 
 
 class DecisionOut(BaseModel):
-    effect: str
-    reasons: list[str]
-    rules: list[str]
-    approvals_required: dict[str, Any]
-    obligations: list[dict[str, Any]]
-    policy_hash: str
-    ledger_seq: int
+    """What the policy decided about this request, as recorded in the ledger."""
+
+    effect: str = Field(description="allow, deny or needs_approval.")
+    reasons: list[str] = Field(description="The policy's reasons, in words.")
+    rules: list[str] = Field(description="Ids of the rules that decided (requirement ids such as M2, H2).")
+    approvals_required: dict[str, Any] = Field(
+        description="For needs_approval: how many more approvals, and which roles, projects or people may give them.")
+    obligations: list[dict[str, Any]] = Field(description="What must happen with the action, e.g. notify the owner.")
+    policy_hash: str = Field(description="Hash of the policy set that decided (GET /v1/policy).")
+    ledger_seq: int = Field(description="Seq of the decision's ledger entry (-1 for a decision not recorded).")
 
 
 class JobOut(BaseModel):
-    id: str
-    name: str
-    project: str
-    queue: str
-    state: str
-    state_reason: str
-    gpus_per_node: int
-    nodes: int
-    command: list[str]
-    grace_seconds: float
-    stop_signal: str
-    ownership: dict[str, Any]
-    environment: str
-    labels: dict[str, str]
-    workload: str | None
-    placement: list[dict[str, Any]]
-    submitted_at: datetime
-    started_at: datetime | None
-    ended_at: datetime | None
-    outcome: str | None
-    exit_code: int | None
-    stop_request: dict[str, Any]
-    evidence: dict[str, Any]
-    history: list[dict[str, Any]]
+    """A job as the gateway knows it: spec, ownerships, where it runs and its life so far."""
+
+    id: str = Field(description="Globally unique and never reused (R1).")
+    name: str = Field(description="Human name given at submission.")
+    project: str = Field(description="Project the job runs in.")
+    queue: str = Field(description="urgent, normal or batch.")
+    state: str = Field(description="pending, starting, running, stop_requested, stopping, stopped, stop_failed,"
+                       " succeeded, failed, paused or deleted.")
+    state_reason: str = Field(description="Why the job is in its state, e.g. what it waits for.")
+    gpus_per_node: int = Field(description="GPUs on each node of the gang.")
+    nodes: int = Field(description="Nodes of the gang.")
+    command: list[str] = Field(description="argv of the job's process.")
+    grace_seconds: float = Field(description="Window between the prepare signal and SIGKILL when stopped.")
+    stop_signal: str = Field(description="Prepare signal delivered first when stopped.")
+    ownership: dict[str, Any] = Field(description="creator (and its kind), owner, beneficiary_project, rights_holder,"
+                                      " external_rights, contact, valid_until, auto_offline, submitted_via (R2-R4).")
+    environment: str = Field(description="research, staging or production.")
+    labels: dict[str, str] = Field(description="Labels given at submission.")
+    workload: str | None = Field(description="Group of jobs from one goal, if any.")
+    placement: list[dict[str, Any]] = Field(description="Nodes and GPU indexes the job holds; empty while queued.")
+    submitted_at: datetime = Field(description="When it was admitted.")
+    started_at: datetime | None = Field(description="When its processes started.")
+    ended_at: datetime | None = Field(description="When it ended.")
+    outcome: str | None = Field(description="How it ended: graceful, forced, cancelled, confirmed, exited, ...")
+    exit_code: int | None = Field(description="Exit code of its process, when one was reported.")
+    stop_request: dict[str, Any] = Field(description="Who asked for the stop, why, under which decision and approvals.")
+    evidence: dict[str, Any] = Field(description="Stop evidence from the nodes: logs, exit code, checkpoint (C3, C5).")
+    history: list[dict[str, Any]] = Field(description="Every state transition: state, time, by whom.")
 
 
 class StopResponse(BaseModel):
-    job: JobOut
-    decision: DecisionOut
+    """The job after the request, and the decision about it."""
+
+    job: JobOut = Field(description="The job as it stands now.")
+    decision: DecisionOut = Field(description="The policy's decision, recorded in the ledger.")
     approval_id: str | None = Field(None, description="Set when a second person must approve (M2).")
 
 
 class JobList(BaseModel):
-    jobs: list[JobOut]
+    """Jobs, newest first."""
+
+    jobs: list[JobOut] = Field(description="The jobs you may see that match.")
 
 
 class Heartbeat(BaseModel):
+    """A node agent's periodic sign of life."""
+
     model_config = ConfigDict(extra="ignore")
 
-    gpus: int = Field(ge=0, le=1024)
-    running: list[dict[str, Any]] = Field(default_factory=list)
-    version: str = ""
+    gpus: int = Field(ge=0, le=1024, description="GPUs the node offers.")
+    running: list[dict[str, Any]] = Field(
+        default_factory=list, description="Jobs the agent runs: job_id, pid and GPU indexes of each.")
+    version: str = Field("", description="The agent's version.")
 
 
 class AgentReport(BaseModel):
+    """One process event on a node."""
+
     model_config = ConfigDict(extra="ignore")
 
-    job_id: str
-    nonce: str | None = None
-    event: Literal["started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted"]
-    at: float
-    pid: int | None = None
-    detail: str = ""
-    evidence: dict[str, Any] | None = None
+    job_id: str = Field(description="The job the event is about.")
+    nonce: str | None = Field(None, description="Nonce of the signed command this answers; acknowledges its delivery.")
+    event: Literal["started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted"] = Field(
+        description="What happened to the job's processes (rejected: a command the agent refused).")
+    at: float = Field(description="When, in Unix seconds on the node.")
+    pid: int | None = Field(None, description="The process id, once started.")
+    detail: str = Field("", description="Words for the event, e.g. why a command was rejected.")
+    evidence: dict[str, Any] | None = Field(
+        None, description="For stops and exits: log tail, exit code, signals sent, checkpoint state.")
 
 
 class AgentReports(BaseModel):
-    reports: list[AgentReport]
+    """Process events a node agent reports, oldest first."""
+
+    reports: list[AgentReport] = Field(description="The events, oldest first.")
