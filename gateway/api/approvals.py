@@ -8,18 +8,22 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import approvals
-from gateway.api.deps import Ctx
+from gateway.api.deps import ApprovalId, Ctx
 from gateway.errors import NotFound
 
 router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
 
 
 class ApproveBody(BaseModel):
+    """An optional comment from the approver."""
+
     model_config = ConfigDict(extra="forbid")
-    comment: str | None = Field(None, max_length=2000)
+    comment: str | None = Field(None, max_length=2000, description="Kept with the approval in the ledger.")
 
 
 class RejectBody(BaseModel):
+    """Why the request is refused or withdrawn."""
+
     model_config = ConfigDict(extra="forbid")
     reason: str = Field(min_length=3, max_length=2000, description="Why the request is refused; ledgered.")
 
@@ -27,15 +31,20 @@ class RejectBody(BaseModel):
 @router.get("", summary="Approval requests you made or could approve")
 def list_approvals(
     ctx: Ctx,
-    state: Annotated[Literal["pending", "executed", "rejected", "expired"] | None, Query()] = "pending",
+    state: Annotated[Literal["pending", "executed", "rejected", "expired"] | None,
+                     Query(description="Only requests in this state")] = "pending",
 ) -> dict[str, list[dict[str, Any]]]:
+    """Newest first: the requests you made, and those you are an eligible second person for (named, owner of
+    a target, or holding an approving role in the affected projects). Auditors see all of them."""
     with ctx.gw.transaction() as session:
         found = approvals.visible_to(ctx.gw, session, ctx.caller(session), state)
         return {"approvals": [approvals.to_json(a) for a in found]}
 
 
 @router.get("/{approval_id}", summary="One approval request: exact targets, blast radius, reason, expiry")
-def show_approval(approval_id: str, ctx: Ctx) -> dict[str, Any]:
+def show_approval(approval_id: ApprovalId, ctx: Ctx) -> dict[str, Any]:
+    """What exactly would be done and why: action, sorted target ids, parameters, reason, the digest they are
+    bound to, the approvals so far and those still required, and when the request expires."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         found = [a for a in approvals.visible_to(ctx.gw, session, caller, None) if a.id == approval_id]
@@ -45,7 +54,7 @@ def show_approval(approval_id: str, ctx: Ctx) -> dict[str, Any]:
 
 
 @router.post("/{approval_id}/approve", summary="Approve as the second person; executes once enough approvals exist")
-def approve(approval_id: str, ctx: Ctx, body: ApproveBody | None = None) -> dict[str, Any]:
+def approve(approval_id: ApprovalId, ctx: Ctx, body: ApproveBody | None = None) -> dict[str, Any]:
     """Checked in the transaction that executes: not the requester (nor the person behind a service
     account), an eligible role for every affected project, not expired, digest unchanged. Targets that
     ended meanwhile are skipped and reported; the target set never widens."""
@@ -56,7 +65,9 @@ def approve(approval_id: str, ctx: Ctx, body: ApproveBody | None = None) -> dict
 
 
 @router.post("/{approval_id}/reject", summary="Reject (or, as the requester, withdraw) a pending request")
-def reject(approval_id: str, body: RejectBody, ctx: Ctx) -> dict[str, Any]:
+def reject(approval_id: ApprovalId, body: RejectBody, ctx: Ctx) -> dict[str, Any]:
+    """An eligible approver refuses, or the requester withdraws. Nothing is executed; the reason is ledgered
+    and the requester is notified."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         return approvals.to_json(approvals.reject(ctx.gw, session, caller, approval_id, body.reason))

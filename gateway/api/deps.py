@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import anyio.to_thread
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Path, Request
 from sqlalchemy.orm import Session
 
 from gateway import breakglass
@@ -59,3 +59,7 @@ async def get_context(
 
 
 Ctx = Annotated[RequestContext, Depends(get_context)]
+# Path parameters several routers share, described once for the OpenAPI document.
+JobId = Annotated[str, Path(description="The job's id, as returned when it was submitted.")]
+NodeId = Annotated[str, Path(description="The node's id; an agent's token names the one node it may speak for.")]
+ApprovalId = Annotated[str, Path(description="The approval request's id, from the 202 answer that opened it.")]

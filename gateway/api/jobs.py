@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, status
 
 from gateway import jobs
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, JobId
 from gateway.schemas import JobList, JobOut, JobSubmit, StopRequest, StopResponse
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -25,15 +25,16 @@ def list_jobs(
     ctx: Ctx,
     project: Annotated[str | None, Query(description="Only this project")] = None,
     state: Annotated[str | None, Query(description="Only jobs in this state")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many jobs")] = 100,
 ) -> JobList:
+    """Newest first, from the projects where you may view jobs (your own jobs always)."""
     with ctx.gw.transaction(immediate=False) as session:
         found = jobs.list_jobs(ctx.gw, session, ctx.caller(session), project=project, state=state, limit=limit)
         return JobList(jobs=[jobs.job_out(j) for j in found])
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="Show one job")
-def show_job(job_id: str, ctx: Ctx) -> JobOut:
+def show_job(job_id: JobId, ctx: Ctx) -> JobOut:
     """State, placement, the four ownerships and, once stopped, the stop evidence."""
     with ctx.gw.transaction(immediate=False) as session:
         return jobs.job_out(jobs.get_job(ctx.gw, session, ctx.caller(session), job_id))
@@ -45,7 +46,7 @@ def show_job(job_id: str, ctx: Ctx) -> JobOut:
     response_model=StopResponse,
     summary="Stop a job (graceful window, then forced)",
 )
-def stop_job(job_id: str, body: StopRequest, ctx: Ctx) -> StopResponse:
+def stop_job(job_id: JobId, body: StopRequest, ctx: Ctx) -> StopResponse:
     """Decided by policy and recorded in the ledger before anything changes. A queued job is cancelled at
     once; a running one gets its prepare signal, its grace window, then SIGKILL. Poll the job for
     `stopped` and its evidence. When policy requires a second person, the response carries

@@ -8,13 +8,15 @@ from fastapi import APIRouter, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import jobs, lifecycle
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, JobId
 from gateway.stop_tables import JobDeletion
 
 router = APIRouter(prefix="/v1/jobs", tags=["job life cycle"])
 
 
 class Reasoned(BaseModel):
+    """Why, in writing; both go to the ledger with the decision."""
+
     model_config = ConfigDict(extra="forbid")
 
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
@@ -22,9 +24,11 @@ class Reasoned(BaseModel):
 
 
 class ResumeBody(BaseModel):
+    """Optional words for the resume."""
+
     model_config = ConfigDict(extra="forbid")
 
-    reason: str | None = Field(None, max_length=2000)
+    reason: str | None = Field(None, max_length=2000, description="Why; kept in the ledger.")
 
 
 def _out(job: Any, rec: Any, **extra: Any) -> dict[str, Any]:
@@ -33,7 +37,7 @@ def _out(job: Any, rec: Any, **extra: Any) -> dict[str, Any]:
 
 
 @router.post("/{job_id}/confirm-stopped", summary="On-call confirms a stop_failed or lost job no longer runs")
-def confirm_stopped(job_id: str, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+def confirm_stopped(job_id: JobId, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
     """For a job whose stop could not be confirmed by its node (stop_failed) or whose node is lost. The job
     becomes `stopped` with outcome `confirmed`, its withheld GPUs are released, and the person and reason
     are ledgered. If the node comes back, its agent is told to stop the job in the reconcile."""
@@ -44,7 +48,7 @@ def confirm_stopped(job_id: str, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
 
 @router.post("/{job_id}/pause", status_code=status.HTTP_202_ACCEPTED,
              summary="Pause: graceful stop keeping the checkpoint (A5)")
-def pause(job_id: str, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+def pause(job_id: JobId, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
     """Prepare signal, grace window, then SIGKILL, as for a stop; the job ends `paused` and its checkpoint is
     kept under its retention tier. Pausing someone else's job (on-call) notifies the owner."""
     with ctx.gw.transaction() as session:
@@ -53,7 +57,7 @@ def pause(job_id: str, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
 
 
 @router.post("/{job_id}/resume", summary="Resume a paused job: back in its queue by the resume-priority rule")
-def resume(job_id: str, ctx: Ctx, body: ResumeBody | None = None) -> dict[str, Any]:
+def resume(job_id: JobId, ctx: Ctx, body: ResumeBody | None = None) -> dict[str, Any]:
     """The job keeps its priority and the wait it accumulated (P2); the ledger records the rule version."""
     with ctx.gw.transaction() as session:
         job, rec = lifecycle.resume(ctx.gw, session, ctx.caller(session), job_id, body.reason if body else None)
@@ -61,7 +65,7 @@ def resume(job_id: str, ctx: Ctx, body: ResumeBody | None = None) -> dict[str, A
 
 
 @router.delete("/{job_id}", summary="Delete a job and, after the recovery window, its artifacts (A6)")
-def delete_job(job_id: str, body: Reasoned, ctx: Ctx, response: Response) -> dict[str, Any]:
+def delete_job(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> dict[str, Any]:
     """Only the owner, with the rights holder's consent (HTTP 202 with `approval_id` until a queue admin of
     the rights-holder project approves). The job becomes `deleted` at once; its files are removed by its
     nodes only after the recovery window, each removed file ledgered. The id is never reused (R1)."""
@@ -77,7 +81,9 @@ def delete_job(job_id: str, body: Reasoned, ctx: Ctx, response: Response) -> dic
 
 
 @router.post("/{job_id}/undelete", summary="Restore a deleted job within its recovery window")
-def undelete(job_id: str, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+def undelete(job_id: JobId, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+    """Decided like the delete (the owner, with the rights holder's consent where the policy asks for it).
+    The job returns to the state it was deleted from; nothing was purged yet, so its files are intact."""
     with ctx.gw.transaction() as session:
         job, rec = lifecycle.undelete(ctx.gw, session, ctx.caller(session), job_id, body.reason)
         return _out(job, rec)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, JobId
 from gateway.approvals import open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
@@ -27,20 +27,24 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 class PriorityRequest(BaseModel):
+    """The new priority and why."""
+
     model_config = ConfigDict(extra="forbid")
     priority: float = Field(ge=-1_000_000, le=1_000_000, allow_inf_nan=False,
                             description="The job's new effective priority (higher runs first).")
     reason: str | None = Field(None, max_length=1000, description="Written reason; required for others' jobs (A3).")
-    ticket: str | None = Field(None, max_length=200)
+    ticket: str | None = Field(None, max_length=200, description="Linked ticket or incident id.")
 
 
 class PriorityResponse(BaseModel):
-    job_id: str
-    decision: DecisionOut
+    """The decision and, once applied, the value before and after."""
+
+    job_id: str = Field(description="The job.")
+    decision: DecisionOut = Field(description="The policy's decision, recorded in the ledger.")
     approval_id: str | None = Field(None, description="Set when a second person must approve (A3, M2).")
-    priority_before: float | None = None
-    priority_after: float | None = None
-    outcome_seq: int | None = None
+    priority_before: float | None = Field(None, description="Effective priority before the change; null until applied.")
+    priority_after: float | None = Field(None, description="Effective priority after the change; null until applied.")
+    outcome_seq: int | None = Field(None, description="Seq of the ledger entry recording the change, once applied.")
 
 
 def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
@@ -69,7 +73,7 @@ def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
     summary="Change a job's priority (own job; others' with a second person)",
     responses={202: {"description": "A second person must approve; `approval_id` is set"}},
 )
-def set_priority(job_id: str, body: PriorityRequest, ctx: Ctx, response: Response) -> PriorityResponse:
+def set_priority(job_id: JobId, body: PriorityRequest, ctx: Ctx, response: Response) -> PriorityResponse:
     """Your own job (creator or owner): applied at once (A2). Another's job: queue admin of its project
     or on-call, with a written reason and a second person (A3) — the answer is 202 with `approval_id`
     and nothing changes until it is approved. Value before/after and a queue snapshot are recorded."""

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
 from gateway import jobs, preemption, priority_history
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, JobId
 from gateway.errors import Invalid
 from gateway.models import Job, Node, Project
 from gateway.quotas import usage_by_tenant
@@ -21,6 +21,8 @@ router = APIRouter(tags=["queues"])
 
 
 class RenewBody(BaseModel):
+    """The owner's word that a long job still makes progress (P3)."""
+
     model_config = ConfigDict(extra="forbid")
 
     progress: str = Field(min_length=3, max_length=2000, description="Progress so far; kept in the ledger.")
@@ -28,7 +30,7 @@ class RenewBody(BaseModel):
 
 
 @router.post("/v1/jobs/{job_id}/renew", summary="Renew a long job's occupancy (P3, owner only)")
-def renew_job(job_id: str, body: RenewBody, ctx: Ctx) -> dict[str, Any]:
+def renew_job(job_id: JobId, body: RenewBody, ctx: Ctx) -> dict[str, Any]:
     """Past its maximum continuous occupancy a job must be renewed by its owner, confirming progress and the
     expected remaining time; otherwise it is gracefully stopped and requeued when the window ends."""
     with ctx.gw.transaction() as session:
@@ -44,7 +46,7 @@ def _queue_rows(session: Any, queue: str) -> list[tuple[Job, SchedJob | None]]:
 
 
 @router.get("/v1/jobs/{job_id}/queue", summary="Why a job waits: position, priority parts, reason, estimate")
-def job_queue(job_id: str, ctx: Ctx) -> dict[str, Any]:
+def job_queue(job_id: JobId, ctx: Ctx) -> dict[str, Any]:
     """Position in its queue, effective priority and its parts, the blocking reason, the estimated start
     (simulated forward with declared runtime limits, refreshed every scheduling cycle), the priorities of
     the other jobs in the same queue, and the history of its priority with the basis of every change."""
@@ -97,7 +99,7 @@ def queues(ctx: Ctx) -> dict[str, Any]:
 def preemption_stats(
     ctx: Ctx,
     by: Annotated[Literal["tenant"], Query(description="Grouping; tenant = project")] = "tenant",
-    period: Annotated[Literal["month", "quarter"], Query()] = "month",
+    period: Annotated[Literal["month", "quarter"], Query(description="Calendar period of each row (UTC)")] = "month",
 ) -> dict[str, Any]:
     """Count of preempted jobs and GPU-hours lost (GPUs × hours run before the preemption), for the tenants
     whose jobs you may see."""
