@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Path, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import emergency
@@ -15,6 +15,8 @@ router = APIRouter(prefix="/v1/emergency-stops", tags=["emergency stops"])
 
 
 class Scope(BaseModel):
+    """What to stop."""
+
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["job", "workload", "environment", "selector"] = Field(
@@ -23,13 +25,15 @@ class Scope(BaseModel):
 
 
 class EmergencyCreate(BaseModel):
+    """An emergency stop request: scope, concern, reason and grace window."""
+
     model_config = ConfigDict(extra="forbid")
 
-    scope: Scope
+    scope: Scope = Field(description="What to stop; resolved to job ids when the request is made.")
     trigger: Literal["safety", "security"] = Field(description="The concern behind the stop (C6).")
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
     grace_seconds: float = Field(5.0, ge=0, le=300, description="Grace window for every target; may be 0.")
-    ticket: str | None = Field(None, max_length=200)
+    ticket: str | None = Field(None, max_length=200, description="Linked ticket or incident id.")
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, summary="Request an emergency stop")
@@ -53,8 +57,9 @@ def create(body: EmergencyCreate, ctx: Ctx, response: Response) -> dict[str, Any
 
 @router.get("", summary="Emergency stops, newest first")
 def list_stops(
-    ctx: Ctx, limit: Annotated[int, Query(ge=1, le=500)] = 50
+    ctx: Ctx, limit: Annotated[int, Query(ge=1, le=500, description="At most this many")] = 50
 ) -> dict[str, list[dict[str, Any]]]:
+    """Trigger, scope, who asked, state and summary counts of each (per-job detail: the single stop)."""
     with ctx.gw.transaction() as session:
         emergency.may_view(ctx.gw, ctx.caller(session), None)
         now = ctx.gw.clock()
@@ -64,7 +69,10 @@ def list_stops(
 
 
 @router.get("/{emergency_id}", summary="Progress of one emergency stop: per-job state and a summary")
-def show(emergency_id: str, ctx: Ctx) -> dict[str, Any]:
+def show(
+    emergency_id: Annotated[str, Path(description="The emergency stop's id, from the answer that created it.")],
+    ctx: Ctx,
+) -> dict[str, Any]:
     """Summary counts: stopped_graceful, stopped_forced, cancelled (was queued), stop_failed, unreachable
     (its node is lost), in_progress; `accounted_for` reaches `targets` when every job has an outcome."""
     with ctx.gw.transaction() as session:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Path, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import identity
@@ -14,6 +14,8 @@ router = APIRouter(tags=["identity"])
 
 
 class TokenCreate(BaseModel):
+    """A scoped token: whose, for what, where, and until when."""
+
     model_config = ConfigDict(extra="forbid")
     principal: str | None = Field(None, description="Whose token; default: yours. Service accounts you answer for.")
     purpose: str = Field(min_length=3, max_length=200, description="Stated purpose, kept with the token.")
@@ -25,19 +27,26 @@ class TokenCreate(BaseModel):
 
 
 class RevokeBody(BaseModel):
+    """Why the token is revoked."""
+
     model_config = ConfigDict(extra="forbid")
-    reason: str = Field(min_length=3, max_length=500)
+    reason: str = Field(min_length=3, max_length=500, description="Kept in the ledger.")
 
 
 class ServiceAccountCreate(BaseModel):
+    """An automation identity; the caller becomes the person responsible for it (F1)."""
+
     model_config = ConfigDict(extra="forbid")
     name: str = Field(description="Lowercase letters, digits and dashes.")
-    project: str
-    description: str = ""
+    project: str = Field(description="Project it works in; it gets the `service` role there.")
+    description: str = Field("", description="What it automates, for the people who find it in the ledger.")
 
 
 @router.post("/v1/tokens", status_code=status.HTTP_201_CREATED, summary="Create a scoped token (shown once)")
 def create_token(body: TokenCreate, ctx: Ctx) -> dict[str, Any]:
+    """For yourself, or for a service account you answer for. The secret (`token`) is in this answer only;
+    the gateway keeps its hash. Service tokens expire within 90 days (configurable); service accounts never
+    mint tokens."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         token, issued = identity.create_token(
@@ -48,13 +57,20 @@ def create_token(body: TokenCreate, ctx: Ctx) -> dict[str, Any]:
 
 @router.get("/v1/tokens", summary="Tokens you manage (yours and your service accounts')")
 def list_tokens(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
+    """Newest first: principal, purpose, scope, expiry and revocation of each (never a secret). Platform
+    admins see all."""
     with ctx.gw.transaction() as session:
         rows = identity.list_tokens(ctx.gw, session, ctx.caller(session))
         return {"tokens": [identity.token_json(t) for t in rows]}
 
 
 @router.post("/v1/tokens/{token_id}/revoke", summary="Revoke a token")
-def revoke_token(token_id: str, body: RevokeBody, ctx: Ctx) -> dict[str, Any]:
+def revoke_token(
+    token_id: Annotated[str, Path(description="The token's id (not its secret), as listed.")],
+    body: RevokeBody,
+    ctx: Ctx,
+) -> dict[str, Any]:
+    """The token stops working at once; the revocation and its reason are ledgered."""
     with ctx.gw.transaction() as session:
         token = identity.revoke_token(ctx.gw, session, ctx.caller(session), token_id, body.reason)
         return identity.token_json(token)
@@ -63,6 +79,8 @@ def revoke_token(token_id: str, body: RevokeBody, ctx: Ctx) -> dict[str, Any]:
 @router.post("/v1/service-accounts", status_code=status.HTTP_201_CREATED,
              summary="Create a service account you answer for")
 def create_service_account(body: ServiceAccountCreate, ctx: Ctx) -> dict[str, Any]:
+    """Only a person may create one, in a project where they may submit jobs. Its calls must carry
+    `X-Jobgate-Trigger` (pipeline and run id); the ledger records it, its responsible person and the trigger."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         acct = identity.create_service_account(ctx.gw, session, caller, body.name, body.project, body.description)
@@ -71,5 +89,6 @@ def create_service_account(body: ServiceAccountCreate, ctx: Ctx) -> dict[str, An
 
 @router.get("/v1/service-accounts", summary="Service accounts you answer for (admins: all)")
 def list_service_accounts(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
+    """Each with its responsible person, description and roles."""
     with ctx.gw.transaction() as session:
         return {"service_accounts": identity.list_service_accounts(ctx.gw, session, ctx.caller(session))}

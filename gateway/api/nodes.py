@@ -17,6 +17,9 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
 @router.get("", summary="Nodes, health and GPU use")
 def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
+    """Every registered node: its state (alive, lost, ...), GPUs in all and in use, GPUs withheld on a lost
+    node until it returns or on-call confirms its jobs stopped, the jobs placed there, and when its agent
+    last spoke."""
     with ctx.gw.transaction() as session:
         ctx.caller(session)
         used: dict[str, int] = defaultdict(int)

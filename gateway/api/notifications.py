@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from sqlalchemy import select
 
 from gateway.api.deps import Ctx
@@ -16,6 +16,8 @@ router = APIRouter(prefix="/v1/notifications", tags=["notifications"])
 
 @router.get("", summary="Your notices, newest first")
 def my_notifications(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
+    """The latest 200: approval requests, actions others took on your jobs, preemptions. `receipt` is
+    not_required, pending (acknowledge it), acknowledged, or timed_out."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         now = ctx.gw.clock()
@@ -25,7 +27,10 @@ def my_notifications(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
 
 
 @router.post("/{notification_id}/ack", summary="Acknowledge a notice (the receipt the ledger records)")
-def ack(notification_id: str, ctx: Ctx) -> dict[str, Any]:
+def ack(
+    notification_id: Annotated[str, Path(description="The notice's id, as listed.")], ctx: Ctx
+) -> dict[str, Any]:
+    """Yours only, once. The receipt is ledgered; an action waiting for your acknowledgement (A4) goes on."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         return note_json(acknowledge(ctx.gw, session, caller.real_identity, notification_id), ctx.gw.clock())
