@@ -33,6 +33,7 @@ def test_points(usage: dict[str, float], quotas: Quotas | None, expected: dict[P
 
 
 def test_the_tenant_that_used_less_goes_first_in_normal_but_not_in_batch() -> None:
+    """Q2: the normal queue is ordered by weighted fair share; the batch queue is not."""
     pending = [job("v").gpus(8), job("s", project="speech").gpus(8).waited(0.01)]
     s = with_usage(snap([node("a")], pending), vision=1.0, speech=100.0)
     assert list(admitted(run_cycle(s, now=NOW))) == ["v"]

@@ -51,6 +51,9 @@ CASES: list[tuple[str, JobBuilder, list[RunningJob], Quotas | None, list[str]]] 
     ("a normal job does not preempt by priority", job("n").gpus(8),
      [running("lo", {"a": range(8)}, started=at(-2), priority=0),
       running("lo2", {"b": range(8)}, started=at(-2), priority=0)], None, []),
+    ("a batch job does not preempt by priority", job("b").gpus(8).queue("batch"),
+     [running("lo", {"a": range(8)}, started=at(-2), priority=0),
+      running("lo2", {"b": range(8)}, started=at(-2), priority=0)], None, []),
     ("reclaim: the lender's job takes back borrowed GPUs only", job("v").gpus(8),
      [running("s-own", {"a": range(8)}, project="speech", started=at(-2), priority=100),
       running("s-brw", {"b": range(8)}, project="speech", started=at(-2), priority=900, borrowed=True)],
@@ -64,6 +67,7 @@ CASES: list[tuple[str, JobBuilder, list[RunningJob], Quotas | None, list[str]]] 
 
 @pytest.mark.parametrize(("preemptor", "run", "q", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_victim_choice(preemptor: JobBuilder, run: list[RunningJob], q: Quotas | None, expected: list[str]) -> None:
+    """Q2: only the urgent queue holds the preemption right (normal and batch jobs wait); Q8 victim order."""
     assert sorted(victims(snap(TWO, [preemptor], run, quotas=q))) == sorted(expected)
 
 
@@ -126,7 +130,7 @@ def test_the_preemptor_is_subject_to_the_same_rule() -> None:
 
 
 def test_a_deadlock_attempt_forms_none() -> None:
-    """Two 2-node gangs and a stream of small jobs on two nodes: gangs never hold part of a node while
+    """Q7: two 2-node gangs and a stream of small jobs on two nodes: gangs never hold part of a node while
     waiting (no partial allocation), there is at most one reservation, and every job finishes."""
     nodes = [node("a"), node("b")]
     pending: list[JobBuilder] = [job("g1").gpus(6).nodes(2).limit(1), job("g2").gpus(6).nodes(2).limit(1)]

@@ -47,11 +47,14 @@ WINNERS = [
 
 @pytest.mark.parametrize(("pending", "winner"), [c[1:] for c in WINNERS], ids=[c[0] for c in WINNERS])
 def test_order(pending: list[JobBuilder], winner: str) -> None:
+    """Q2: three levels, urgent before normal before batch; batch tolerates long waits (it ages, capped
+    below a fresh normal job). Q3: within a queue, contribution and aging decide."""
     jobs = [b.gpus(8) for b in pending]
     assert list(admitted(run_cycle(snap([node("n1")], jobs), now=NOW))) == [winner]
 
 
 def test_admits_come_in_priority_order_with_their_parts() -> None:
+    """Q2: the three queue levels' baselines, highest first."""
     result = run_cycle(snap([node("n1")], [job("n"), job("u").queue("urgent"), job("b").queue("batch")]), now=NOW)
     assert [a.job_id for a in result.admits] == ["u", "n", "b"]
     assert [a.priority.baseline for a in result.admits] == [1000, 500, 100]

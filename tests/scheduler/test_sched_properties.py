@@ -60,6 +60,7 @@ CONFIGS = st.builds(SchedulerConfig, reservation_window_s=st.sampled_from([1800.
 @settings(max_examples=300, deadline=None)
 @given(snapshots(), CONFIGS)
 def test_no_node_over_allocated_and_gangs_whole(snapshot: Snapshot, config: SchedulerConfig) -> None:
+    """Q6 gangs all or nothing, which Q7 rests on: no admit ever takes part of a gang."""
     result = run_cycle(snapshot, now=NOW, config=config)
     free = {n.id: n.free for n in snapshot.nodes if n.alive}
     jobs = {j.id: j for j in snapshot.pending}

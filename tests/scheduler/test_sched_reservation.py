@@ -1,4 +1,5 @@
-"""Rule 3 of run_cycle and Q6: the blocked head job gets GPUs held for it; backfill only if it cannot delay it."""
+"""Rule 3 of run_cycle and Q6: the blocked head job gets GPUs held for it; backfill only if it cannot delay it.
+Q7: a gang holds nothing until all of it starts, and one reservation per pool, so no circular wait forms."""
 
 from __future__ import annotations
 
@@ -138,11 +139,33 @@ def test_running_jobs_on_dead_nodes_free_nothing() -> None:
 
 
 def test_only_one_reservation_per_pool() -> None:
+    """Q7: one reservation per pool, so no two reservations can wait on each other's GPUs."""
     second = job("second").gpus(8).nodes(2)
     result = run_cycle(cluster(second), now=NOW)
     assert [r.job_id for r in result.reservations] == ["head"]
     assert reasons(result)["second"] == ("needs 2 nodes with 8 free GPUs each; no node has them; "
                                          "1 more is held for job head")
+
+
+def test_gangs_that_fit_only_in_part_hold_nothing_and_start_whole_in_turn() -> None:
+    """Q7: no circular wait between partial reservations. Two 2-node gangs find one node of three free:
+    neither takes part of it, and only the first has GPUs held for it (two gangs each holding part of what
+    the other waits for would be a deadlock). A short job backfills the free node meanwhile, and the gangs
+    start whole, one after the other."""
+    nodes = [*NODES, node("c")]
+    g1 = job("g1").gpus(8).nodes(2).limit(1).submitted(at(minutes=-2))
+    g2 = job("g2").gpus(8).nodes(2).limit(1).submitted(at(minutes=-1))
+    short = job("short").gpus(4).limit(0.5)
+    busy = [running("rb", {"b": range(8)}, limit_h=1), running("rc", {"c": range(8)}, limit_h=1)]
+    first = run_cycle(snap(nodes, [g1, g2, short], busy), now=NOW)
+    assert admitted(first) == {"short": {"a": (0, 1, 2, 3)}}
+    assert first.reservations == (Reserve(JobId("g1"), at(1), (NodeId("a"), NodeId("b"))),)
+    whole = {"a": tuple(range(8)), "b": tuple(range(8))}
+    second = run_cycle(snap(nodes, [g1, g2]), now=at(1))
+    assert admitted(second) == {"g1": whole}
+    assert [r.job_id for r in second.reservations] == ["g2"]
+    third = run_cycle(snap(nodes, [g2]), now=at(2))
+    assert admitted(third) == {"g2": whole}
 
 
 def test_backfill_depth_bounds_the_jobs_tried_behind_the_head() -> None:
