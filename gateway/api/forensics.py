@@ -17,6 +17,8 @@ SUMMARY_HEADER = "X-Jobgate-Forensics"
 
 
 class ExportRequest(BaseModel):
+    """What to freeze: one job's story, or everything since a time; exactly one of the two."""
+
     model_config = ConfigDict(extra="forbid")
 
     job_id: str | None = Field(None, description="Everything the ledger holds about this job.")

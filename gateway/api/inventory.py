@@ -16,7 +16,8 @@ router = APIRouter(prefix="/v1/inventory", tags=["inventory"])
 @router.get("", summary="Workloads, their scope, owners and stoppability; blind spots")
 def list_inventory(
     ctx: Ctx,
-    environment: Annotated[Literal["research", "staging", "production"] | None, Query()] = None,
+    environment: Annotated[Literal["research", "staging", "production"] | None,
+                           Query(description="Only workloads in this environment")] = None,
     label: Annotated[list[str] | None, Query(description="Label selector key:value; repeatable (AND).")] = None,
     include_ended: Annotated[bool, Query(description="Also workloads whose jobs all ended.")] = False,
 ) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def entries(
     ctx: Ctx,
     response: Response,
     start: Annotated[int, Query(ge=0, description="First seq")] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many entries")] = 100,
 ) -> dict[str, Any]:
     """Entries in seq order, each with its hash and the exact canonical bytes that were hashed."""
     _require_ledger_read(ctx)

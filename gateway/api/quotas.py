@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Path, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
@@ -18,16 +18,18 @@ router = APIRouter(tags=["quotas"])
 
 
 class QuotaChangeBody(BaseModel):
+    """A tenant's (or the cluster's) new quota, for a period if given."""
+
     model_config = ConfigDict(extra="forbid")
 
     gpus: int = Field(ge=0, le=1_000_000, description="GPUs the tenant owns (the cluster: hard cap, project '*').")
     borrow_limit: int | None = Field(0, ge=0, description="Most GPUs it may borrow from idle quota; null: no limit.")
     lend_limit: int | None = Field(None, ge=0, description="Most of its idle GPUs it lends; null: all idle ones.")
     users: dict[str, int] = Field(default_factory=dict, description="Per-user GPU limits within this tenant.")
-    effective_from: datetime | None = None
-    effective_until: datetime | None = None
+    effective_from: datetime | None = Field(None, description="When it starts to apply; default: once applied.")
+    effective_until: datetime | None = Field(None, description="When it stops applying; default: never.")
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
-    ticket: str | None = Field(None, max_length=200)
+    ticket: str | None = Field(None, max_length=200, description="Linked ticket or change id.")
 
     @model_validator(mode="after")
     def _period(self) -> QuotaChangeBody:
@@ -39,17 +41,22 @@ class QuotaChangeBody(BaseModel):
 
 
 class MountBody(BaseModel):
+    """A storage mount or data set jobs may declare (Q1)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
-    kind: Literal["mount", "dataset"]
-    path: str = Field("", max_length=1000)
-    projects: list[str] = Field(default_factory=lambda: ["*"])
-    available: bool = True
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$", description="What jobs write in `mounts` or"
+                      " `datasets`.")
+    kind: Literal["mount", "dataset"] = Field(description="A storage mount or a data set.")
+    path: str = Field("", max_length=1000, description="Where it lives, for people; the gateway does not read it.")
+    projects: list[str] = Field(default_factory=lambda: ["*"], description="Projects whose jobs may use it ('*': all).")
+    available: bool = Field(True, description="False: jobs that need it are refused at admission until it is back.")
 
 
 @router.get("/v1/quotas", summary="Quota tiers and what each tenant uses (owned / borrowed)")
 def list_quotas(ctx: Ctx) -> dict[str, Any]:
+    """Per tenant (and `*`, the cluster's hard cap): owned GPUs, borrow and lend limits, per-user limits and the
+    effective period; beside it the GPUs each tenant uses now, owned and borrowed."""
     with ctx.gw.transaction() as session:
         ctx.caller(session)
         return {"quotas": quotas.list_quotas(session), "in_use": quotas.usage_by_tenant(session)}
@@ -57,7 +64,11 @@ def list_quotas(ctx: Ctx) -> dict[str, Any]:
 
 @router.put("/v1/quotas/{project}", summary="Change a tenant's (or, with '*', the cluster's) quota (A7)",
             status_code=status.HTTP_200_OK, responses={202: {"description": "A second platform admin must approve"}})
-def change_quota(project: str, body: QuotaChangeBody, ctx: Ctx) -> Any:
+def change_quota(
+    project: Annotated[str, Path(description="The tenant (project) id, or '*' for the cluster.")],
+    body: QuotaChangeBody,
+    ctx: Ctx,
+) -> Any:
     """Decided by policy: a platform admin asks, a second platform admin approves (`POST
     /v1/approvals/{id}/approve`). Applied once, ledgered with before/after and the effective period."""
     params = body.model_dump(mode="json", exclude={"reason", "ticket"})
@@ -72,6 +83,7 @@ def change_quota(project: str, body: QuotaChangeBody, ctx: Ctx) -> Any:
 
 @router.get("/v1/mounts", summary="Registered storage mounts and data sets")
 def list_mounts(ctx: Ctx) -> dict[str, Any]:
+    """Name, kind, path, the projects that may use each, and whether it is available now."""
     with ctx.gw.transaction() as session:
         ctx.caller(session)
         rows = session.scalars(select(MountRow).order_by(MountRow.name)).all()

@@ -17,6 +17,8 @@ _NAME = r"^[A-Za-z0-9_.\-]+$"
 
 
 class BindingIn(BaseModel):
+    """One role binding: a principal holds a role in a project."""
+
     model_config = ConfigDict(extra="forbid")
     principal: str = Field(pattern=_NAME, max_length=64, description="Person or service account id.")
     role: str = Field(pattern=_NAME, max_length=32, description="A role of policies/matrix.csv, e.g. queue_admin.")
@@ -45,10 +47,11 @@ def revoke(body: BindingIn, ctx: Ctx) -> dict[str, Any]:
 @router.delete("/roles", summary="Revoke a role binding (query parameters)")
 def revoke_by_query(
     ctx: Ctx,
-    principal: Annotated[str, Query(pattern=_NAME, max_length=64)],
-    role: Annotated[str, Query(pattern=_NAME, max_length=32)],
-    project: Annotated[str, Query(pattern=r"^(\*|[A-Za-z0-9_.\-]+)$", max_length=64)],
-    reason: Annotated[str | None, Query(max_length=500)] = None,
+    principal: Annotated[str, Query(pattern=_NAME, max_length=64, description="Person or service account id")],
+    role: Annotated[str, Query(pattern=_NAME, max_length=32, description="The role to take away")],
+    project: Annotated[str, Query(pattern=r"^(\*|[A-Za-z0-9_.\-]+)$", max_length=64,
+                                  description="Project it is bound in; '*' for a global role")],
+    reason: Annotated[str | None, Query(max_length=500, description="Why; kept in the ledger")] = None,
 ) -> dict[str, Any]:
     """The same as POST /v1/roles:revoke."""
     return roles.change(ctx, "revoke", RoleBinding(principal, role, project), reason).to_json()

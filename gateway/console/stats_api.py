@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
@@ -32,7 +32,8 @@ def _admin(ctx: RequestContext) -> None:
 @router.get("/v1/stats/usage", summary="Cluster usage and the quota heat map (tenant × day)",
             description="GPU totals, per-tenant owned/borrowed GPUs in use, and quota utilisation per tenant and"
                         " UTC day (GPU-hours used ÷ quota GPUs × 24 h)." + _ADMIN)
-def usage(ctx: Ctx, days: Annotated[int, Query(ge=1, le=92)] = 7) -> dict[str, Any]:
+def usage(ctx: Ctx, days: Annotated[int, Query(ge=1, le=92, description="UTC days of the heat map")] = 7
+          ) -> dict[str, Any]:
     _admin(ctx)
     now = ctx.gw.clock()
     with ctx.gw.transaction(immediate=False) as session:
@@ -58,6 +59,8 @@ def fragmentation(ctx: Ctx) -> dict[str, Any]:
 
 @router.get("/v1/stats/suggestions", summary="Suggested adjustments: idle quota, stale reservations, starved tenants")
 def suggestions(ctx: Ctx) -> dict[str, Any]:
+    """Each with its kind, the tenant or job concerned and the figures behind it: quota idle while others
+    wait, reservations whose estimated start is long past, tenants with waiting work and nothing running."""
     _admin(ctx)
     with ctx.gw.transaction(immediate=False) as session:
         return {"suggestions": insights.suggestions(session, ctx.gw.clock())}
@@ -74,10 +77,17 @@ def _ledger_read(ctx: RequestContext) -> None:
                         " `ledger.read`.")
 def audit_entries(
     ctx: Ctx,
-    job: str | None = None, actor: str | None = None, action: str | None = None, effect: str | None = None,
-    kind: str | None = None, since: str | None = None, until: str | None = None,
-    before: Annotated[int | None, Query(ge=0)] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    job: Annotated[str | None, Query(description="Entries about this job id")] = None,
+    actor: Annotated[str | None, Query(description="Entries where this principal acted or approved")] = None,
+    action: Annotated[str | None, Query(description="Entries for this action, e.g. job.stop")] = None,
+    effect: Annotated[str | None, Query(description="Decision effect (allow, deny, needs_approval) or outcome"
+                                                    " result")] = None,
+    kind: Annotated[str | None, Query(description="Entry kind, e.g. decision, outcome, transition")] = None,
+    since: Annotated[str | None, Query(description="ISO 8601 time; a date alone means its midnight UTC")] = None,
+    until: Annotated[str | None, Query(description="ISO 8601 time, inclusive")] = None,
+    before: Annotated[int | None, Query(ge=0, description="Walk back from below this seq (a page's"
+                                                          " `next_before`)")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="At most this many entries")] = 50,
 ) -> dict[str, Any]:
     _ledger_read(ctx)
     f = ledger_view.Filter(job=job, actor=actor, action=action, effect=effect, kind=kind,
@@ -89,7 +99,8 @@ def audit_entries(
             description="The entry, the latest signed checkpoint, the RFC 9162 inclusion proof in that tree, and"
                         " `verified`: the checkpoint's signature checks with the ledger key and the proof leads"
                         " from the entry's leaf hash to its root. Needs `ledger.read`.")
-def audit_entry(seq: int, ctx: Ctx) -> dict[str, Any]:
+def audit_entry(seq: Annotated[int, Path(description="The entry's seq (its leaf index)")], ctx: Ctx
+                ) -> dict[str, Any]:
     _ledger_read(ctx)
     return ledger_view.entry_detail(ctx.gw, seq)
 
