@@ -88,6 +88,8 @@ def job_out(job: Job) -> JobOut:
             "submitted_via": job.submitted_via,
         },
         environment=job.environment,
+        dependencies=list(job.dependencies),
+        downstream=list(job.downstream),
         labels=dict(job.labels),
         workload=job.workload,
         placement=list(job.placement),

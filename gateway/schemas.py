@@ -132,6 +132,8 @@ class JobOut(BaseModel):
     ownership: dict[str, Any] = Field(description="creator (and its kind), owner, beneficiary_project, rights_holder,"
                                       " external_rights, contact, valid_until, auto_offline, submitted_via (R2-R4).")
     environment: str = Field(description="research, staging or production.")
+    dependencies: list[str] = Field(description="What the job needs (data sets, services), as declared (R2).")
+    downstream: list[str] = Field(description="Who consumes its results and is affected by a stop (R2).")
     labels: dict[str, str] = Field(description="Labels given at submission.")
     workload: str | None = Field(description="Group of jobs from one goal, if any.")
     placement: list[dict[str, Any]] = Field(description="Nodes and GPU indexes the job holds; empty while queued.")

@@ -33,6 +33,40 @@ def test_submit_defaults_ownership_to_caller_and_ids_are_unique(api: Api) -> Non
     assert len(ids) == 5
 
 
+def test_every_job_carries_its_four_ownerships_and_the_facts_that_go_with_them(api: Api) -> None:
+    """R2: creator, responsible owner, beneficiary project and rights holder, with the validity period and
+    auto-offline, first contact, environment, dependencies and downstream; as given, or defaulted from the
+    caller and the project. The four ownerships go into every decision on the job (H3)."""
+    until = datetime(2031, 5, 1, 12, 0, tzinfo=UTC)
+    given = job_spec(owner="bob", beneficiary_project="speech", rights_holder="speech", valid_until=until.isoformat(),
+                     auto_offline=True, contact="carol", environment="staging", dependencies=["dataset:imagenet"],
+                     downstream=["eval-board"])
+    created = api.post("/v1/jobs", "alice", json=given)
+    assert created.status_code == 201, created.text
+    job = api.get(f"/v1/jobs/{created.json()['id']}", "alice").json()
+    assert job["ownership"] == {
+        "creator": "alice", "creator_kind": "person", "owner": "bob", "beneficiary_project": "speech",
+        "rights_holder": "speech", "external_rights": False, "contact": "carol",
+        "valid_until": until.isoformat(), "auto_offline": True, "submitted_via": {}}
+    assert (job["environment"], job["dependencies"], job["downstream"]) == (
+        "staging", ["dataset:imagenet"], ["eval-board"])
+
+    plain = api.get(f"/v1/jobs/{api.post('/v1/jobs', 'alice', json=job_spec()).json()['id']}", "alice").json()
+    assert plain["ownership"] == {
+        "creator": "alice", "creator_kind": "person", "owner": "alice", "beneficiary_project": "vision",
+        "rights_holder": "vision", "external_rights": False, "contact": "alice", "valid_until": None,
+        "auto_offline": False, "submitted_via": {}}
+    assert (plain["environment"], plain["dependencies"], plain["downstream"]) == ("research", [], [])
+
+    stopped = api.post(f"/v1/jobs/{job['id']}/stop", "bob", json={"reason": "done with it"})
+    assert stopped.status_code == 202, stopped.text
+    decision = next(e for e in ledger_entries(api) if e["seq"] == stopped.json()["decision"]["ledger_seq"])
+    target = decision["body"]["input"]["targets"][0]
+    assert {k: target[k] for k in ("id", "creator", "owner", "beneficiary_project", "rights_holder")} == {
+        "id": job["id"], "creator": "alice", "owner": "bob", "beneficiary_project": "speech",
+        "rights_holder": "speech"}
+
+
 def test_service_account_owner_is_its_responsible_person_and_trigger_is_recorded(api: Api) -> None:
     r = api.post("/v1/jobs", "ci-bot", json=job_spec(), headers={"X-Jobgate-Trigger": "ci/nightly#42"})
     assert r.status_code == 201, r.text
