@@ -6,7 +6,9 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anyio.to_thread
 import pytest
 from fastapi.testclient import TestClient
 
@@ -59,3 +61,23 @@ def test_long_polls_do_not_starve_api_calls(one_thread_gateway: tuple[TestClient
     for t in polls:
         t.join(timeout=30)
     assert finished.count("poll") == 3
+
+
+def test_a_sync_call_takes_one_thread_hop(one_thread_gateway: tuple[TestClient, Path],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint runs in the pool; FastAPI's validation and encoding of what it returns does not hop there
+    again (gateway.app.serialize_responses_in_the_loop)."""
+    client, data_dir = one_thread_gateway
+    alice = json.loads((data_dir / "demo-tokens.json").read_text())["alice"]
+    hops: list[str] = []
+    real_run_sync = anyio.to_thread.run_sync
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(func, "__name__", repr(func)))
+        return await real_run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    r = client.get("/v1/jobs", headers={"Authorization": f"Bearer {alice}"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"jobs": []}  # still validated and encoded as the response model says
+    assert len(hops) == 1, hops
