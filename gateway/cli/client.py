@@ -30,6 +30,9 @@ class Client:
             headers["X-Jobgate-Trigger"] = trigger
         self.url = url.rstrip("/")
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:  # close the kept-alive connection when the command ends, not at interpreter exit
+            ctx.call_on_close(self.http.close)
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
