@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from gateway_testkit import Api
-from stop_helpers import FakeAgent, ledger, running_job
+from stop_helpers import FakeAgent, ledger, running_job, stopped_evidence
 
 from gateway.scheduling import run_once
 
@@ -105,7 +105,36 @@ def test_refusals_are_clear(api: Api, agent: FakeAgent) -> None:
     assert api.get("/v1/emergency-stops", "audrey").json()["emergency_stops"][0]["id"] == es["id"]
 
 
+def test_tracking_is_not_stopping_a_scope_names_its_blind_spots_and_leaves_them_running(api: Api,
+                                                                                      agent: FakeAgent) -> None:
+    """C4 (see R5): a tracked job that declares itself not stoppable is listed as a blind spot before any
+    incident (inventory), and an emergency stop of its scope neither sends it a stop nor counts it among what
+    it stopped: the answer, the ledger and the finished stop all name it apart."""
+    target, _ = running_job(api, agent, environment="staging")
+    blind, _ = running_job(api, agent, environment="staging", stoppable=False)
+    inventory = api.get("/v1/inventory", "dave", params={"environment": "staging"}).json()
+    assert [b["jobs"] for b in inventory["blind_spots"]] == [[blind]]
+    r = api.post("/v1/emergency-stops", "dave", json=body("environment", "staging"))
+    assert r.status_code == 202, r.text
+    es = r.json()
+    named = [{"job_id": blind, "reason": "tracked but declared not stoppable (R5)", "state": "running"}]
+    assert [j["job_id"] for j in es["jobs"]] == [target] and es["blind_spots"] == named
+    assert (es["summary"]["targets"], es["summary"]["blind_spots"]) == (1, 1)
+    assert api.post(f"/v1/approvals/{es['approval_id']}/approve", "sam", json={}).status_code == 200
+    stops = [c for c in agent.take() if c["kind"] == "stop"]
+    assert [c["job_id"] for c in stops] == [target]
+    agent.report(target, "stopped", stops[0]["nonce"], evidence=stopped_evidence())
+    done = api.get(f"/v1/emergency-stops/{es['id']}", "dave").json()
+    assert done["state"] == "done" and done["blind_spots"] == named
+    assert (done["summary"]["targets"], done["summary"]["accounted_for"], done["summary"]["blind_spots"]) == (1, 1, 1)
+    assert api.get(f"/v1/jobs/{blind}", "alice").json()["state"] == "running"
+    assert api.get(f"/v1/jobs/{target}", "alice").json()["state"] == "stopped"
+    (asked,) = [e["body"] for e in ledger(api) if e["kind"] == "emergency" and "blind_spots" in e["body"]]
+    assert asked["targets"] == [target] and asked["blind_spots"] == named
+
+
 def test_not_stoppable_jobs_are_blind_spots(api: Api, agent: FakeAgent) -> None:
+    """C4, R5: a scope holding only a job declared not stoppable is refused, naming it as a blind spot."""
     running_job(api, agent, environment="staging", stoppable=False)
     r = api.post("/v1/emergency-stops", "dave", json=body("environment", "staging"))
     assert r.status_code == 422 and r.json()["blind_spots"][0]["reason"].startswith("tracked but declared not")

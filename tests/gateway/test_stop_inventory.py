@@ -12,6 +12,7 @@ def submit(api: Api, who: str, **spec: object) -> str:
 
 
 def test_workloads_group_jobs_and_list_blind_spots(api: Api) -> None:
+    """C1, R5 and C4 (tracking is not stopping): tracked workloads declared not stoppable are blind spots."""
     a = submit(api, "alice", workload="sweep-7", environment="staging", dependencies=["dataset:imagenet"],
                downstream=["eval-board"], labels={"team": "x"})
     b = submit(api, "ci-bot", workload="sweep-7", environment="staging", labels={"team": "x"})
