@@ -21,13 +21,23 @@ def fail(message: str) -> NoReturn:
     raise ApiError(message)
 
 
+def _header_value(value: str, what: str) -> str:
+    """VALUE, fit for an HTTP header; raises ApiError otherwise (httpx would raise UnicodeEncodeError on
+    non-ASCII, and h11's refusal of a line break would read as an unreachable gateway). Never echoes it."""
+    if not (value.isascii() and value.isprintable()):
+        fail(f"{what} must be printable ASCII, on one line")
+    return value
+
+
 class Client:
+    """Raises ApiError (one line, exit 1) for a token or trigger that cannot be sent, and from `request`."""
+
     def __init__(self, url: str, token: str | None, trigger: str | None = None, timeout: float = 30.0) -> None:
         headers = {"User-Agent": "jobgate-cli"}
         if token:
-            headers["Authorization"] = f"Bearer {token}"
+            headers["Authorization"] = "Bearer " + _header_value(token, "the token (--token or JOBGATE_TOKEN)")
         if trigger:
-            headers["X-Jobgate-Trigger"] = trigger
+            headers["X-Jobgate-Trigger"] = _header_value(trigger, "the trigger (--trigger or JOBGATE_TRIGGER)")
         self.url = url.rstrip("/")
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         ctx = click.get_current_context(silent=True)

@@ -200,9 +200,6 @@ UNDOCUMENTED = {"approvals.list", "approve", "break-glass.list", "break-glass.re
                 "token.create", "token.list", "token.revoke", "up", "jobgate-agent"}
 KNOWN_DEFECTS: dict[str, str] = {
     **{n.id: "options without help text" for n in NODES if n.id in UNDOCUMENTED},
-    **{c.id: "--token/--trigger go into headers unchecked: non-ASCII is a UnicodeEncodeError traceback, a line "
-             "break says 'cannot reach the gateway'"
-       for c in CASES if c.label in ("token-non-ascii", "token-line-break", "trigger-non-ascii")},
 }
 
 
