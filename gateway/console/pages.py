@@ -13,7 +13,7 @@ from gateway import approvals, jobs, priority_history
 from gateway.console import insights
 from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
 from gateway.console.web import need_view, new_login_nonce, page, store, templates
-from gateway.context import Gateway
+from gateway.context import Gateway, load_bindings
 from gateway.errors import Forbidden, GatewayError, Invalid
 from gateway.models import Job, Project
 from gateway.notifications import Notification
@@ -113,7 +113,21 @@ def home(request: Request) -> Response:
         usage = insights.cluster_usage(session)
         visible = jobs.visible_projects(view.gw, session, caller, list(session.scalars(select(Project.id)).all()))
         queues = _queues(session, visible)
-    return view.render("home.html", rows=rows, notes=notes, usage=usage, queues=queues)
+        contacts = _contacts(session, me)
+    return view.render("home.html", rows=rows, notes=notes, usage=usage, queues=queues, contacts=contacts)
+
+
+def _contacts(session: Any, me: str) -> dict[str, Any]:
+    """F5 "whom to contact", from the role bindings in force: the queue admins of each project the person
+    works in, the on-call engineers and the security reviewers. A role bound to "*" holds in every project."""
+    bindings = load_bindings(session)
+    mine = sorted({b.project for b in bindings if b.principal == me and b.project != "*"})
+
+    def holders(role: str, project: str = "*") -> list[str]:
+        return sorted({b.principal for b in bindings if b.role == role and b.project in (project, "*")})
+
+    return {"queue_admins": {p: holders("queue_admin", p) for p in mine}, "oncall": holders("oncall"),
+            "security": holders("security_reviewer")}
 
 
 def _queues(session: Any, visible: set[str]) -> dict[str, list[dict[str, Any]]]:

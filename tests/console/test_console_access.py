@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from console_testkit import Console, submit
 from sqlalchemy import update
@@ -97,6 +98,47 @@ def test_auditor_entry_page_verifies_the_inclusion_proof(console: Console) -> No
     assert f'data-seq="{hit["seq"]}"' in listing
     assert audrey.get("/ui/ledger", params={"since": "yesterday"}).status_code == 422
     assert audrey.get("/ui/ledger/999999").status_code == 404
+
+
+FIRST_SCREEN = re.compile(r'<section class="card first-screen" id="first-screen">(.*?)</section>', re.S)
+CONTACT = re.compile(r'<span class="contact" data-role="([a-z_]+)"(?: data-project="([^"]+)")?>([^<]*)</span>')
+
+
+def test_first_screen_says_what_not_to_do_how_to_ask_what_is_left_and_whom_to_contact(console: Console) -> None:
+    """F5: the console opens, above the person's jobs, with what they must not do to others' jobs, how to ask
+    for a preemption, what is left of a preempted job, and whom to contact: the people who hold those roles
+    for that person's projects now, not names written into the page."""
+    submit(console)
+    alice, _ = console.sign_in("alice")
+    home = alice.get("/ui/").text
+    m = FIRST_SCREEN.search(home)
+    assert m and m.start() < home.index('id="my-jobs"'), "the first screen comes before anything else"
+    screen = m.group(1)
+    for says in ("Leave other people's jobs alone", "Do not kill, signal or renice anyone else's processes",
+                 "Need GPUs urgently?", "--queue urgent", "If your job is preempted or stopped",
+                 "grace window", "checkpoint", "never deleted by a stop", "keeping its priority", "Whom to ask"):
+        assert says in screen, says
+    assert CONTACT.findall(screen) == [("queue_admin", "vision", "carol"), ("oncall", "", "dave"),
+                                       ("security_reviewer", "", "sam")]
+    mallory, _ = console.sign_in("mallory")  # project speech has no queue admin
+    m = FIRST_SCREEN.search(mallory.get("/ui/").text)
+    assert m
+    screen = m.group(1)
+    assert CONTACT.findall(screen) == [("queue_admin", "speech", "none yet: ask on-call"), ("oncall", "", "dave"),
+                                       ("security_reviewer", "", "sam")]
+    assert "carol" not in screen
+
+
+def test_onboarding_doc_opens_with_the_same_four_answers() -> None:
+    """F5: the onboarding doc (README.md) opens, within its first screen, with the same four answers."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text().splitlines()
+    first = next(i for i, line in enumerate(readme) if line.startswith("## "))
+    end = next(i for i, line in enumerate(readme) if i > first and line.startswith("## "))
+    assert readme[first] == "## For researchers: read this first" and end <= 40
+    section = "\n".join(readme[first:end])
+    for lead in ("**What you must not do to other people's jobs.**", "**How to ask for a preemption.**",
+                 "**What is left of your job after it is preempted or stopped.**", "**Whom to contact.**"):
+        assert lead in section, lead
 
 
 def test_notice_acknowledged_from_the_console_is_the_ledgered_receipt(console: Console) -> None:
