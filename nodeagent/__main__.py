@@ -70,8 +70,10 @@ def load_token(path: Path) -> str:
     "--command-key", type=click.Path(path_type=Path), required=True, help="Gateway public command key."
 )
 @click.option("--work-dir", type=click.Path(path_type=Path), required=True, help="Jobs and agent state.")
-@click.option("--poll-wait", type=click.FloatRange(min=0), default=20.0, show_default=True)
-@click.option("--heartbeat-interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True)
+@click.option("--poll-wait", type=click.FloatRange(min=0), default=20.0, show_default=True,
+              help="Seconds one long poll for commands may wait.")
+@click.option("--heartbeat-interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
+              help="Seconds between heartbeats.")
 def cli(
     node: str,
     gpus: int,

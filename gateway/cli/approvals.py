@@ -36,8 +36,8 @@ def approvals_group() -> None:
 @approvals_group.command("list")
 @client_options
 @click.option("--state", type=click.Choice(["pending", "executed", "rejected", "expired"]), default="pending",
-              show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+              show_default=True, help="Only requests in this state.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_approvals(gateway: str, token: str | None, trigger: str | None, state: str, as_json: bool) -> None:
     """Requests you made or could approve."""
     found = _client(gateway, token, trigger).request("GET", "/v1/approvals", params={"state": state})["approvals"]
@@ -53,7 +53,7 @@ def list_approvals(gateway: str, token: str | None, trigger: str | None, state: 
 @client_options
 @click.argument("approval_id")
 @click.option("--comment", help="Optional note kept with your approval.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def approve(gateway: str, token: str | None, trigger: str | None, approval_id: str, comment: str | None,
             as_json: bool) -> None:
     """Approve APPROVAL_ID as the second person; it executes once enough approvals are recorded."""
@@ -69,7 +69,7 @@ def approve(gateway: str, token: str | None, trigger: str | None, approval_id: s
 @client_options
 @click.argument("approval_id")
 @click.option("--reason", required=True, help="Why; kept in the ledger and sent to the requester.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def reject(gateway: str, token: str | None, trigger: str | None, approval_id: str, reason: str,
            as_json: bool) -> None:
     """Reject APPROVAL_ID (or withdraw your own request)."""

@@ -18,9 +18,9 @@ def break_glass_group() -> None:
 @click.option("--action", "actions", multiple=True, required=True, help="Action covered (job.stop, ...).")
 @click.option("--minutes", type=float, required=True, help="Lifetime, at most 240.")
 @click.option("--uses", type=int, default=1, show_default=True, help="Calls it may make.")
-@click.option("--reason", required=True)
+@click.option("--reason", required=True, help="Why you need it; kept in the ledger.")
 @click.option("--ticket", required=True, help="Incident ticket.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def request(gateway: str, token: str | None, trigger: str | None, projects: tuple[str, ...],
             actions: tuple[str, ...], minutes: float, uses: int, reason: str, ticket: str, as_json: bool) -> None:
     """Ask for a grant. The credential is printed once; every use is ledgered and raises an alert."""
@@ -40,7 +40,7 @@ def request(gateway: str, token: str | None, trigger: str | None, projects: tupl
 
 @break_glass_group.command("list")
 @client_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_grants(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """Your grants (auditors and reviewers see all)."""
     rows = Client(gateway, token, trigger).request("GET", "/v1/break-glass")["grants"]

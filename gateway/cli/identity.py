@@ -20,7 +20,7 @@ def token_group() -> None:
 @click.option("--action", "actions", multiple=True, default=["*"], show_default=True,
               help="Action it may request (job.submit, job.stop, ...); repeatable.")
 @click.option("--days", type=float, required=True, help="Lifetime in days (service tokens at most 90).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def create(gateway: str, token: str | None, trigger: str | None, principal: str | None, purpose: str,
            projects: tuple[str, ...], actions: tuple[str, ...], days: float, as_json: bool) -> None:
     """Create a token. The secret is printed once and never stored."""
@@ -38,7 +38,7 @@ def create(gateway: str, token: str | None, trigger: str | None, principal: str 
 
 @token_group.command("list")
 @client_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_tokens(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """Tokens you manage."""
     rows = Client(gateway, token, trigger).request("GET", "/v1/tokens")["tokens"]
@@ -54,7 +54,7 @@ def list_tokens(gateway: str, token: str | None, trigger: str | None, as_json: b
 @token_group.command("revoke")
 @client_options
 @click.argument("token_id")
-@click.option("--reason", required=True)
+@click.option("--reason", required=True, help="Why; kept in the ledger.")
 def revoke(gateway: str, token: str | None, trigger: str | None, token_id: str, reason: str) -> None:
     """Revoke TOKEN_ID at once."""
     result = Client(gateway, token, trigger).request("POST", f"/v1/tokens/{token_id}/revoke",
@@ -70,8 +70,8 @@ def service_account_group() -> None:
 @service_account_group.command("create")
 @client_options
 @click.argument("name")
-@click.option("--project", required=True)
-@click.option("--description", default="")
+@click.option("--project", required=True, help="Project the account acts in.")
+@click.option("--description", default="", help="What the account is for.")
 def create_account(gateway: str, token: str | None, trigger: str | None, name: str, project: str,
                    description: str) -> None:
     """Create service account NAME in PROJECT; you become its responsible person."""
@@ -82,7 +82,7 @@ def create_account(gateway: str, token: str | None, trigger: str | None, name: s
 
 @service_account_group.command("list")
 @client_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_accounts(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """Service accounts you answer for."""
     rows = Client(gateway, token, trigger).request("GET", "/v1/service-accounts")["service_accounts"]

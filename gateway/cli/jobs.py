@@ -34,14 +34,16 @@ def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str 
 @job_group.command("submit")
 @click.option("--name", required=True, help="Human-readable job name.")
 @click.option("--project", required=True, help="Project to run in.")
-@click.option("--queue", type=click.Choice(["urgent", "normal", "batch"]), default="normal", show_default=True)
+@click.option("--queue", type=click.Choice(["urgent", "normal", "batch"]), default="normal", show_default=True,
+              help="Queue to wait in.")
 @click.option("--gpus", "gpus_per_node", type=int, default=1, show_default=True, help="GPUs per node.")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Nodes in the gang.")
 @click.option("--grace", "grace_seconds", type=float, default=30.0, show_default=True,
               help="Seconds between the prepare signal and SIGKILL.")
 @click.option("--signal", "stop_signal", default="SIGTERM", show_default=True, help="Prepare signal.")
 @click.option("--owner", help="Responsible owner (default: you).")
-@click.option("--environment", type=click.Choice(["research", "staging", "production"]), default="research")
+@click.option("--environment", type=click.Choice(["research", "staging", "production"]), default="research",
+              show_default=True, help="Environment the job belongs to (policy and emergency stops select by it).")
 @click.option("--label", "labels", multiple=True, help="key=value, repeatable.")
 @click.option("--runtime-limit", type=float, help="Declared runtime limit in seconds.")
 @click.option("--mount", "mounts", multiple=True, help="Storage mount the job needs (checked at submit); repeatable.")
@@ -81,7 +83,7 @@ def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: i
 @job_group.command("list")
 @click.option("--project", help="Only this project.")
 @click.option("--state", help="Only jobs in this state.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def list_jobs(client: Client, project: str | None, state: str | None, as_json: bool) -> None:
     """List the jobs you may see, newest first."""
@@ -127,7 +129,7 @@ def _describe(job: dict[str, Any]) -> str:
 
 @job_group.command("show")
 @click.argument("job_id")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def show(client: Client, job_id: str, as_json: bool) -> None:
     """Show one job: state, placement, ownerships, stop evidence."""
@@ -143,7 +145,7 @@ def show(client: Client, job_id: str, as_json: bool) -> None:
 @click.option("--reason", required=True, help="Written reason; kept in the ledger.")
 @click.option("--ticket", help="Linked ticket or incident id.")
 @click.option("--wait", "wait_s", type=float, default=0, help="Wait up to this many seconds for the final state.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def stop(client: Client, job_id: str, reason: str, ticket: str | None, wait_s: float, as_json: bool) -> None:
     """Stop a job: prepare signal, grace window, then SIGKILL. Decided by policy; recorded in the ledger."""

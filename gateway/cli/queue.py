@@ -57,7 +57,7 @@ def why(client: Client, job_id: str, as_json: bool) -> None:
 @click.argument("job_id")
 @click.option("--progress", required=True, help="What the job has achieved so far (kept in the ledger).")
 @click.option("--remaining", "remaining_s", type=float, required=True, help="Expected remaining seconds.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def renew(client: Client, job_id: str, progress: str, remaining_s: float, as_json: bool) -> None:
     """Renew a long job past its maximum continuous occupancy (P3); without it, it is stopped and requeued."""
@@ -68,7 +68,7 @@ def renew(client: Client, job_id: str, progress: str, remaining_s: float, as_jso
 
 @click.command("queue")
 @client_options
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def queue_cmd(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """The queues: waiting jobs' priorities (ids only where you may see them) and cluster usage."""
     data = Client(gateway, token, trigger).request("GET", "/v1/queues")
@@ -95,10 +95,11 @@ def stats_group(ctx: click.Context, gateway: str, token: str | None, trigger: st
 
 
 @stats_group.command("preemptions")
-@click.option("--by", type=click.Choice(["tenant"]), default="tenant", show_default=True)
+@click.option("--by", type=click.Choice(["tenant"]), default="tenant", show_default=True,
+              help="Break the counts down by this.")
 @click.option("--month", "period", flag_value="month", default=True, help="Per calendar month (default).")
 @click.option("--quarter", "period", flag_value="quarter", help="Per calendar quarter.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def preemption_stats(client: Client, by: str, period: str, as_json: bool) -> None:
     """Preemptions per tenant: count and GPU-hours lost (Q9)."""
@@ -119,7 +120,7 @@ def quota_group(ctx: click.Context, gateway: str, token: str | None, trigger: st
 
 
 @quota_group.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def quota_list(client: Client, as_json: bool) -> None:
     """Quota tiers and what each tenant uses now."""
@@ -141,7 +142,7 @@ def quota_list(client: Client, as_json: bool) -> None:
 @click.option("--from", "effective_from", help="Effective from (ISO 8601).")
 @click.option("--until", "effective_until", help="Effective until (ISO 8601).")
 @click.option("--reason", required=True, help="Written reason; kept in the ledger.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def quota_set(client: Client, project: str, gpus: int, borrow_limit: int, lend_limit: int | None,
               users: tuple[str, ...], effective_from: str | None, effective_until: str | None, reason: str,

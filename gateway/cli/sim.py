@@ -156,11 +156,12 @@ def sim_group(ctx: click.Context, trace_path: Path | None, config_path: Path | N
 @click.option("--jobs", type=click.IntRange(min=0), required=True, help="How many jobs.")
 @click.option("--seed", type=int, required=True, help="Same seed, same trace.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="CSV file to write.")
-@click.option("--tenants", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--tenants", type=click.IntRange(min=1), default=10, show_default=True, help="Tenants submitting.")
 @click.option("--cluster-gpus", type=click.IntRange(min=1), default=128, show_default=True,
               help="Arrival rate is set for this many GPUs at --load.")
-@click.option("--load", type=click.FloatRange(min=0.01), default=0.9, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--load", type=click.FloatRange(min=0.01), default=0.9, show_default=True,
+              help="Offered GPU load as a fraction of --cluster-gpus.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def sim_generate(jobs: int, seed: int, out: Path, tenants: int, cluster_gpus: int, load: float, as_json: bool) -> None:
     """Write a seeded synthetic trace: many 1-GPU jobs, a heavy tail of 8-64-GPU gangs, minutes to days."""
     trace = generate(jobs, seed=seed, tenants=tenants, cluster_gpus=cluster_gpus, load=load)

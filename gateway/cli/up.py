@@ -55,9 +55,10 @@ def _banner(url: str, data_dir: Path, demo: bool) -> str:
 
 @click.command("up")
 @click.option("--demo", is_flag=True, help="Seed the demo organisation and start two local node agents.")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
+@click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Where the business DB, the ledger and the keys are kept.")
 @click.option("--policy-engine", type=click.Choice(["embedded", "opa"]), envvar="JOBGATE_POLICY_ENGINE",
               default="embedded", show_default=True, help="Decide with embedded Rego or an OPA server.")
 @click.option("--opa-url", envvar="JOBGATE_OPA_URL", help="OPA server URL (with --policy-engine opa).")
@@ -106,7 +107,8 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
 
 @click.command("demo-token")
 @click.argument("name")
-@click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Data dir of `jobgate up --demo` (holds demo-tokens.json).")
 def demo_token(name: str, data_dir: Path) -> None:
     """Print the demo token of NAME (alice, bob, carol, dave, erin, sam, audrey, mallory, ci-bot)."""
     import json

@@ -194,13 +194,7 @@ def cases_for(node: Node) -> Iterator[Case]:
 CASES = [case for node in NODES for case in cases_for(node)]
 
 # Defects found and not fixed yet, by id: each is xfail(strict=True) until the commit that fixes it.
-UNDOCUMENTED = {"approvals.list", "approve", "break-glass.list", "break-glass.request", "demo-token", "job.list",
-                "job.renew", "job.show", "job.stop", "job.submit", "queue", "quota.list", "quota.set", "reject",
-                "service-account.create", "service-account.list", "sim.generate", "stats.preemptions",
-                "token.create", "token.list", "token.revoke", "up", "jobgate-agent"}
-KNOWN_DEFECTS: dict[str, str] = {
-    **{n.id: "options without help text" for n in NODES if n.id in UNDOCUMENTED},
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 def params(items: list[Node] | list[Case]) -> list[object]:
