@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -11,13 +10,9 @@ from fastapi import Depends, Header, Path, Request
 from sqlalchemy.orm import Session
 
 from gateway import breakglass
+from gateway.api.storable_text import refuse_unstorable_text
 from gateway.auth import TRIGGER_HEADER, Caller, authenticate
 from gateway.context import Gateway
-from gateway.errors import Invalid
-
-# A JSON string can carry U+0000 only as the escape \u0000 (a raw control character is not JSON); one that
-# follows an even number of backslashes is that escape, not an escaped backslash before the text "u0000".
-_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 @dataclass(frozen=True)
@@ -48,7 +43,7 @@ async def get_context(
         str | None, Header(alias=TRIGGER_HEADER, description="Service accounts: pipeline and run id (F1).")
     ] = None,
 ) -> RequestContext:
-    await refuse_nul_characters(request)
+    await refuse_unstorable_text(request)
     client = request.client.host if request.client else None
     user_agent = request.headers.get("user-agent", "")
     source: dict[str, str | bool | None] = {
@@ -63,21 +58,6 @@ async def get_context(
         # A spent grant is revoked (and ledgered) in its own transaction before the call is refused.
         await anyio.to_thread.run_sync(breakglass.settle_credential, gw, secret)
     return RequestContext(gw, authorization, x_jobgate_trigger, source)
-
-
-async def refuse_nul_characters(request: Request) -> None:
-    """Refuse U+0000 anywhere in the path, the query or the JSON body, before the route decides anything.
-
-    No id, name or reason needs it, and PostgreSQL text cannot hold it: there it failed the transaction
-    with a 500 after the decision was already ledgered, while SQLite stored it. Raises Invalid."""
-    for name, value in request.path_params.items():
-        if "\x00" in str(value):
-            raise Invalid(f"path parameter {name} contains the NUL character (U+0000)", field=name)
-    for name, value in request.query_params.multi_items():
-        if "\x00" in name or "\x00" in value:
-            raise Invalid(f"query parameter {name!r} contains the NUL character (U+0000)", field=name)
-    if _NUL_ESCAPE.search(await request.body()):
-        raise Invalid("the request body contains the NUL character (\\u0000) in a string")
 
 
 Ctx = Annotated[RequestContext, Depends(get_context)]
