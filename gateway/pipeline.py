@@ -18,12 +18,12 @@ from sqlalchemy.orm import Session
 
 from gateway.auth import Caller
 from gateway.context import QUEUED_ENTRIES, Gateway, settle_queued_entries
-from gateway.errors import Forbidden, LedgerUnavailable
+from gateway.errors import Forbidden, Invalid, LedgerUnavailable
 from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Job
 from gateway.policy.engine import Decision
 from gateway.queue_snapshot import snapshot_blob
-from ledger.errors import LedgerError
+from ledger.errors import InvalidEntry, LedgerError
 
 
 def new_request_id() -> str:
@@ -92,7 +92,8 @@ def decide(
     Gateway.transaction waits for it before it commits (or before an error leaves it), so the fsync
     overlaps the work of carrying the decision out, and the outcome entries that cite it.
 
-    Raises LedgerUnavailable when the decision cannot be made durable.
+    Raises Invalid when the request holds a value the ledger cannot encode, LedgerUnavailable when the
+    decision cannot be made durable.
     """
     now = gw.clock()
     request_id = new_request_id()
@@ -155,6 +156,10 @@ def decide(
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
         LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
+    except InvalidEntry as e:
+        # Bad input, not a ledger outage: a parameter canonical JSON cannot carry exactly (an infinity, an
+        # integer past 2**53). Refused before anything was written.
+        raise Invalid(f"the request holds a value the ledger cannot record ({e}); nothing was changed") from e
     except LedgerError as e:
         raise LedgerUnavailable(f"the decision could not be recorded ({e}); nothing was changed") from e
     return Recorded(request_id, decision, appended.seq, decision_input)
