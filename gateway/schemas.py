@@ -11,6 +11,7 @@ Queue = Literal["urgent", "normal", "batch"]
 Environment = Literal["research", "staging", "production"]
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+MAX_RUNTIME_LIMIT_S = 366 * 24 * 3600
 
 
 class JobSubmit(BaseModel):
@@ -28,7 +29,9 @@ class JobSubmit(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the process.")
     grace_seconds: float = Field(30.0, ge=0, le=3600, description="Window between prepare signal and SIGKILL.")
     stop_signal: StopSignal = Field("SIGTERM", description="Prepare signal delivered before a stop.")
-    runtime_limit_seconds: float | None = Field(None, gt=0, description="Declared limit; used for backfill.")
+    # Bounded: the scheduler adds it to the current time, and one job past datetime's range failed every cycle.
+    runtime_limit_seconds: float | None = Field(None, gt=0, le=MAX_RUNTIME_LIMIT_S, allow_inf_nan=False,
+                                                description="Declared limit, at most a year; used for backfill.")
     owner: str | None = Field(None, description="Responsible owner; defaults to the caller (or its person).")
     beneficiary_project: str | None = Field(None, description="Project that uses the result; default: project.")
     rights_holder: str | None = Field(
