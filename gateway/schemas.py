@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 Queue = Literal["urgent", "normal", "batch"]
 Environment = Literal["research", "staging", "production"]
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_RUNTIME_LIMIT_S = 366 * 24 * 3600
+
+
+def _stays_in_range_in_utc(value: datetime) -> datetime:
+    """Both databases keep times in UTC: 9999-12-31T23:59:59-14:00 is past year 9999 there, and PostgreSQL
+    then stored a row no later read could load."""
+    if value.tzinfo is not None:
+        try:
+            value.astimezone(UTC)
+        except OverflowError as e:
+            raise ValueError("the time is out of range once converted to UTC") from e
+    return value
+
+
+Timestamp = Annotated[datetime, AfterValidator(_stays_in_range_in_utc)]
 
 
 class JobSubmit(BaseModel):
@@ -38,7 +52,7 @@ class JobSubmit(BaseModel):
         None, description="Project holding the rights to the data and artifacts (default: the job's project); "
         "one from another organisation makes the job external-rights (R3).",
     )
-    valid_until: datetime | None = Field(None, description="End of the job's validity period (R4).")
+    valid_until: Timestamp | None = Field(None, description="End of the job's validity period (R4).")
     auto_offline: bool = Field(False, description="Reclaim the job automatically at valid_until (R4).")
     contact: str | None = Field(None, description="First contact for incidents; default: the owner.")
     environment: Environment = Field(

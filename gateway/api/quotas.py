@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, status
@@ -13,6 +12,7 @@ from sqlalchemy import select
 from gateway import jobs, quotas
 from gateway.api.deps import Ctx
 from gateway.scheduler_tables import MountRow
+from gateway.schemas import Timestamp
 
 router = APIRouter(tags=["quotas"])
 
@@ -26,8 +26,8 @@ class QuotaChangeBody(BaseModel):
     borrow_limit: int | None = Field(0, ge=0, description="Most GPUs it may borrow from idle quota; null: no limit.")
     lend_limit: int | None = Field(None, ge=0, description="Most of its idle GPUs it lends; null: all idle ones.")
     users: dict[str, int] = Field(default_factory=dict, description="Per-user GPU limits within this tenant.")
-    effective_from: datetime | None = Field(None, description="When it starts to apply; default: once applied.")
-    effective_until: datetime | None = Field(None, description="When it stops applying; default: never.")
+    effective_from: Timestamp | None = Field(None, description="When it starts to apply; default: once applied.")
+    effective_until: Timestamp | None = Field(None, description="When it stops applying; default: never.")
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
     ticket: str | None = Field(None, max_length=200, description="Linked ticket or change id.")
 
