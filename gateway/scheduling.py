@@ -130,6 +130,7 @@ def run_once(gw: Gateway) -> int:
     with gw.transaction() as session:
         now = gw.clock()
         housekeeping(gw, session, now)  # node health, stop escalation, retention, R4 (gateway/stops.py)
+        break_partial_holds(gw, session)  # Q7
         config = scheduler_config(gw)
         decay_usage(session, now, config.fairshare_half_life_s)
         preemption.check_occupancy(gw, session, now, config)  # P3
@@ -140,6 +141,28 @@ def run_once(gw: Gateway) -> int:
             preemption.execute(gw, session, plan, snapshot, now)
         _explain(session, snapshot, result, now, config)
         return len(result.admits)
+
+
+def break_partial_holds(gw: Gateway, session: Session) -> list[str]:
+    """Q7, detect and break: a waiting job holds no GPUs. A gang's allocations are written in the transaction
+    that starts it and removed in the one that requeues it, so none should exist; one found anyway (a manual
+    repair, a half-restored backup) could join a circular wait with another gang waiting for what it holds.
+    Its allocations are removed, as a requeue removes a gang's old parts (one allocation per job and node),
+    and the release is ledgered, naming what it held. Returns the jobs' ids."""
+    held: dict[str, list[Allocation]] = defaultdict(list)
+    for part in session.scalars(select(Allocation).join(Job, Job.id == Allocation.job_id)
+                                .where(Allocation.released.is_(False), Job.state == "pending")
+                                .order_by(Allocation.job_id, Allocation.node)).all():
+        held[part.job_id].append(part)
+    for job_id, parts in held.items():
+        record_outcome(gw, "schedule", {
+            "job_id": job_id, "result": "partial_hold_released", "rule": "Q7",
+            "reason": "a waiting job held GPUs; a gang holds nothing until all of it starts",
+            "held": [{"node": p.node, "gpus": list(p.gpus)} for p in parts]})
+        log.warning("Q7: released the GPUs waiting job %s held on %s", job_id, ", ".join(p.node for p in parts))
+        for p in parts:
+            session.delete(p)
+    return sorted(held)
 
 
 def _admit(gw: Gateway, session: Session, result: CycleResult, now: datetime) -> None:

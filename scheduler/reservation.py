@@ -2,7 +2,9 @@
 running jobs are expected to free their GPUs (started_at + runtime_limit_s, as Slurm's backfill does).
 
 Q7: there are no partial allocations — a gang holds nothing until all of it starts, and at most one
-reservation exists per pool — so no circular wait between reservations can form.
+reservation exists per pool — so no circular wait between reservations can form. Should the stored state
+ever show one anyway (a waiting job holding GPUs), the gateway's scheduling cycle releases it and ledgers
+that (gateway/scheduling.py, break_partial_holds).
 """
 
 from __future__ import annotations

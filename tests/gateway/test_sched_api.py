@@ -9,7 +9,7 @@ from typing import Any
 from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import select
 
-from gateway.models import Job, Principal, RoleBinding
+from gateway.models import Allocation, Job, Principal, RoleBinding
 from gateway.notifications import Notification
 from gateway.policy.engine import RoleBinding as PolicyBinding
 from gateway.quotas import apply_change
@@ -258,3 +258,26 @@ def test_cluster_hard_cap_is_a_quota_change_too(api: Api) -> None:
     assert run_once(api.gateway) == 1
     waiting = second if job(api, first)["state"] == "starting" else first
     assert "cluster quota" in api.get(f"/v1/jobs/{waiting}/queue", "alice").json()["blocking_reason"]
+
+
+def test_a_circular_wait_between_partial_holds_is_detected_and_broken(api: Api) -> None:
+    """Q7: two whole-cluster gangs each holding one node and waiting for the other's never run. The scheduler
+    finds waiting jobs that hold GPUs, releases what they hold (ledgered), and then starts one gang whole."""
+    bring_up_nodes(api)
+    first, second = (api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, nodes=2, name=n)).json()["id"]
+                     for n in ("g1", "g2"))
+    with api.gateway.db.transaction() as s:  # what admission never writes: half of a gang, held while waiting
+        s.add(Allocation(job_id=first, node="demo-node-1", gpus=list(range(8)), state="starting"))
+        s.add(Allocation(job_id=second, node="demo-node-2", gpus=list(range(8)), state="starting"))
+    assert run_once(api.gateway) == 1
+    assert job(api, first)["state"] == "starting"
+    assert sorted(p["node"] for p in job(api, first)["placement"]) == ["demo-node-1", "demo-node-2"]
+    assert job(api, second)["state"] == "pending"
+    broken = {e["body"]["job_id"]: e["body"] for e in ledger_entries(api)
+              if e["body"].get("result") == "partial_hold_released"}
+    assert broken[first]["held"] == [{"node": "demo-node-1", "gpus": list(range(8))}]
+    assert broken[second]["held"] == [{"node": "demo-node-2", "gpus": list(range(8))}]
+    assert broken[first]["rule"] == "Q7"
+    with api.gateway.db.transaction() as s:
+        holding = s.execute(select(Allocation.job_id, Allocation.node).where(Allocation.released.is_(False))).all()
+    assert sorted(holding) == [(first, "demo-node-1"), (first, "demo-node-2")]  # the second gang holds nothing
