@@ -12,6 +12,7 @@ Environment = Literal["research", "staging", "production"]
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_RUNTIME_LIMIT_S = 366 * 24 * 3600
+LAST_UNIX_SECOND = 253_402_300_799  # 9999-12-31T23:59:59Z
 
 
 def _stays_in_range_in_utc(value: datetime) -> datetime:
@@ -198,8 +199,10 @@ class AgentReport(BaseModel):
     nonce: str | None = Field(None, description="Nonce of the signed command this answers; acknowledges its delivery.")
     event: Literal["started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted"] = Field(
         description="What happened to the job's processes (rejected: a command the agent refused).")
-    at: float = Field(description="When, in Unix seconds on the node.")
-    pid: int | None = Field(None, description="The process id, once started.")
+    # Bounded to what the gateway does with them: a datetime (at) and an INTEGER column (pid); past those a
+    # report for a starting job failed with a 500.
+    at: float = Field(ge=0, le=LAST_UNIX_SECOND, allow_inf_nan=False, description="When, in Unix seconds on the node.")
+    pid: int | None = Field(None, ge=1, le=2**31 - 1, description="The process id, once started.")
     detail: str = Field("", description="Words for the event, e.g. why a command was rejected.")
     evidence: dict[str, Any] | None = Field(
         None, description="For stops and exits: log tail, exit code, signals sent, checkpoint state.")
