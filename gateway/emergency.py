@@ -38,7 +38,9 @@ def resolve_scope(session: Session, kind: str, value: Any) -> tuple[list[Job], l
     """
     stmt = select(Job).where(Job.state.in_(STOPPABLE_STATES)).order_by(Job.id)
     if kind == "job":
-        if not isinstance(value, str) or session.get(Job, value) is None:
+        if not isinstance(value, str):
+            raise Invalid("a job scope names one job id: {\"kind\": \"job\", \"value\": \"j-...\"}")
+        if session.get(Job, value) is None:
             raise NotFound(f"no job with id {value!r}")
         stmt = stmt.where(Job.id == value)
     elif kind == "workload":
@@ -46,6 +48,8 @@ def resolve_scope(session: Session, kind: str, value: Any) -> tuple[list[Job], l
             raise Invalid("a workload scope names the workload: {\"kind\": \"workload\", \"value\": \"sweep-7\"}")
         stmt = stmt.where(Job.workload == value)
     elif kind == "environment":
+        if not isinstance(value, str):
+            raise Invalid("an environment scope names one of research, staging, production")
         if value not in ("research", "staging", "production"):
             raise Invalid(f"unknown environment {value!r}; one of research, staging, production")
         stmt = stmt.where(Job.environment == value)
