@@ -21,6 +21,7 @@ from ledger.errors import ProofError
 router = APIRouter(prefix="/v1/ledger", tags=["ledger"])
 
 RETENTION_HEADER = "Jobgate-Ledger-Retention"
+LAST_SEQ = 2**63 - 1  # a BIGINT in the ledger store: no entry lies past it
 _READ_ONLY = (
     " Read-only: no API changes or deletes a ledger entry; retention is stated by"
     " `JOBGATE_LEDGER_RETENTION` (default `forever`) and returned in the `Jobgate-Ledger-Retention` header."
@@ -44,7 +45,7 @@ def _retention(ctx: RequestContext, response: Response) -> str:
 def entries(
     ctx: Ctx,
     response: Response,
-    start: Annotated[int, Query(ge=0, description="First seq")] = 0,
+    start: Annotated[int, Query(ge=0, le=LAST_SEQ, description="First seq")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many entries")] = 100,
 ) -> dict[str, Any]:
     """Entries in seq order, each with its hash and the exact canonical bytes that were hashed."""

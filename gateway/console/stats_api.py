@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse
 from starlette.background import BackgroundTask
 
 from gateway.api.deps import Ctx, RequestContext
+from gateway.api.ledger import LAST_SEQ
 from gateway.console import insights, ledger_view
 from gateway.console.web import ADMIN_CAPABILITIES
 from gateway.errors import Forbidden
@@ -85,7 +86,7 @@ def audit_entries(
     kind: Annotated[str | None, Query(description="Entry kind, e.g. decision, outcome, transition")] = None,
     since: Annotated[str | None, Query(description="ISO 8601 time; a date alone means its midnight UTC")] = None,
     until: Annotated[str | None, Query(description="ISO 8601 time, inclusive")] = None,
-    before: Annotated[int | None, Query(ge=0, description="Walk back from below this seq (a page's"
+    before: Annotated[int | None, Query(ge=0, le=LAST_SEQ, description="Walk back from below this seq (a page's"
                                                           " `next_before`)")] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="At most this many entries")] = 50,
 ) -> dict[str, Any]:
