@@ -15,6 +15,7 @@ from gateway.errors import Invalid
 from gateway.models import Job, Node, Project
 from gateway.quotas import usage_by_tenant
 from gateway.scheduler_tables import SchedJob
+from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from scheduler.model import QUEUES
 
 router = APIRouter(tags=["queues"])
@@ -26,7 +27,8 @@ class RenewBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     progress: str = Field(min_length=3, max_length=2000, description="Progress so far; kept in the ledger.")
-    expected_remaining_seconds: float = Field(gt=0, description="How much longer the job expects to run.")
+    expected_remaining_seconds: float = Field(gt=0, le=MAX_RUNTIME_LIMIT_S, allow_inf_nan=False,
+                                              description="How much longer the job expects to run; at most a year.")
 
 
 @router.post("/v1/jobs/{job_id}/renew", summary="Renew a long job's occupancy (P3, owner only)")
