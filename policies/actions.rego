@@ -23,6 +23,17 @@ project_finding := project_grant(
 ) if {
 	input.action == "quota.change"
 	holds(request_project, "quota.change")
+} else := refuse(
+	# Q2/Q8: urgent jobs preempt lower-priority running jobs, of any project, without asking their owners.
+	# Choosing that queue is therefore a preemption right (A4), held by queue admins, not every member.
+	"Q2.urgent_queue",
+	sprintf("an urgent job may preempt others' running jobs; %s", [missing_capability(request_project, urgent_capability)]),
+	request_project,
+) if {
+	input.action == "job.submit"
+	input.params.queue == "urgent"
+	holds(request_project, "job.submit")
+	not holds(request_project, "job.submit.urgent")
 } else := project_grant(
 	action_rule[input.action],
 	sprintf("%s holds %s in project %s", [actor, project_capability[input.action], request_project]),
@@ -39,6 +50,10 @@ project_finding := project_grant(
 ) if {
 	input.action in job_actions
 } else := refuse("unknown_action", sprintf("unknown action %v", [input.action]), request_project)
+
+# Passed to missing_capability through a rule, not as a literal: rego-cpp's sprintf prints a string literal
+# given straight to a function with its quotes, which breaks the decision's JSON (it then fails closed).
+urgent_capability := "job.submit.urgent"
 
 # Rule ids for the audit trail, by action.
 action_rule := {

@@ -33,6 +33,7 @@ CAPABILITIES = frozenset(
     {
         "job.view",
         "job.submit",
+        "job.submit.urgent",
         "job.stop.own",
         "job.stop.any",
         "job.stop.service",

@@ -61,7 +61,8 @@ def test_urgent_job_preempts_a_borrowed_job_which_checkpoints_and_resumes(
     set_quotas(sysd.data_dir)
     script = tmp_path / "train.py"
     script.write_text(RESUMABLE_JOB)
-    mallory, alice = sysd.client("mallory"), sysd.client("alice")
+    # carol is vision's queue admin: the urgent queue preempts, so it is hers to use, not every member's.
+    mallory, carol = sysd.client("mallory"), sysd.client("carol")
 
     def submit(client, **spec) -> str:  # type: ignore[no-untyped-def]
         r = client.post("/v1/jobs", json={"command": [sys.executable, str(script)], "grace_seconds": 20, **spec})
@@ -79,7 +80,7 @@ def test_urgent_job_preempts_a_borrowed_job_which_checkpoints_and_resumes(
     node = running["placement"][0]["node"]
     log = sysd.data_dir / "agents" / node / "jobs" / lent / "output.log"
 
-    r = alice.post("/v1/jobs", json={"name": "urgent-eval", "project": "vision", "queue": "urgent",
+    r = carol.post("/v1/jobs", json={"name": "urgent-eval", "project": "vision", "queue": "urgent",
                                      "gpus_per_node": 8, "command": [sys.executable, "-c", SHORT_URGENT_JOB]})
     assert r.status_code == 201, r.text
     urgent = r.json()["id"]
@@ -92,7 +93,7 @@ def test_urgent_job_preempts_a_borrowed_job_which_checkpoints_and_resumes(
     (node_ev,) = ev["nodes"].values()
     assert any(c["path"].endswith("last.ckpt") for c in node_ev["checkpoints"])
     assert state(mallory, own)["state"] == "running"  # the owned job was not touched
-    urgent_job = wait_for(lambda: (j := state(alice, urgent))["state"] in ("running", "succeeded") and j, 30,
+    urgent_job = wait_for(lambda: (j := state(carol, urgent))["state"] in ("running", "succeeded") and j, 30,
                           "the urgent job to start")
     assert urgent_job["placement"][0]["node"] == node
 
@@ -113,6 +114,6 @@ def test_urgent_job_preempts_a_borrowed_job_which_checkpoints_and_resumes(
     assert refused.returncode == 1 and refused.stderr.startswith("Error: 403")
 
     # Once the urgent job is done, the victim starts again on the same node and resumes from its checkpoint.
-    wait_for(lambda: state(alice, urgent)["state"] == "succeeded", 60, "the urgent job to finish")
+    wait_for(lambda: state(carol, urgent)["state"] == "succeeded", 60, "the urgent job to finish")
     wait_for(lambda: state(mallory, lent)["state"] == "running", 60, "the victim to be resumed")
     wait_for(lambda: "resumed from checkpoint at step" in log.read_text(), 30, "the resumed process to say so")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from gateway_testkit import Api, job_spec, ledger_entries
+from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 
 from gateway.models import Allocation, Job, Principal, RoleBinding
@@ -193,7 +193,7 @@ def test_urgent_job_preempts_the_lowest_priority_job_and_queue_explains_the_rest
         s.get(SchedJob, ids[1]).priority -= 5  # the second is the cheaper victim
     advance(api, 3600)
     waiting = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=4, runtime_limit_seconds=600)).json()["id"]
-    urgent = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=8, queue="urgent", name="u")).json()["id"]
+    urgent = api.post("/v1/jobs", "carol", json=job_spec(gpus_per_node=8, queue="urgent", name="u")).json()["id"]
     run_once(api.gateway)
     assert job(api, ids[1])["state"] == "stop_requested" and job(api, ids[0])["state"] == "running"
     q = api.get(f"/v1/jobs/{waiting}/queue", "bob").json()
@@ -281,3 +281,15 @@ def test_a_circular_wait_between_partial_holds_is_detected_and_broken(api: Api) 
     with api.gateway.db.transaction() as s:
         holding = s.execute(select(Allocation.job_id, Allocation.node).where(Allocation.released.is_(False))).all()
     assert sorted(holding) == [(first, "demo-node-1"), (first, "demo-node-2")]  # the second gang holds nothing
+
+
+def test_only_a_queue_admin_may_submit_urgent_work(api: Api) -> None:
+    """Q2/A4: urgent jobs preempt others' running jobs, so choosing that queue is a queue admin's right."""
+    r = api.post("/v1/jobs", "alice", json=job_spec(queue="urgent"))
+    assert_problem(r, 403, "policy-denied", "alice holds no role in project vision that grants job.submit.urgent")
+    assert r.json()["rules"] == ["Q2.urgent_queue"]
+    assert [j["id"] for j in api.get("/v1/jobs", "alice").json()["jobs"]] == []  # nothing was queued
+    denied = [e["body"] for e in ledger_entries(api) if e["kind"] == "decision"
+              and e["body"]["input"]["action"] == "job.submit"]
+    assert [d["decision"]["effect"] for d in denied] == ["deny"]  # refused, and on the record
+    assert api.post("/v1/jobs", "carol", json=job_spec(queue="urgent")).status_code == 201
