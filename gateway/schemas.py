@@ -55,7 +55,7 @@ class JobSubmit(BaseModel):
     )
     valid_until: Timestamp | None = Field(None, description="End of the job's validity period (R4).")
     auto_offline: bool = Field(False, description="Reclaim the job automatically at valid_until (R4).")
-    contact: str | None = Field(None, description="First contact for incidents; default: the owner.")
+    contact: str | None = Field(None, max_length=128, description="First contact for incidents; default: the owner.")
     environment: Environment = Field(
         "research", description="Where the job sits; an emergency stop can target a whole environment (C2).")
     dependencies: list[str] = Field(
@@ -63,7 +63,7 @@ class JobSubmit(BaseModel):
     downstream: list[str] = Field(default_factory=list, description="What depends on the job's output (C1).")
     labels: dict[str, str] = Field(
         default_factory=dict, description="Free key/value labels; batch and emergency selectors match them.")
-    workload: str | None = Field(None, pattern=NAME_PATTERN, description="Group of jobs from one goal.")
+    workload: str | None = Field(None, pattern=NAME_PATTERN, max_length=64, description="Group of jobs from one goal.")
     trackable: bool = Field(True, description="The gateway can see the job's processes (R5).")
     stoppable: bool = Field(
         True, description="The job can be stopped from here; a tracked job that cannot is a blind spot (R5, C4).")

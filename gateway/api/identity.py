@@ -39,7 +39,8 @@ class ServiceAccountCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(description="Lowercase letters, digits and dashes.")
     project: str = Field(description="Project it works in; it gets the `service` role there.")
-    description: str = Field("", description="What it automates, for the people who find it in the ledger.")
+    description: str = Field("", max_length=128,
+                             description="What it automates, for the people who find it in the ledger.")
 
 
 @router.post("/v1/tokens", status_code=status.HTTP_201_CREATED, summary="Create a scoped token (shown once)")
