@@ -66,10 +66,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"]}
-            for e in exc.errors()
-        ]
+        errors = [_field_error(e) for e in exc.errors()]
         detail = "; ".join(f"{e['field'] or 'body'}: {e['message']}" for e in errors)
         return problem(422, "invalid-request", "Invalid request", detail, request.url.path, errors=errors)
 
@@ -77,3 +74,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
         return problem(exc.status_code, kind, str(exc.detail), str(exc.detail), request.url.path)
+
+
+def _field_error(e: Any) -> dict[str, str]:
+    """One pydantic error as {field, message}; the body's own fields are named without the "body." prefix."""
+    if e["type"] == "json_invalid":  # its loc is ("body", character offset): no field to name
+        return {"field": "", "message": f"not valid JSON at character {e['loc'][-1]} ({e['ctx']['error']})"}
+    return {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"]}
