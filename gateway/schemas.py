@@ -5,13 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 Queue = Literal["urgent", "normal", "batch"]
 Environment = Literal["research", "staging", "production"]
 StopSignal = Literal["SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP"]
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 MAX_RUNTIME_LIMIT_S = 366 * 24 * 3600
+# Every string a request carries is bounded, so an absurd one is refused naming its field instead of being
+# stored, or echoed back whole in a "no such ..." answer. Names of principals, projects, jobs and actions fit
+# the 64-character id columns; an entry of a list or map (a dependency, a label value, a mount) gets 256; one
+# argv word or environment value, 32 KiB (a config passed inline fits).
+Name = Annotated[str, StringConstraints(max_length=64)]
+Entry = Annotated[str, StringConstraints(max_length=256)]
+Word = Annotated[str, StringConstraints(max_length=32768)]
 LAST_UNIX_SECOND = 253_402_300_799  # 9999-12-31T23:59:59Z
 
 
@@ -40,16 +47,17 @@ class JobSubmit(BaseModel):
                          " or batch (tolerates long waits; often large).")
     gpus_per_node: int = Field(ge=1, le=64, description="GPUs on each node of the gang.")
     nodes: int = Field(1, ge=1, le=1024, description="Nodes of the gang; all start at once or none do.")
-    command: list[str] = Field(min_length=1, description="argv, run as its own process group.")
-    env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the process.")
+    command: list[Word] = Field(min_length=1, max_length=1024, description="argv, run as its own process group.")
+    env: dict[Entry, Word] = Field(default_factory=dict, max_length=256,
+                                   description="Environment variables for the process.")
     grace_seconds: float = Field(30.0, ge=0, le=3600, description="Window between prepare signal and SIGKILL.")
     stop_signal: StopSignal = Field("SIGTERM", description="Prepare signal delivered before a stop.")
     # Bounded: the scheduler adds it to the current time, and one job past datetime's range failed every cycle.
     runtime_limit_seconds: float | None = Field(None, gt=0, le=MAX_RUNTIME_LIMIT_S, allow_inf_nan=False,
                                                 description="Declared limit, at most a year; used for backfill.")
-    owner: str | None = Field(None, description="Responsible owner; defaults to the caller (or its person).")
-    beneficiary_project: str | None = Field(None, description="Project that uses the result; default: project.")
-    rights_holder: str | None = Field(
+    owner: Name | None = Field(None, description="Responsible owner; defaults to the caller (or its person).")
+    beneficiary_project: Name | None = Field(None, description="Project that uses the result; default: project.")
+    rights_holder: Name | None = Field(
         None, description="Project holding the rights to the data and artifacts (default: the job's project); "
         "one from another organisation makes the job external-rights (R3).",
     )
@@ -58,17 +66,20 @@ class JobSubmit(BaseModel):
     contact: str | None = Field(None, max_length=128, description="First contact for incidents; default: the owner.")
     environment: Environment = Field(
         "research", description="Where the job sits; an emergency stop can target a whole environment (C2).")
-    dependencies: list[str] = Field(
-        default_factory=list, description="What the job needs to run (services, data); listed in the inventory (C1).")
-    downstream: list[str] = Field(default_factory=list, description="What depends on the job's output (C1).")
-    labels: dict[str, str] = Field(
-        default_factory=dict, description="Free key/value labels; batch and emergency selectors match them.")
+    dependencies: list[Entry] = Field(default_factory=list, max_length=256, description=(
+        "What the job needs to run (services, data); listed in the inventory (C1)."))
+    downstream: list[Entry] = Field(default_factory=list, max_length=256,
+                                    description="What depends on the job's output (C1).")
+    labels: dict[Name, Entry] = Field(default_factory=dict, max_length=64, description=(
+        "Free key/value labels; batch and emergency selectors match them."))
     workload: str | None = Field(None, pattern=NAME_PATTERN, max_length=64, description="Group of jobs from one goal.")
     trackable: bool = Field(True, description="The gateway can see the job's processes (R5).")
     stoppable: bool = Field(
         True, description="The job can be stopped from here; a tracked job that cannot is a blind spot (R5, C4).")
-    mounts: list[str] = Field(default_factory=list, description="Storage mounts the job needs (Q1 registry).")
-    datasets: list[str] = Field(default_factory=list, description="Data sets the job reads (Q1 registry).")
+    mounts: list[Entry] = Field(default_factory=list, max_length=64,
+                                description="Storage mounts the job needs (Q1 registry).")
+    datasets: list[Entry] = Field(default_factory=list, max_length=64,
+                                  description="Data sets the job reads (Q1 registry).")
 
 
 class StopRequest(BaseModel):
@@ -85,13 +96,14 @@ class Selector(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    project: str | None = Field(None, description="Only jobs of this project.")
+    project: Name | None = Field(None, description="Only jobs of this project.")
     queue: Queue | None = Field(None, description="Only jobs in this queue.")
     environment: Environment | None = Field(None, description="Only jobs in this environment.")
-    workload: str | None = Field(None, description="Only jobs of this workload.")
-    owner: str | None = Field(None, description="Only jobs this person is the responsible owner of.")
-    state: str | None = Field(None, description="Default: every job that can still be stopped.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Only jobs carrying every one of these labels.")
+    workload: Name | None = Field(None, description="Only jobs of this workload.")
+    owner: Name | None = Field(None, description="Only jobs this person is the responsible owner of.")
+    state: Name | None = Field(None, description="Default: every job that can still be stopped.")
+    labels: dict[Name, Entry] = Field(default_factory=dict, max_length=64,
+                                      description="Only jobs carrying every one of these labels.")
 
 
 class BatchRequest(BaseModel):
@@ -99,7 +111,7 @@ class BatchRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    ids: list[str] | None = Field(None, min_length=1, max_length=10000, description="Exactly these jobs.")
+    ids: list[Name] | None = Field(None, min_length=1, max_length=10000, description="Exactly these jobs.")
     selector: Selector | None = Field(None, description="The jobs matching this selector, resolved to ids now.")
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
     ticket: str | None = Field(None, max_length=200, description="Linked ticket or incident id.")
@@ -186,8 +198,8 @@ class Heartbeat(BaseModel):
 
     gpus: int = Field(ge=0, le=1024, description="GPUs the node offers.")
     running: list[dict[str, Any]] = Field(
-        default_factory=list, description="Jobs the agent runs: job_id, pid and GPU indexes of each.")
-    version: str = Field("", description="The agent's version.")
+        default_factory=list, max_length=1024, description="Jobs the agent runs: job_id, pid and GPU indexes of each.")
+    version: Name = Field("", description="The agent's version.")
 
 
 class AgentReport(BaseModel):
@@ -195,15 +207,15 @@ class AgentReport(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    job_id: str = Field(description="The job the event is about.")
-    nonce: str | None = Field(None, description="Nonce of the signed command this answers; acknowledges its delivery.")
+    job_id: Name = Field(description="The job the event is about.")
+    nonce: Name | None = Field(None, description="Nonce of the signed command this answers; acknowledges its delivery.")
     event: Literal["started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted"] = Field(
         description="What happened to the job's processes (rejected: a command the agent refused).")
     # Bounded to what the gateway does with them: a datetime (at) and an INTEGER column (pid); past those a
     # report for a starting job failed with a 500.
     at: float = Field(ge=0, le=LAST_UNIX_SECOND, allow_inf_nan=False, description="When, in Unix seconds on the node.")
     pid: int | None = Field(None, ge=1, le=2**31 - 1, description="The process id, once started.")
-    detail: str = Field("", description="Words for the event, e.g. why a command was rejected.")
+    detail: Word = Field("", description="Words for the event, e.g. why a command was rejected.")
     evidence: dict[str, Any] | None = Field(
         None, description="For stops and exits: log tail, exit code, signals sent, checkpoint state.")
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import breakglass
 from gateway.api.deps import Ctx
+from gateway.schemas import Name
 
 router = APIRouter(prefix="/v1/break-glass", tags=["break-glass"])
 
@@ -18,8 +19,8 @@ class GrantRequest(BaseModel):
     """What an on-call engineer asks for, for how long, and why."""
 
     model_config = ConfigDict(extra="forbid")
-    projects: list[str] = Field(min_length=1, description="Projects the grant covers ('*' for all).")
-    actions: list[str] = Field(min_length=1, description="Actions it covers, e.g. job.stop.")
+    projects: list[Name] = Field(min_length=1, max_length=100, description="Projects the grant covers ('*' for all).")
+    actions: list[Name] = Field(min_length=1, max_length=100, description="Actions it covers, e.g. job.stop.")
     duration_minutes: float = Field(gt=0, le=240, description="At most 4 hours.")
     max_uses: int = Field(1, ge=1, le=100, description="Calls it may make before it is spent.")
     reason: str = Field(min_length=10, max_length=2000, description="Why normal routes are not enough; ledgered.")

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway import emergency
 from gateway.api.deps import Ctx
 from gateway.jobs import decision_out
+from gateway.schemas import Entry, Name
 
 router = APIRouter(prefix="/v1/emergency-stops", tags=["emergency stops"])
 
@@ -21,7 +22,8 @@ class Scope(BaseModel):
 
     kind: Literal["job", "workload", "environment", "selector"] = Field(
         description="job (one id), workload (jobs of one goal), environment, or selector (label map)")
-    value: str | dict[str, str] = Field(description="Job id, workload name, environment name, or labels to match.")
+    value: Entry | dict[Name, Entry] = Field(
+        description="Job id, workload name, environment name, or labels to match.")
 
 
 class EmergencyCreate(BaseModel):

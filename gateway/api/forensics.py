@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import forensics
 from gateway.api.deps import Ctx
+from gateway.schemas import Name
 
 router = APIRouter(prefix="/v1/forensics", tags=["forensics"])
 
@@ -21,7 +22,7 @@ class ExportRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    job_id: str | None = Field(None, description="Everything the ledger holds about this job.")
+    job_id: Name | None = Field(None, description="Everything the ledger holds about this job.")
     since: datetime | None = Field(None, description="Everything from this time on (aware timestamp).")
 
 

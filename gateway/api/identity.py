@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import identity
 from gateway.api.deps import Ctx
+from gateway.schemas import Name
 
 router = APIRouter(tags=["identity"])
 
@@ -17,11 +18,12 @@ class TokenCreate(BaseModel):
     """A scoped token: whose, for what, where, and until when."""
 
     model_config = ConfigDict(extra="forbid")
-    principal: str | None = Field(None, description="Whose token; default: yours. Service accounts you answer for.")
+    principal: Name | None = Field(None, description="Whose token; default: yours. Service accounts you answer for.")
     purpose: str = Field(min_length=3, max_length=200, description="Stated purpose, kept with the token.")
-    projects: list[str] = Field(min_length=1, description="Projects the token may act in ('*' for people only).")
-    actions: list[str] = Field(
-        min_length=1, description="Actions it may request, e.g. job.submit, job.stop; '*' for all."
+    projects: list[Name] = Field(min_length=1, max_length=100,
+                                 description="Projects the token may act in ('*' for people only).")
+    actions: list[Name] = Field(
+        min_length=1, max_length=100, description="Actions it may request, e.g. job.submit, job.stop; '*' for all."
     )
     expires_in_days: float = Field(gt=0, description="Mandatory expiry; service tokens at most 90 days.")
 
@@ -37,8 +39,8 @@ class ServiceAccountCreate(BaseModel):
     """An automation identity; the caller becomes the person responsible for it (F1)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(description="Lowercase letters, digits and dashes.")
-    project: str = Field(description="Project it works in; it gets the `service` role there.")
+    name: Name = Field(description="Lowercase letters, digits and dashes.")
+    project: Name = Field(description="Project it works in; it gets the `service` role there.")
     description: str = Field("", max_length=128,
                              description="What it automates, for the people who find it in the ledger.")
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from gateway import jobs, quotas
 from gateway.api.deps import Ctx
 from gateway.scheduler_tables import MountRow
-from gateway.schemas import Timestamp
+from gateway.schemas import Name, Timestamp
 
 router = APIRouter(tags=["quotas"])
 # Every GPU number of a quota bounded alike, so an absurd one is refused naming its field (past 2**53 it
@@ -28,7 +28,8 @@ class QuotaChangeBody(BaseModel):
     gpus: GpuCount = Field(description="GPUs the tenant owns (the cluster: hard cap, project '*').")
     borrow_limit: GpuCount | None = Field(0, description="Most GPUs it may borrow from idle quota; null: no limit.")
     lend_limit: GpuCount | None = Field(None, description="Most of its idle GPUs it lends; null: all idle ones.")
-    users: dict[str, GpuCount] = Field(default_factory=dict, description="Per-user GPU limits within this tenant.")
+    users: dict[Name, GpuCount] = Field(default_factory=dict, max_length=10000,
+                                        description="Per-user GPU limits within this tenant.")
     effective_from: Timestamp | None = Field(None, description="When it starts to apply; default: once applied.")
     effective_until: Timestamp | None = Field(None, description="When it stops applying; default: never.")
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
@@ -50,7 +51,8 @@ class MountBody(BaseModel):
                       " `datasets`.")
     kind: Literal["mount", "dataset"] = Field(description="A storage mount or a data set.")
     path: str = Field("", max_length=1000, description="Where it lives, for people; the gateway does not read it.")
-    projects: list[str] = Field(default_factory=lambda: ["*"], description="Projects whose jobs may use it ('*': all).")
+    projects: list[Name] = Field(default_factory=lambda: ["*"], max_length=1000,
+                                 description="Projects whose jobs may use it ('*': all).")
     available: bool = Field(True, description="False: jobs that need it are refused at admission until it is back.")
 
 
