@@ -23,6 +23,7 @@ from gateway.notifications import notify
 from gateway.pipeline import record_outcome
 from gateway.quotas import load_quotas
 from gateway.scheduler_tables import SchedJob, TenantUsage
+from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from gateway.stops import housekeeping
 from scheduler.config import config_from_mapping
 from scheduler.cycle import CycleResult, run_cycle
@@ -72,6 +73,14 @@ def _stop_by(job: Job) -> datetime | None:
     return asked + timedelta(seconds=job.grace_seconds)
 
 
+def _limit(job: Job) -> float | None:
+    """The job's runtime limit as the scheduler may use it. Submissions are bounded (MAX_RUNTIME_LIMIT_S),
+    but a row stored before that bound existed may hold one that overflows a datetime and would fail every
+    cycle, for everybody's jobs."""
+    limit = job.runtime_limit_s
+    return None if limit is None else min(limit, MAX_RUNTIME_LIMIT_S)
+
+
 def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage."""
     used: dict[str, set[int]] = defaultdict(set)
@@ -94,7 +103,7 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
             pending.append(PendingJob(
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
                 gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=s.queued_at if s else j.submitted_at,
-                base_priority=(s.contribution if s else 0.0) + j.base_priority, runtime_limit_s=j.runtime_limit_s,
+                base_priority=(s.contribution if s else 0.0) + j.base_priority, runtime_limit_s=_limit(j),
                 wait_credit_s=s.wait_credit_s if s else 0.0, compensation=s.compensation if s else 0.0,
                 manual=s.manual if s else 0.0))
         else:
@@ -102,7 +111,7 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
                 priority=s.priority if s else j.base_priority, started_at=j.started_at or j.submitted_at,
                 placement=tuple(Placement(node=NodeId(p["node"]), gpus=tuple(p["gpus"])) for p in j.placement),
-                runtime_limit_s=j.runtime_limit_s, borrowed=bool(s and s.borrowed), stop_by=_stop_by(j)))
+                runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j)))
     quotas = load_quotas(session, now) if now is not None else None
     usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
     return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage)

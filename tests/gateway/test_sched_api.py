@@ -293,3 +293,14 @@ def test_only_a_queue_admin_may_submit_urgent_work(api: Api) -> None:
               and e["body"]["input"]["action"] == "job.submit"]
     assert [d["decision"]["effect"] for d in denied] == ["deny"]  # refused, and on the record
     assert api.post("/v1/jobs", "carol", json=job_spec(queue="urgent")).status_code == 201
+
+
+def test_a_stored_runtime_limit_past_any_date_does_not_stop_scheduling(api: Api) -> None:
+    """Submissions bound the limit now; a row written before that bound still holds 1e308, and the
+    scheduler, which adds it to the current time, failed every cycle for every tenant."""
+    bring_up_nodes(api)
+    old, new = (api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name=n)).json()["id"] for n in "ab")
+    with api.gateway.db.transaction() as s:
+        s.get(Job, old).runtime_limit_s = 1e308
+    assert run_once(api.gateway) == 2
+    assert job(api, old)["state"] == job(api, new)["state"] == "starting"
