@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,44 @@ def job_spec(**overrides: Any) -> dict[str, Any]:
     return spec
 
 
+
+
+def app_routes(app: Any, *, skip: frozenset[str] = frozenset({"HEAD"})) -> Iterator[tuple[str, str]]:
+    """(method, path) of every route of the app, including routers included in routers; methods in `skip` left
+    out."""
+
+    def walk(routes: list[Any]) -> Iterator[Any]:
+        for r in routes:
+            inner = getattr(r, "original_router", None)
+            yield from walk(inner.routes) if inner is not None else [r]
+
+    for route in walk(app.routes):
+        for method in sorted(set(getattr(route, "methods", None) or ()) - skip):
+            yield method, route.path
+
+
+def path_objects(api: Api) -> dict[str, str]:
+    """Real objects for the API's path ids: a running job of alice's with a stop awaiting approval, a token,
+    a break-glass grant, a notice to alice that asks for a receipt; the project and node the job uses."""
+    from gateway.models import Job
+
+    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    with api.gateway.db.transaction() as s:
+        job = s.get(Job, job_id)
+        job.state = "running"
+        job.placement = [{"node": "demo-node-1", "gpus": [0, 1]}]
+    approval = api.post(f"/v1/jobs/{job_id}/stop", "carol", json={"reason": "make an approval"}).json()
+    token = api.post("/v1/tokens", "alice", json={"purpose": "a path object", "projects": ["vision"],
+                                                  "actions": ["job.view"], "expires_in_days": 1}).json()
+    grant = api.post("/v1/break-glass", "dave", json={"projects": ["vision"], "actions": ["job.stop"],
+                                                       "duration_minutes": 5, "ticket": "INC-2",
+                                                       "reason": "make a grant for a path"}).json()
+    other = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    asked = api.post(f"/v1/jobs/{other}/stop", "carol", json={"reason": "make a notice"}).json()["approval_id"]
+    api.post(f"/v1/approvals/{asked}/approve", "dave")
+    note = next(n for n in api.get("/v1/notifications", "alice").json()["notifications"] if n["receipt"] == "pending")
+    return {"job_id": job_id, "approval_id": approval["approval_id"], "token_id": token["id"],
+            "grant_id": grant["id"], "notification_id": note["id"], "project": "vision", "node_id": "demo-node-1"}
 
 
 def ledger_entries(api: Api) -> list[dict[str, Any]]:

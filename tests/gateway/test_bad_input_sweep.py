@@ -26,12 +26,11 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from gateway_testkit import Api, job_spec
+from gateway_testkit import Api, app_routes, job_spec, path_objects
 from sqlalchemy import Engine, event
 
 from gateway.app import create_app
 from gateway.demo import prepare_demo
-from gateway.models import Job
 from gateway.settings import Settings
 
 # Routes that are not the JSON API, each with why.
@@ -120,25 +119,12 @@ class Case:
 # --- the routes ---------------------------------------------------------------------------------------------
 
 
-def all_routes(app: Any) -> Iterator[tuple[str, str]]:
-    """(method, path) of every route, including routers included in routers."""
-
-    def walk(routes: list[Any]) -> Iterator[Any]:
-        for r in routes:
-            inner = getattr(r, "original_router", None)
-            yield from walk(inner.routes) if inner is not None else [r]
-
-    for route in walk(app.routes):
-        for method in sorted(set(getattr(route, "methods", None) or ()) - {"HEAD"}):
-            yield method, route.path
-
-
 def is_excluded(path: str) -> bool:
     return path in EXCLUDED or path.startswith(EXCLUDED_PREFIX[0])
 
 
 def api_routes(app: Any) -> list[tuple[str, str]]:
-    return sorted({(m, p) for m, p in all_routes(app) if not is_excluded(p)}, key=lambda mp: (mp[1], mp[0]))
+    return sorted({(m, p) for m, p in app_routes(app) if not is_excluded(p)}, key=lambda mp: (mp[1], mp[0]))
 
 
 # --- values from the schema ---------------------------------------------------------------------------------
@@ -401,26 +387,8 @@ def _drop_pg_database(server_url: str, url: str) -> None:
 
 
 def _objects(api: Api) -> dict[str, str]:
-    """Real objects for the path ids: a running job of alice's with a stop awaiting approval, a token, a
-    break-glass grant, a notice to alice. Ids of kinds not made here stay unknown."""
-    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
-    with api.gateway.db.transaction() as s:
-        job = s.get(Job, job_id)
-        job.state = "running"
-        job.placement = [{"node": "demo-node-1", "gpus": [0, 1]}]
-    approval = api.post(f"/v1/jobs/{job_id}/stop", "carol", json={"reason": "make an approval"}).json()
-    token = api.post("/v1/tokens", "alice", json={"purpose": "to sweep", "projects": ["vision"],
-                                                  "actions": ["job.view"], "expires_in_days": 1}).json()
-    grant = api.post("/v1/break-glass", "dave", json={"projects": ["vision"], "actions": ["job.stop"],
-                                                       "duration_minutes": 5, "ticket": "INC-2",
-                                                       "reason": "make a grant to sweep"}).json()
-    other = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
-    asked = api.post(f"/v1/jobs/{other}/stop", "carol", json={"reason": "make a notice"}).json()["approval_id"]
-    api.post(f"/v1/approvals/{asked}/approve", "dave")
-    note = next(n for n in api.get("/v1/notifications", "alice").json()["notifications"] if n["receipt"] == "pending")
-    return {"job_id": job_id, "approval_id": approval["approval_id"], "token_id": token["id"],
-            "grant_id": grant["id"], "notification_id": note["id"], "project": "vision", "node_id": "demo-node-1",
-            "emergency_id": "no-such-emergency", "seq": "1"}
+    """Real objects for the path ids (gateway_testkit.path_objects); ids of kinds not made there stay unknown."""
+    return {**path_objects(api), "emergency_id": "no-such-emergency", "seq": "1"}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -541,7 +509,7 @@ def test_the_sweep_would_see_a_change(sweep: Sweep) -> None:
 
 def test_every_route_is_swept_or_excluded_for_a_reason() -> None:
     app = create_app()
-    routes = set(all_routes(app))
+    routes = set(app_routes(app))
     swept = {(c.method, c.route) for c in CASES}
     assert swept == {(m, p) for m, p in routes if not is_excluded(p)}
     stale = sorted(set(EXCLUDED) - {p for _, p in routes})

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from gateway_testkit import Api, job_spec, ledger_entries
+from gateway_testkit import Api, app_routes, job_spec, ledger_entries, path_objects
 
 from gateway.app import create_app
 from gateway.models import Job
@@ -17,15 +17,7 @@ from gateway.models import Job
 
 def mutating_routes(app: Any) -> Iterator[tuple[str, str]]:
     """(method, path) of every route that is not GET/HEAD, including routers included in routers."""
-
-    def walk(routes: list[Any]) -> Iterator[Any]:
-        for r in routes:
-            inner = getattr(r, "original_router", None)
-            yield from walk(inner.routes) if inner is not None else [r]
-
-    for route in walk(app.routes):
-        for method in sorted(set(getattr(route, "methods", None) or ()) - {"GET", "HEAD"}):
-            yield method, route.path
+    return app_routes(app, skip=frozenset({"GET", "HEAD"}))
 
 
 @dataclass(frozen=True)
@@ -105,26 +97,11 @@ def test_every_mutating_route_is_classified() -> None:
 
 
 def _fixtures(api: Api, job_state: str) -> dict[str, str]:
-    """Objects the path parameters point at: a running job of alice's, an approval, a token, a grant, ..."""
-    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    """Objects the path parameters point at (gateway_testkit.path_objects), the job in `job_state`."""
+    ids = path_objects(api)
     with api.gateway.db.transaction() as s:
-        job = s.get(Job, job_id)
-        job.state = "running"
-        job.placement = [{"node": "demo-node-1", "gpus": [0, 1]}]
-    approval = api.post(f"/v1/jobs/{job_id}/stop", "carol", json={"reason": "make an approval"}).json()
-    token = api.post("/v1/tokens", "alice", json={"purpose": "to revoke", "projects": ["vision"],
-                                                  "actions": ["job.view"], "expires_in_days": 1}).json()
-    grant = api.post("/v1/break-glass", "dave", json={"projects": ["vision"], "actions": ["job.stop"],
-                                                       "duration_minutes": 5, "ticket": "INC-2",
-                                                       "reason": "make a grant to revoke"}).json()
-    other = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
-    asked = api.post(f"/v1/jobs/{other}/stop", "carol", json={"reason": "make a notice"}).json()["approval_id"]
-    api.post(f"/v1/approvals/{asked}/approve", "dave")
-    note = next(n for n in api.get("/v1/notifications", "alice").json()["notifications"] if n["receipt"] == "pending")
-    with api.gateway.db.transaction() as s:
-        s.get(Job, job_id).state = job_state
-    return {"job_id": job_id, "approval_id": approval["approval_id"], "token_id": token["id"],
-            "grant_id": grant["id"], "notification_id": note["id"], "project": "vision", "node_id": "demo-node-1"}
+        s.get(Job, ids["job_id"]).state = job_state
+    return ids
 
 
 def _fill(value: Any, ids: dict[str, str]) -> Any:
