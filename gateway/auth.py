@@ -70,6 +70,19 @@ class Caller:
                 )
 
 
+def bearer_secret(authorization: str | None) -> str:
+    """The token of an `Authorization: Bearer jg_...` header; raises Unauthenticated when there is none, or
+    it is not shaped like one (checked before the request's body is, so that a caller without a credential
+    learns nothing else)."""
+    if not authorization:
+        raise Unauthenticated("missing Authorization header; send 'Authorization: Bearer <token>'")
+    scheme, _, secret = authorization.partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not TOKEN_PATTERN.match(secret):
+        raise Unauthenticated("malformed token; expected 'Authorization: Bearer jg_...'")
+    return secret
+
+
 def authenticate(
     session: Session,
     authorization: str | None,
@@ -80,13 +93,7 @@ def authenticate(
     cache: TokenCache | None = None,
 ) -> Caller:
     """Resolve an `Authorization: Bearer ...` header. Raises Unauthenticated or Invalid."""
-    if not authorization:
-        raise Unauthenticated("missing Authorization header; send 'Authorization: Bearer <token>'")
-    scheme, _, secret = authorization.partition(" ")
-    secret = secret.strip()
-    if scheme.lower() != "bearer" or not TOKEN_PATTERN.match(secret):
-        raise Unauthenticated("malformed token; expected 'Authorization: Bearer jg_...'")
-    facts = token_facts(session, hash_token(secret), now, cache=cache)
+    facts = token_facts(session, hash_token(bearer_secret(authorization)), now, cache=cache)
     # F1: an automation identity must say which pipeline run triggered it.
     if facts.kind == "service" and not (trigger and trigger.strip()):
         raise Invalid(

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from gateway import breakglass
 from gateway.api.storable_text import refuse_unstorable_text
-from gateway.auth import TRIGGER_HEADER, Caller, authenticate
+from gateway.auth import TRIGGER_HEADER, Caller, authenticate, bearer_secret
 from gateway.context import Gateway
 
 
@@ -43,6 +43,10 @@ async def get_context(
         str | None, Header(alias=TRIGGER_HEADER, description="Service accounts: pipeline and run id (F1).")
     ] = None,
 ) -> RequestContext:
+    gw = request.app.state.gateway
+    secret = break_glass_secret(authorization)
+    if not secret:
+        bearer_secret(authorization)  # 401 for a missing or malformed token, before the body is judged
     await refuse_unstorable_text(request)
     client = request.client.host if request.client else None
     user_agent = request.headers.get("user-agent", "")
@@ -52,8 +56,6 @@ async def get_context(
         "script": x_jobgate_trigger is not None or not user_agent.startswith("Mozilla"),
         "request_id": request.headers.get("x-request-id"),
     }
-    gw = request.app.state.gateway
-    secret = break_glass_secret(authorization)
     if secret:
         # A spent grant is revoked (and ledgered) in its own transaction before the call is refused.
         await anyio.to_thread.run_sync(breakglass.settle_credential, gw, secret)

@@ -141,6 +141,15 @@ def test_bad_tokens_get_401(api: Api, header: str | None, contains: str) -> None
     assert_problem(api.client.post("/v1/jobs", json=job_spec(), headers=headers), 401, "unauthenticated", contains)
 
 
+@pytest.mark.parametrize(("header", "contains"), [(None, "missing Authorization"), ("Bearer x", "malformed token")],
+                         ids=["missing", "malformed"])
+def test_a_caller_without_a_credential_is_told_so_before_anything_about_its_body(
+        api: Api, header: str | None, contains: str) -> None:
+    headers = {"Authorization": header} if header else {}
+    assert_problem(api.client.post("/v1/jobs", json={"name": "x"}, headers=headers), 401, "unauthenticated", contains)
+    assert_problem(api.post("/v1/jobs", "alice", json={"name": "x"}), 422, "invalid-request", "project")
+
+
 def test_expired_and_revoked_tokens_get_401(api: Api) -> None:
     now = datetime.now(UTC)
     with api.gateway.db.transaction() as s:
