@@ -216,3 +216,14 @@ def test_ledger_is_readable_by_the_auditor_only(api: Api) -> None:
     origin, size = note.text.splitlines()[:2]
     assert origin == api.settings.ledger_origin and int(size) >= 0
     assert json.loads(api.get("/healthz").text)["status"] == "ok"
+
+
+@pytest.mark.parametrize("raw", [b'"\\u0000"', b'"\\ud800"', b'"\xed\xa0\x80"'],
+                         ids=["escaped NUL", "escaped surrogate", "raw surrogate bytes"])
+def test_text_no_store_can_hold_is_refused_however_it_is_spelled(api: Api, raw: bytes) -> None:
+    """A NUL or an unpaired surrogate, written as a JSON escape or (a surrogate) as its UTF-8-style bytes, which
+    the JSON parser lets through."""
+    body = b'{"name": "n", "project": "vision", "gpus_per_node": 1, "command": ["true"], "contact": %s}' % raw
+    r = api.client.post("/v1/jobs", content=body, headers={**api.headers("alice"), "Content-Type": "application/json"})
+    assert_problem(r, 422, "invalid-request", "field contact contains")
+    assert job_count(api) == 0
