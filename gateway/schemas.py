@@ -43,8 +43,8 @@ class JobSubmit(BaseModel):
 
     name: str = Field(pattern=NAME_PATTERN, description="Human name; not unique. The id is assigned.")
     project: str = Field(pattern=NAME_PATTERN, description="Project the job runs in (and is charged to).")
-    queue: Queue = Field("normal", description="urgent (reserved pool, may preempt), normal (weighted fair share)"
-                         " or batch (tolerates long waits; often large).")
+    queue: Queue = Field("normal", description="urgent (may preempt others' jobs; queue admins only), normal"
+                         " (weighted fair share) or batch (tolerates long waits; often large).")
     gpus_per_node: int = Field(ge=1, le=64, description="GPUs on each node of the gang.")
     nodes: int = Field(1, ge=1, le=1024, description="Nodes of the gang; all start at once or none do.")
     command: list[Word] = Field(min_length=1, max_length=1024, description="argv, run as its own process group.")

@@ -35,7 +35,7 @@ def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str 
 @click.option("--name", required=True, help="Human-readable job name.")
 @click.option("--project", required=True, help="Project to run in.")
 @click.option("--queue", type=click.Choice(["urgent", "normal", "batch"]), default="normal", show_default=True,
-              help="Queue to wait in.")
+              help="Queue to wait in; urgent jobs may preempt others', so only queue admins may use it.")
 @click.option("--gpus", "gpus_per_node", type=int, default=1, show_default=True, help="GPUs per node.")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Nodes in the gang.")
 @click.option("--grace", "grace_seconds", type=float, default=30.0, show_default=True,
