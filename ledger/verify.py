@@ -7,7 +7,8 @@ Steps, in order; the first failure is reported with its seq and problem code:
    with blobs, key rotations, anything unusual, and every entry under deep=True are parsed in full.
 2. Every referenced blob exists and hashes to its digest (blob_mismatch).
 3. The key schedule is rebuilt from the key-rotation entries (ledger/rotation.py); the auditor's
-   key must be in it (unknown_key).
+   key must be in it, and each rotation's checkpoint must be signed by the old key and cosigned by
+   the new one (unknown_key).
 4. The RFC 6962 tree is rebuilt (for a partial bundle: from the compact ranges left and right of
    its entries). Every checkpoint must be signed by the key of its epoch (bad_signature /
    unknown_key); those inside the held range must carry the rebuilt root at their size
@@ -507,10 +508,17 @@ def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots, state:
             raise _Fail(None, "malformed", f"checkpoint stored under size {rec.size} is for size {cp.size}")
         opened.append((rec.size, cp, rec.consistency))
     sizes = {s for s, _, _ in opened}
-    # 2. Every rotation is endorsed by the previous key at exactly seq + 1.
-    for b in schedule.bounds:
+    notes = {rec.size: rec.note for rec in m.checkpoints}
+    # 2. Every rotation is endorsed by the previous key at exactly seq + 1, and that checkpoint is
+    # cosigned by the announced key: otherwise anyone could end a ledger of their own with an entry
+    # "rotating" to the auditor's public key and pass without one signature of it.
+    for i, b in enumerate(schedule.bounds):
         if b not in sizes:
             raise _Fail(b - 1, "unknown_key", "key rotation is not covered by a checkpoint of the previous key")
+        try:
+            _open(notes[b], schedule.keys[i + 1], b, state)
+        except _Fail as f:
+            raise _Fail(b - 1, f.problem, f"key rotation is not cosigned by the key it announces: {f.message}") from f
     if anchor and anchor not in sizes:
         raise _Fail(None, "malformed", f"no checkpoint at the anchor size {anchor}")
     anchor_root = roots.anchor_root

@@ -1,0 +1,56 @@
+"""Red-team cases for the verifier: an attacker who controls the database and the signing host, but
+not the auditor's saved public key or trusted checkpoint, must not get a changed history accepted."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ledger_bundle_kit import ORIGIN, export, make_data_dir, run, verify
+
+from ledger.entry import encode, prepare
+from ledger.keys import NoteSigner, NoteVerifier
+from ledger.merkle import MerkleTree, leaf_hash
+from ledger.note import Checkpoint, sign_checkpoint
+from ledger.rotation import ROTATION_KIND, rotation_body
+from ledger.store import SqliteStore
+
+
+def _append_rotation_row(db: Path, old: NoteSigner, new: NoteVerifier) -> int:
+    """Write a rotation entry old -> new straight into the store, its checkpoint signed by old only
+    (what someone without new's private key can do); returns the rotation's seq."""
+    store = SqliteStore(db)
+    try:
+        rows = store.get_entries(0, store.count())
+        tree = MerkleTree()
+        for _, _, raw in rows:
+            tree.append(leaf_hash(raw))
+        seq = len(rows)
+        body = rotation_body(old.verifier(), new)
+        raw = encode(prepare(ROTATION_KIND, body, None), seq, "2025-01-02T03:04:06.000000Z", rows[-1][1])
+        tree.append(leaf_hash(raw))
+        note = sign_checkpoint(Checkpoint(ORIGIN, seq + 1, tree.root()), old)
+        store.write_batch([(seq, hashlib.sha256(raw).hexdigest(), raw)], {}, (seq + 1, note))
+    finally:
+        store.close()
+    return seq
+
+
+def test_a_ledger_of_a_foreign_key_rotating_to_the_auditors_key_is_unknown_key(tmp_path: Path) -> None:
+    # The auditor's key never signed anything here: the attacker built the whole ledger under a key
+    # of their own and ended it with an entry "rotating" to the auditor's public key.
+    auditor = NoteSigner.generate(ORIGIN)
+    key = tmp_path / "auditor.vkey"
+    key.write_text(auditor.vkey + "\n")
+    d = tmp_path / "forged"
+    rogue = make_data_dir(d, 5)
+    seq = _append_rotation_row(d / "ledger.db", rogue, auditor.verifier())
+
+    code, out, _ = run("verify", "--db", f"sqlite:///{d}/ledger.db", "--public-key", str(key), "--json")
+    v = json.loads(out)
+    assert code == 1 and (v["first_bad_seq"], v["problem"]) == (seq, "unknown_key"), v
+    assert "not cosigned by the key it announces" in v["message"]
+
+    code, out, _ = verify(export(d, tmp_path / "forged.bundle"), key)
+    assert code == 1 and out.startswith(f"FAIL: seq {seq} unknown_key: key rotation is not cosigned"), out
