@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 
 PROBLEM_BASE = "https://jobgate.dev/problems/"
 
@@ -72,8 +74,38 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """The router's own 404 and 405 (no route; a route without that method): say what was asked and,
+        for a 405, keep the Allow header RFC 9110 requires and name the methods in words too."""
         kind = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        return problem(exc.status_code, kind, str(exc.detail), str(exc.detail), request.url.path)
+        asked = f"{request.method} {request.url.path}"
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_methods_at(app, request))
+        detail = {
+            404: f"no endpoint answers {asked}; the API is listed at /docs",
+            405: f"{asked} is not allowed here; this path takes {headers.get('Allow')}",
+        }.get(exc.status_code, str(exc.detail))
+        response = problem(exc.status_code, kind, str(exc.detail), detail, request.url.path)
+        response.headers.update(headers)
+        return response
+
+
+def _methods_at(app: FastAPI, request: Request) -> list[str]:
+    """Every method some route takes at this path. Starlette's own Allow names only the first route that
+    matched the path, and GET and POST on one path are two routes here."""
+    methods: set[str] = set()
+    for route in leaf_routes(app.router.routes):
+        if route.matches(request.scope)[0] is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return sorted(methods)
+
+
+def leaf_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
+    """The app's routes themselves, also those of routers included in routers (FastAPI wraps each included
+    router in one route object that keeps the original router)."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        yield from leaf_routes(inner.routes) if inner is not None else [route]
 
 
 def _field_error(e: Any) -> dict[str, str]:

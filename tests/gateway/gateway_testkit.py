@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 
+from gateway.errors import leaf_routes
 from gateway.settings import Settings
 
 
@@ -50,14 +51,9 @@ def app_routes(app: Any, *, skip: frozenset[str] = frozenset({"HEAD"})) -> Itera
     """(method, path) of every route of the app, including routers included in routers; methods in `skip` left
     out."""
 
-    def walk(routes: list[Any]) -> Iterator[Any]:
-        for r in routes:
-            inner = getattr(r, "original_router", None)
-            yield from walk(inner.routes) if inner is not None else [r]
-
-    for route in walk(app.routes):
+    for route in leaf_routes(app.routes):
         for method in sorted(set(getattr(route, "methods", None) or ()) - skip):
-            yield method, route.path
+            yield method, getattr(route, "path", "")
 
 
 def path_objects(api: Api) -> dict[str, str]:

@@ -165,6 +165,13 @@ def test_unknown_job_is_404(api: Api) -> None:
     assert_problem(api.post("/v1/jobs/j-doesnotexist/stop", "alice", json={"reason": "cleanup"}), 404, "not-found")
 
 
+def test_a_path_or_method_the_api_lacks_is_named_and_405_keeps_its_allow_header(api: Api) -> None:
+    assert_problem(api.get("/v1/jobz", "alice"), 404, "not-found", "no endpoint answers GET /v1/jobz")
+    r = api.client.delete("/v1/jobs", headers=api.headers("alice"))
+    assert_problem(r, 405, "method-not-allowed", "DELETE /v1/jobs is not allowed here; this path takes GET, POST")
+    assert r.headers["allow"] == "GET, POST"
+
+
 def test_other_tenant_cannot_see_or_stop_and_the_denial_is_ledgered(api: Api) -> None:
     job = api.post("/v1/jobs", "alice", json=job_spec()).json()
     assert api.get("/v1/jobs", "mallory").json()["jobs"] == []
