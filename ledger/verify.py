@@ -561,9 +561,19 @@ def _check_trusted(note: str, schedule: KeySchedule, roots: _Roots, v: NoteVerif
         raise TrustedCheckpointError(f"trusted checkpoint is malformed: {e.diagnostics()}") from e
     if cp.origin != v.name:
         raise TrustedCheckpointError(f"trusted checkpoint is from ledger {cp.origin!r}, not {v.name!r}")
+    key = schedule.key_for(cp.size)
     try:
-        open_checkpoint(note, schedule.key_for(cp.size))
+        open_checkpoint(note, key)
     except LedgerError as e:
+        if key.vkey != v.vkey and _signed_by(note, v):
+            # Genuine under the auditor's own key, yet the ledger now names another key for that
+            # size: its key history was rewritten (e.g. a rotation inserted before it and re-signed).
+            raise _Fail(
+                None,
+                "modified",
+                f"history rewritten: the trusted checkpoint at size {cp.size} is signed by the auditor's key,"
+                f" but this ledger's key history assigns that size to key {key.key_id.hex()}",
+            ) from e
         raise TrustedCheckpointError(
             f"trusted checkpoint at size {cp.size} is not signed by this ledger's key for that size: {e.diagnostics()}"
         ) from e
@@ -588,3 +598,11 @@ def _check_trusted(note: str, schedule: KeySchedule, roots: _Roots, v: NoteVerif
             None, "modified", f"history rewritten: the tree at size {cp.size} differs from the trusted checkpoint"
         )
     return cp.size
+
+
+def _signed_by(note: str, v: NoteVerifier) -> bool:
+    try:
+        open_checkpoint(note, v)
+    except LedgerError:
+        return False
+    return True

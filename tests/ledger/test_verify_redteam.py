@@ -10,10 +10,11 @@ from pathlib import Path
 from ledger_bundle_kit import ORIGIN, export, make_data_dir, run, verify
 
 from ledger.entry import encode, prepare
-from ledger.keys import NoteSigner, NoteVerifier
+from ledger.keys import NoteSigner, NoteVerifier, load_or_create_signer
 from ledger.merkle import MerkleTree, leaf_hash
 from ledger.note import Checkpoint, sign_checkpoint
 from ledger.rotation import ROTATION_KIND, rotation_body
+from ledger.service import Ledger
 from ledger.store import SqliteStore
 
 
@@ -54,3 +55,37 @@ def test_a_ledger_of_a_foreign_key_rotating_to_the_auditors_key_is_unknown_key(t
 
     code, out, _ = verify(export(d, tmp_path / "forged.bundle"), key)
     assert code == 1 and out.startswith(f"FAIL: seq {seq} unknown_key: key rotation is not cosigned"), out
+
+
+def test_a_history_resigned_under_a_key_rotated_in_before_the_trusted_checkpoint_is_modified(
+    tmp_path: Path,
+) -> None:
+    # The insider holds the signing key K the auditor trusts. They rebuild the ledger without one
+    # decision and slip in a rotation K -> X at its start, so every later size belongs to X.
+    k = load_or_create_signer(tmp_path / "a" / "keys", ORIGIN)
+    notes = []
+    with Ledger.open(f"sqlite:///{tmp_path}/a/ledger.db", signer=k) as led:
+        for i in range(20):
+            led.append("decision", {"i": i})
+            notes.append(led.latest_checkpoint())
+    trusted = tmp_path / "trusted.note"
+    trusted.write_text(notes[11])  # the auditor saved the checkpoint at size 12, signed by K
+    x = NoteSigner.generate(ORIGIN)
+    (tmp_path / "b").mkdir()
+    with Ledger.open(f"sqlite:///{tmp_path}/b/ledger.db", signer=k) as led:
+        led.append("decision", {"i": 0})
+        led.rotate_key(x)
+    with Ledger.open(f"sqlite:///{tmp_path}/b/ledger.db", signer=x) as led:
+        for i in range(1, 20):
+            if i != 5:
+                led.append("decision", {"i": i})
+    key = tmp_path / "a" / "keys" / "ledger.vkey"
+    db = f"sqlite:///{tmp_path}/b/ledger.db"
+
+    code, out, err = run("verify", "--db", db, "--public-key", str(key), "--trusted-checkpoint", str(trusted), "--json")
+    v = json.loads(out)
+    assert code == 1 and v["problem"] == "modified" and "history rewritten" in v["message"], out + err
+
+    bundle = export(tmp_path / "b", tmp_path / "b.bundle")
+    code, out, err = verify(bundle, key, "--trusted-checkpoint", str(trusted))
+    assert code == 1 and out.startswith("FAIL: modified: history rewritten"), out + err
