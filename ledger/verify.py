@@ -521,9 +521,15 @@ def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots, state:
             raise _Fail(b - 1, f.problem, f"key rotation is not cosigned by the key it announces: {f.message}") from f
     if anchor and anchor not in sizes:
         raise _Fail(None, "malformed", f"no checkpoint at the anchor size {anchor}")
+    if anchor < roots.start:
+        # A partial bundle whose anchor lies before its entries: not one of them is signed, and
+        # there is no root at the anchor to check the other checkpoints against.
+        raise _Fail(
+            roots.start, "inserted", f"entries from seq {roots.start} on are not covered by any signed checkpoint"
+        )
     anchor_root = roots.anchor_root
-    if anchor_root is None and anchor:
-        anchor_root = roots.at(anchor)
+    if anchor_root is None:
+        anchor_root = roots.at(anchor)  # at 0 the empty root, which no checkpoint past 0 is consistent with
     # 3. Roots: rebuilt inside the held range, by consistency proof outside it.
     good = roots.start
     for size, cp, proof in opened:
@@ -539,7 +545,6 @@ def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots, state:
                 )
             good = size
         else:
-            assert anchor_root is not None
             if proof is None or not verify_consistency(size, anchor, proof, cp.root, anchor_root):
                 raise _Fail(None, "modified", f"checkpoint at size {size} is not consistent with size {anchor}")
     if end > anchor:
@@ -548,7 +553,6 @@ def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots, state:
     for item in m.key_history:
         if roots.held(item.seq) and item.seq < end:
             continue
-        assert anchor_root is not None
         if not verify_inclusion(item.seq, anchor, leaf_hash(item.raw), item.inclusion, anchor_root):
             raise _Fail(item.seq, "modified", "key rotation entry is not in the signed tree")
     return len(opened)

@@ -7,7 +7,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from ledger_bundle_kit import ORIGIN, export, make_data_dir, run, verify
+import pytest
+from ledger_bundle_kit import ORIGIN, Bundle, export, make_data_dir, run, verify
 
 from ledger.entry import encode, prepare
 from ledger.keys import NoteSigner, NoteVerifier, load_or_create_signer
@@ -89,3 +90,17 @@ def test_a_history_resigned_under_a_key_rotated_in_before_the_trusted_checkpoint
     bundle = export(tmp_path / "b", tmp_path / "b.bundle")
     code, out, err = verify(bundle, key, "--trusted-checkpoint", str(trusted))
     assert code == 1 and out.startswith("FAIL: modified: history rewritten"), out + err
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "want"), [(10, 25, "FAIL: seq 10 inserted"), (0, 25, "FAIL: modified")], ids=["middle", "prefix"]
+)
+def test_a_partial_bundle_claiming_an_empty_signed_tree_fails_without_a_traceback(
+    tmp_path: Path, lo: int, hi: int, want: str
+) -> None:
+    d = tmp_path / "var"
+    make_data_dir(d, 40)
+    b = Bundle.read(export(d, tmp_path / "p.bundle", "--from-seq", str(lo), "--to-seq", str(hi)))
+    b.header["tree_size"] = 0  # the header is not signed: nothing stops an editor from zeroing it
+    code, out, err = verify(b.write(tmp_path / "zero.bundle"), d / "keys" / "ledger.vkey")
+    assert code == 1 and out.startswith(want), out + err
