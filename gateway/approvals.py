@@ -217,7 +217,11 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     effect = rec.decision.effect
     missing_before = int(approval.required.get("count", 1))
     missing_now = int(rec.decision.approvals_required.get("count", 0)) if effect == "needs_approval" else 0
-    if effect == "deny" and live:
+    # Something would be carried out: live targets, or a request that names none (A7 quota change, break-glass),
+    # which the executor runs once. A deny then stands; only a request whose every target ended meanwhile
+    # closes below with nothing done.
+    runs = bool(live) or not approval.target_ids
+    if effect == "deny" and runs:
         raise PolicyDenied(" ".join(rec.decision.reasons) or "denied by policy", reasons=list(rec.decision.reasons),
                            rules=list(rec.decision.rules), ledger_seq=rec.seq)
     if effect == "needs_approval" and missing_now >= missing_before:
@@ -239,7 +243,6 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     # Project-level actions (quota.change) have no target jobs and still execute once (A7).
     # The executor carries out the final decision's obligations (e.g. notify the owner first).
     approval.resolution = {"obligations": [dict(o) for o in rec.decision.obligations]}
-    runs = bool(live) or not approval.target_ids
     # The executor's outcome entries and ours go to the ledger together: one wait, before the commit.
     with ledger_batch(gw, session):
         result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if runs else {}

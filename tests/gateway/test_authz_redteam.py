@@ -1,0 +1,87 @@
+"""Adversarial authorization cases: ways to change a job without the rights, the second person, the
+reason or the ledger entry the policy asks for. Each test names the hole it closes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
+
+from gateway.approvals import Approval
+from gateway.models import Job, Project
+
+
+def running_job(api: Api, who: str = "alice", **spec: object) -> str:
+    """Submit a job and mark it running on demo-node-1, as if the agent had started it."""
+    headers = {"X-Jobgate-Trigger": "ci/nightly#7"} if who == "ci-bot" else {}
+    r = api.post("/v1/jobs", who, json=job_spec(**spec), headers=headers)
+    assert r.status_code == 201, r.text
+    job_id = str(r.json()["id"])
+    set_state(api, job_id, "running")
+    return job_id
+
+
+def set_state(api: Api, job_id: str, state: str) -> None:
+    with api.gateway.db.transaction() as s:
+        job = s.get(Job, job_id)
+        job.state = state
+        job.placement = [{"node": "demo-node-1", "gpus": [0, 1]}]
+
+
+def job_row(api: Api, job_id: str) -> dict[str, Any]:
+    with api.gateway.db.transaction() as s:
+        job = s.get(Job, job_id)
+        return {"state": job.state, "stop_request": dict(job.stop_request)}
+
+
+def add_partner_project(api: Api) -> None:
+    """A tenant of another organisation: a job whose data it holds is external-rights (R3)."""
+    with api.gateway.db.transaction() as s:
+        s.add(Project(id="partner", organisation="globex", description="rights holder of licensed data"))
+
+
+def external_job(api: Api, state: str) -> str:
+    add_partner_project(api)
+    job_id = running_job(api, rights_holder="partner")
+    set_state(api, job_id, state)
+    return job_id
+
+
+def scoped_token(api: Api, who: str, *, actions: list[str], projects: list[str]) -> str:
+    r = api.post("/v1/tokens", who, json={"purpose": "a narrow token", "projects": projects, "actions": actions,
+                                         "expires_in_days": 1})
+    assert r.status_code == 201, r.text
+    return str(r.json()["token"])
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def grant_role(api: Api, principal: str, role: str, project: str) -> None:
+    r = api.post("/v1/roles", "erin", json={"principal": principal, "role": role, "project": project})
+    assert r.status_code == 201, r.text
+
+
+# -- approvals whose re-decision is a deny ---------------------------------------------------------------
+
+
+def test_quota_change_is_not_executed_when_the_re_decision_denies(api: Api) -> None:
+    """A request without target jobs (A7 quota change) used to execute on approval although the policy, asked
+    again, denied it: here the requester lost the platform admin role before the second admin approved."""
+    grant_role(api, "sam", "platform_admin", "*")
+    r = api.client.put("/v1/quotas/vision", headers=api.headers("erin"), json={"gpus": 64, "reason": "more GPUs"})
+    assert r.status_code == 202, r.text
+    approval_id = r.json()["approval_id"]
+    r = api.post("/v1/roles:revoke", "sam", json={"principal": "erin", "role": "platform_admin", "project": "*"})
+    assert r.status_code == 200, r.text
+
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "sam")
+
+    assert_problem(r, 403, "policy-denied", "erin holds no role")
+    quotas = api.get("/v1/quotas", "sam").json()["quotas"]
+    assert [q for q in quotas if q["project"] == "vision" and q["gpus"] == 64] == []
+    with api.gateway.db.transaction() as s:
+        assert s.get(Approval, approval_id).state == "pending"
+    last = [e for e in ledger_entries(api) if e["kind"] == "decision"][-1]["body"]
+    assert last["input"]["action"] == "quota.change" and last["decision"]["effect"] == "deny"
