@@ -592,10 +592,15 @@ def _check_trusted(note: str, schedule: KeySchedule, roots: _Roots, v: NoteVerif
         have = roots.at(cp.size)
     elif cp.size == 0:
         have = cp.root
-    else:
+    elif cp.size < roots.start:
         raise TrustedCheckpointError(
             f"trusted checkpoint (size {cp.size}) lies before this bundle's entries (from seq {roots.start});"
             f" export from --from-seq {max(cp.size - 1, 0)} or earlier"
+        )
+    else:
+        raise TrustedCheckpointError(
+            f"trusted checkpoint (size {cp.size}) lies after this bundle's entries (up to seq {roots.end - 1});"
+            f" export up to --to-seq {cp.size - 1} or later"
         )
     if have != cp.root:
         raise _Fail(

@@ -319,6 +319,12 @@ def test_bad_trusted_checkpoints(full: Path, data_dir: Path, key: Path, tmp_path
     _expect_error(code, out, err)
     assert "--from-seq 9" in err
     assert verify(full, key, "--trusted-checkpoint", str(early))[0] == 0
+    # One after the range: the advice must point past its end, not before its start.
+    late = tmp_path / "late.note"
+    late.write_text(notes[30])
+    code, out, err = verify(part, key, "--trusted-checkpoint", str(late))
+    _expect_error(code, out, err)
+    assert "after this bundle's entries (up to seq 25)" in err and "--to-seq 29" in err, err
 
 
 @pytest.mark.parametrize(
