@@ -13,6 +13,7 @@ import fastapi.routing
 from fastapi import FastAPI
 
 from gateway.api.routes import ROUTERS
+from gateway.body_limit import BodyLimitMiddleware
 from gateway.bootstrap import open_gateway
 from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
@@ -30,7 +31,8 @@ Every mutation is authenticated (bearer token), decided against the policy set t
 own (Casbin role matrix + Rego guards), **recorded in a signed, hash-chained ledger before anything
 changes**, and only then carried out by the scheduler and the node agents.
 
-Errors are RFC 9457 `application/problem+json` with a stable `type`.
+Errors are RFC 9457 `application/problem+json` with a stable `type`. Request bodies are limited to 1 MiB
+(node agents: 16 MiB); a larger one is refused with 413 before it is read.
 """
 
 
@@ -95,5 +97,6 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
         app.include_router(router)
     logging.getLogger("jobgate").setLevel(logging.INFO)
     configure_json_logging()
-    app.add_middleware(RequestIdMiddleware)  # X-Request-Id on every response and log line
+    app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(RequestIdMiddleware)  # X-Request-Id on every response and log line (the outermost)
     return app

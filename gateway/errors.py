@@ -51,6 +51,10 @@ class Invalid(GatewayError):
     status, kind, title = 422, "invalid-request", "Invalid request"
 
 
+class BodyTooLarge(GatewayError):
+    status, kind, title = 413, "body-too-large", "Request body too large"
+
+
 class LedgerUnavailable(GatewayError):
     status, kind, title = 503, "ledger-unavailable", "Ledger unavailable: mutation refused"
 
