@@ -62,6 +62,15 @@ def refuse_unless_allowed(rec: Recorded) -> None:
         )
 
 
+def refuse_unless_allowed_alone(rec: Recorded, what: str) -> None:
+    """For an action with no approval path: a deny raises PolicyDenied, and so that a request the policy makes
+    wait for a second person is never carried out without one (M2), needs_approval raises Conflict."""
+    refuse_unless_allowed(rec)
+    if rec.decision.effect != "allow":
+        raise Conflict(f"{what} needs a second person ({' '.join(rec.decision.reasons)}); it cannot wait for an"
+                       " approval, so nothing was changed", ledger_seq=rec.seq, rules=list(rec.decision.rules))
+
+
 def job_out(job: Job) -> JobOut:
     return JobOut(
         id=job.id,

@@ -21,7 +21,7 @@ from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
-from gateway.jobs import load_job, refuse_unless_allowed
+from gateway.jobs import load_job, refuse_unless_allowed, refuse_unless_allowed_alone
 from gateway.models import Allocation, Job
 from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, record_outcome
@@ -73,7 +73,7 @@ def resume(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: s
     job = load_job(session, job_id, for_update=True)
     rec = decide(gw, session, caller, "job.resume", targets=[job], project=job.project, reason=reason,
                  params={"resume_priority_rule": RESUME_PRIORITY_RULE})
-    refuse_unless_allowed(rec)
+    refuse_unless_allowed_alone(rec, f"resuming job {job.id}")
     if job.state != "paused":
         raise Conflict(f"job {job.id} is {job.state}; only a paused job can be resumed", state=job.state)
     now = gw.clock()
@@ -148,7 +148,7 @@ def undelete(gw: Gateway, session: Session, caller: Caller, job_id: str, reason:
     Conflict (not deleted, or its files are already being removed), LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
     rec = decide(gw, session, caller, "job.undelete", targets=[job], project=job.project, reason=reason)
-    refuse_unless_allowed(rec)
+    refuse_unless_allowed_alone(rec, f"restoring job {job.id}")
     row = session.get(JobDeletion, job.id)
     now = gw.clock()
     if job.state != "deleted" or row is None or row.state != "pending":

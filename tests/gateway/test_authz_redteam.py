@@ -9,6 +9,7 @@ from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 
 from gateway.approvals import Approval
 from gateway.models import Job, Project
+from gateway.stop_tables import JobDeletion
 
 
 def running_job(api: Api, who: str = "alice", **spec: object) -> str:
@@ -85,3 +86,40 @@ def test_quota_change_is_not_executed_when_the_re_decision_denies(api: Api) -> N
         assert s.get(Approval, approval_id).state == "pending"
     last = [e for e in ledger_entries(api) if e["kind"] == "decision"][-1]["body"]
     assert last["input"]["action"] == "quota.change" and last["decision"]["effect"] == "deny"
+
+
+# -- needs_approval treated as allow ----------------------------------------------------------------------
+
+
+def test_resume_of_an_external_rights_job_waits_for_the_second_person(api: Api) -> None:
+    """R3 makes every mutation of an external-rights job one notch stricter; resume (like undelete and
+    confirm-stopped below) used to ignore the needs_approval answer and carry the action out at once."""
+    job_id = external_job(api, "paused")
+    r = api.post(f"/v1/jobs/{job_id}/resume", "alice", json={"reason": "continue the run"})
+    assert_problem(r, 409, "conflict", "needs a second person")
+    assert job_row(api, job_id)["state"] == "paused"
+    decisions = [e["body"]["decision"] for e in ledger_entries(api)
+                 if e["kind"] == "decision" and e["body"]["input"]["action"] == "job.resume"]
+    assert decisions[-1]["effect"] == "needs_approval"
+
+
+def test_undelete_of_an_external_rights_job_waits_for_the_second_person(api: Api) -> None:
+    job_id = external_job(api, "stopped")
+    r = api.client.request("DELETE", f"/v1/jobs/{job_id}", headers=api.headers("alice"),
+                           json={"reason": "not needed any more"})
+    assert r.status_code == 202, r.text
+    with api.gateway.db.transaction() as s:  # as if the rights holder and a second person had consented
+        s.get(Job, job_id).state = "deleted"
+        s.add(JobDeletion(job_id=job_id, state="pending", state_before="stopped", requested_by="alice",
+                          approvers=["partner-admin"], reason="x", requested_at=api.gateway.clock(),
+                          purge_after=api.gateway.clock().replace(year=2100), objects=[]))
+    r = api.post(f"/v1/jobs/{job_id}/undelete", "alice", json={"reason": "needed after all"})
+    assert_problem(r, 409, "conflict", "needs a second person")
+    assert job_row(api, job_id)["state"] == "deleted"
+
+
+def test_confirm_stopped_of_an_external_rights_job_waits_for_the_second_person(api: Api) -> None:
+    job_id = external_job(api, "stop_failed")
+    r = api.post(f"/v1/jobs/{job_id}/confirm-stopped", "dave", json={"reason": "node is powered off"})
+    assert_problem(r, 409, "conflict", "needs a second person")
+    assert job_row(api, job_id)["state"] == "stop_failed"
