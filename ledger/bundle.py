@@ -337,10 +337,15 @@ def _open(f: IO[bytes]) -> tuple[BundleHeader, Material, IO[bytes]]:
     for it in items:
         if not isinstance(it, dict) or not isinstance(it.get("entry"), str):
             raise BundleError("bundle is corrupt: bad key_history item")
+        try:
+            # The exporter escapes non-UTF-8 bytes as U+DC80..U+DCFF; any other lone surrogate is junk.
+            raw = it["entry"].encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError as e:
+            raise BundleError("bundle is corrupt: a key_history entry is not UTF-8 text") from e
         history.append(
             KeyHistoryItem(
                 _int(it.get("seq"), "key_history seq"),
-                it["entry"].encode("utf-8", "surrogateescape"),
+                raw,
                 _hashes(it.get("inclusion"), "key_history inclusion proof"),
             )
         )

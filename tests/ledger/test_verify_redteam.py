@@ -104,3 +104,12 @@ def test_a_partial_bundle_claiming_an_empty_signed_tree_fails_without_a_tracebac
     b.header["tree_size"] = 0  # the header is not signed: nothing stops an editor from zeroing it
     code, out, err = verify(b.write(tmp_path / "zero.bundle"), d / "keys" / "ledger.vkey")
     assert code == 1 and out.startswith(want), out + err
+
+
+def test_a_key_history_entry_with_a_lone_surrogate_is_a_one_line_error(tmp_path: Path) -> None:
+    d = tmp_path / "var"
+    make_data_dir(d, 12)
+    b = Bundle.read(export(d, tmp_path / "full.bundle"))
+    b.trailer["key_history"] = [{"seq": 1, "entry": "\ud800", "inclusion": []}]  # JSON "\ud800": valid JSON
+    code, out, err = verify(b.write(tmp_path / "surrogate.bundle"), d / "keys" / "ledger.vkey")
+    assert code == 2 and out == "" and err == "Error: bundle is corrupt: a key_history entry is not UTF-8 text\n", err
