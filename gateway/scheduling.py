@@ -84,10 +84,15 @@ def _limit(job: Job) -> float | None:
 def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage."""
     used: dict[str, set[int]] = defaultdict(set)
-    for node_id, gpus in session.execute(
-        select(Allocation.node, Allocation.gpus).where(Allocation.released.is_(False))
+    # A job holds what its unreleased allocations hold, not its whole placement: one gang member may have
+    # exited or stopped (released on the node's evidence) while the others still run.
+    held: dict[str, list[Placement]] = defaultdict(list)
+    for job_id, node_id, gpus in session.execute(
+        select(Allocation.job_id, Allocation.node, Allocation.gpus).where(Allocation.released.is_(False))
+        .order_by(Allocation.job_id, Allocation.node)
     ).all():
         used[node_id].update(gpus)
+        held[job_id].append(Placement(node=NodeId(node_id), gpus=tuple(gpus)))
     nodes = tuple(
         NodeState(id=NodeId(n.id), gpus=n.gpus, free=frozenset(set(range(n.gpus)) - used[n.id]),
                   alive=n.state == "alive")
@@ -110,7 +115,7 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
             running.append(RunningJob(
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
                 priority=s.priority if s else j.base_priority, started_at=j.started_at or j.submitted_at,
-                placement=tuple(Placement(node=NodeId(p["node"]), gpus=tuple(p["gpus"])) for p in j.placement),
+                placement=tuple(held.get(j.id, ())),
                 runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j)))
     quotas = load_quotas(session, now) if now is not None else None
     usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
