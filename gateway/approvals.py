@@ -187,6 +187,18 @@ def approver_record(gw: Gateway, caller: Caller, targets: Sequence[Job], now: da
     }
 
 
+def _check_approver_credential(session: Session, caller: Caller, approval: Approval) -> None:
+    """The second person is a person, calling with a credential scoped to approve here (M2, F1): a pipeline's
+    token approving as its responsible person would automate the confirmation, and a token its holder narrowed
+    (to job.view, to one project) must not confirm a stop elsewhere. Raises Forbidden."""
+    if caller.kind != "person":
+        raise Forbidden(f"{caller.id} is a {caller.kind} identity; only a person can be the second person (M2)")
+    projects = {approval.project} if approval.project else set()
+    if approval.target_ids:
+        projects |= set(session.scalars(select(Job.project).where(Job.id.in_(approval.target_ids))).all())
+    caller.check_scope("approval.grant", sorted(projects) or ["*"])
+
+
 def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, comment: str | None) -> Approval:
     """Add the caller's approval; execute once enough approvals are recorded.
 
@@ -198,6 +210,7 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     _check_open(gw, approval, now)
     if caller.id == approval.requester or caller.real_identity == approval.requester_real:
         raise Forbidden(f"{caller.id} asked for this action; a second person must approve it (M2)")
+    _check_approver_credential(session, caller, approval)
     if any(a["by"] == caller.real_identity for a in approval.approvals):
         raise Conflict(f"{caller.real_identity} already approved {approval.id}")
     all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))

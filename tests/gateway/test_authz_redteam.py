@@ -123,3 +123,26 @@ def test_confirm_stopped_of_an_external_rights_job_waits_for_the_second_person(a
     r = api.post(f"/v1/jobs/{job_id}/confirm-stopped", "dave", json={"reason": "node is powered off"})
     assert_problem(r, 409, "conflict", "needs a second person")
     assert job_row(api, job_id)["state"] == "stop_failed"
+
+
+# -- token scope on approvals and on minting tokens (F1) -------------------------------------------------
+
+
+def test_a_view_only_token_cannot_approve_a_stop(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = api.post(f"/v1/jobs/{job_id}/stop", "carol", json={"reason": "urgent eval"}).json()["approval_id"]
+    narrow = scoped_token(api, "alice", actions=["job.view"], projects=["vision"])
+    r = api.client.post(f"/v1/approvals/{approval_id}/approve", headers=bearer(narrow))
+    assert_problem(r, 403, "forbidden", "outside it")
+    assert job_row(api, job_id)["state"] == "running"
+    approver = scoped_token(api, "alice", actions=["approval.grant"], projects=["vision"])  # scoped to approve
+    r = api.client.post(f"/v1/approvals/{approval_id}/approve", headers=bearer(approver))
+    assert r.status_code == 200 and r.json()["state"] == "executed", r.text
+
+
+def test_a_service_account_cannot_be_the_second_person(api: Api) -> None:
+    job_id = running_job(api)
+    approval_id = api.post(f"/v1/jobs/{job_id}/stop", "carol", json={"reason": "urgent eval"}).json()["approval_id"]
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "ci-bot", headers={"X-Jobgate-Trigger": "ci/x#1"})
+    assert_problem(r, 403, "forbidden", "person")
+    assert job_row(api, job_id)["state"] == "running"
