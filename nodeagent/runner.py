@@ -341,8 +341,7 @@ class Runner:
         with self._lock:
             if job_id in self._jobs:
                 raise InvalidCommand("conflict", f"job {job_id} still runs on this node")
-        root = job_dir if everything else job_dir / "checkpoints"
-        records = evidence.scan_files(root, job_dir)
+        records = evidence.scan_files(job_dir, "" if everything else "checkpoints")
         for record in records:
             (job_dir / str(record["path"])).unlink(missing_ok=True)
         if everything and job_dir.is_dir():
@@ -451,7 +450,7 @@ class Runner:
         with job.lock:
             job.finishing = True
         record = job.record
-        artifacts = evidence.scan_files(job.job_dir / "checkpoints", job.job_dir)
+        artifacts = evidence.scan_files(job.job_dir, "checkpoints")
         ev = {
             "signal": signal_name,
             "signal_sent_at": sent_at,
