@@ -206,7 +206,9 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_
         pre.state, pre.requeued_at, pre.checkpoint = "requeued", now, checkpoint
     for p in parts:  # the gang's old parts; a restart allocates afresh (one allocation per job and node)
         session.delete(p)
-    job.evidence = {"last_preemption": {"nodes": evidence, "outcome": outcome, "at": now.isoformat()}}
+    job.evidence = {"last_preemption": {"nodes": evidence, "outcome": outcome, "at": now.isoformat(),
+                                        "stop_request": job.stop_request}}
+    stop_request, job.stop_request = job.stop_request, {}  # the stop is over: the next run ends on its own terms
     job.placement = []
     job.started_at = None
     job.outcome = None
@@ -215,7 +217,7 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_
     record_outcome(gw, "outcome", {"action": "job.preempt", "job_id": job.id, "result": "requeued",
                                    "outcome": outcome, "state_after": "pending", "priority_before": before,
                                    "priority_after": row.priority, "wait_credit_s": row.wait_credit_s,
-                                   "checkpoints": checkpoints, "stop_request": job.stop_request})
+                                   "checkpoints": checkpoints, "stop_request": stop_request})
     notify(session, job.owner, "requeued", {
         "job_id": job.id, "outcome": outcome, "checkpoint": checkpoint, "priority": row.priority,
         "expected_restart": f"see GET /v1/jobs/{job.id}/queue (refreshed every scheduling cycle)"}, now)
