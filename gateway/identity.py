@@ -81,6 +81,7 @@ def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id:
         raise NotFound(f"no principal {principal_id!r}")
     if not may_manage(gw, caller, principal):
         raise Forbidden(f"{caller.id} may not create tokens for {principal_id}")
+    _check_within_caller_scope(caller, projects, actions)
     limit = gw.settings.service_token_max_days if principal.kind == "service" else PERSON_TOKEN_MAX_DAYS
     if expires_in_days > limit:
         raise Invalid(f"{principal.kind} tokens live at most {limit} days; asked for {expires_in_days:g}",
@@ -97,6 +98,19 @@ def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id:
     _ledger(gw, caller, "token.create", token_id=issued.id, principal=principal_id, purpose=purpose,
             projects=projects, actions=actions, expires_at=issued.expires_at.isoformat())
     return token, issued
+
+
+def _check_within_caller_scope(caller: Caller, projects: list[str], actions: list[str]) -> None:
+    """A credential mints only what it could do itself (F1): a token narrowed to job.view in one project, if
+    leaked, must not yield one for every action everywhere. Raises Forbidden naming what is outside."""
+    if caller.breakglass:
+        raise Forbidden(f"break-glass grant {caller.breakglass} cannot mint tokens; they would outlive it (F2)")
+    scopes = (("actions", actions, caller.token_actions), ("projects", projects, caller.token_projects))
+    for kind, asked, held in scopes:
+        outside = sorted(set(asked) - set(held)) if "*" not in held else []
+        if outside:
+            raise Forbidden(f"token {caller.token_id} is scoped to {kind} {list(held)}; a token it creates cannot"
+                            f" hold {', '.join(outside)}, which is outside it", scope={kind: list(held)})
 
 
 def list_tokens(gw: Gateway, session: Session, caller: Caller) -> list[Token]:

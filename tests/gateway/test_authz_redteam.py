@@ -146,3 +146,16 @@ def test_a_service_account_cannot_be_the_second_person(api: Api) -> None:
     r = api.post(f"/v1/approvals/{approval_id}/approve", "ci-bot", headers={"X-Jobgate-Trigger": "ci/x#1"})
     assert_problem(r, 403, "forbidden", "person")
     assert job_row(api, job_id)["state"] == "running"
+
+
+def test_a_scoped_token_cannot_mint_a_wider_one(api: Api) -> None:
+    narrow = scoped_token(api, "alice", actions=["job.view"], projects=["vision"])
+    r = api.client.post("/v1/tokens", headers=bearer(narrow),
+                        json={"purpose": "escalate", "projects": ["*"], "actions": ["*"], "expires_in_days": 300})
+    assert_problem(r, 403, "forbidden", "outside it")
+    r = api.client.post("/v1/tokens", headers=bearer(narrow),
+                        json={"purpose": "narrower", "projects": ["vision"], "actions": ["job.view"],
+                              "expires_in_days": 1})
+    assert r.status_code == 201, r.text  # within its own scope it still may
+    mine = [t for t in api.get("/v1/tokens", "alice").json()["tokens"] if t["principal"] == "alice"]
+    assert sorted(t["purpose"] for t in mine if "*" in t["actions"]) == ["demo"]  # no wide token was minted
