@@ -26,8 +26,10 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 venv: $(DEV_STAMP)
 
 ## Start the whole system on the embedded default (SQLite, embedded Rego, two local node agents).
+## `make run PORT=8081` when 8080 is taken.
+PORT ?= 8080
 run: $(RUN_STAMP)
-	$(BIN)/jobgate up --demo
+	$(BIN)/jobgate up --demo --port $(PORT)
 
 ## Create the environment and run the whole test suite.
 test: $(DEV_STAMP)

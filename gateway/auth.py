@@ -98,7 +98,8 @@ def authenticate(
     if facts.kind == "service" and not (trigger and trigger.strip()):
         raise Invalid(
             f"service account {facts.principal_id} must send the {TRIGGER_HEADER} header"
-            " (pipeline and run id, e.g. 'ci/train-nightly#4182')"
+            " (pipeline and run id, e.g. 'ci/train-nightly#4182'; from the CLI: --trigger or"
+            " JOBGATE_TRIGGER)"
         )
     return Caller(
         id=facts.principal_id,

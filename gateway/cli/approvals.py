@@ -13,6 +13,20 @@ def _client(gateway: str, token: str | None, trigger: str | None) -> Client:
     return Client(gateway, token, trigger)
 
 
+_RADIUS_LABELS = {"jobs": "job(s)", "running": "running", "gpus": "GPU(s)", "gpu_hours_at_stake": "GPU-hours at stake"}
+
+
+def _radius(radius: dict[str, Any]) -> str:
+    """`3 job(s), 2 running, 16 GPU(s), 41.5 GPU-hours at stake, projects speech, vision`, not a Python dict."""
+    parts = [f"{radius[k]} {label}" for k, label in _RADIUS_LABELS.items() if k in radius]
+    for key, value in radius.items():
+        if key == "projects" and isinstance(value, list):
+            parts.append(f"project(s) {', '.join(map(str, value)) or '-'}")
+        elif key not in _RADIUS_LABELS:
+            parts.append(f"{key} {value}")
+    return ", ".join(parts)
+
+
 def _summary(a: dict[str, Any]) -> str:
     lines = [
         f"{a['id']}  {a['action']}  [{a['state']}]  requested by {a['requester']}"
@@ -22,7 +36,7 @@ def _summary(a: dict[str, Any]) -> str:
         f"  expires {a['expires_at']}; approvals so far: {', '.join(x['by'] for x in a['approvals']) or 'none'}",
     ]
     if a.get("blast_radius"):
-        lines.append(f"  blast radius: {a['blast_radius']}")
+        lines.append(f"  blast radius: {_radius(a['blast_radius'])}")
     if a.get("resolution", {}).get("skipped"):
         lines.append(f"  skipped (ended meanwhile): {a['resolution']['skipped']}")
     return "\n".join(lines)

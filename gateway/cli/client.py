@@ -38,6 +38,7 @@ class Client:
             headers["Authorization"] = "Bearer " + _header_value(token, "the token (--token or JOBGATE_TOKEN)")
         if trigger:
             headers["X-Jobgate-Trigger"] = _header_value(trigger, "the trigger (--trigger or JOBGATE_TRIGGER)")
+        self.has_token = bool(token)
         self.url = url.rstrip("/")
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         ctx = click.get_current_context(silent=True)
@@ -50,15 +51,30 @@ class Client:
         except httpx.HTTPError as e:
             fail(f"cannot reach the gateway at {self.url} ({e.__class__.__name__}: {e})")
         if r.status_code >= 400:
-            try:
-                body = r.json()
-                detail = body.get("detail") or body.get("title")
-            except ValueError:
-                detail = r.text.strip()[:300]
-            fail(f"{r.status_code} {detail}")
+            fail(f"{r.status_code} {self._problem(r)}")
         if r.headers.get("content-type", "").startswith("application/json"):
             return r.json()
         return r.text
+
+
+    def _problem(self, r: httpx.Response) -> str:
+        """One line from a problem+json answer: its detail, plus what a CLI user needs next (the rule that refused
+        and the ledger seq the refusal is recorded at; where a missing token goes)."""
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return r.text.strip()[:300]
+        detail = str(body.get("detail") or body.get("title") or "")
+        rules = body.get("rules")
+        if isinstance(rules, list) and rules:
+            seq = body.get("ledger_seq")
+            recorded = f"; refusal recorded at ledger seq {seq}" if isinstance(seq, int) and seq >= 0 else ""
+            detail += f" (rule {', '.join(map(str, rules))}{recorded})"
+        if r.status_code == 401 and not self.has_token:
+            detail += " (no token given: set JOBGATE_TOKEN or pass --token)"
+        return detail
 
 
 def client_options(f: Any) -> Any:

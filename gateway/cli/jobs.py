@@ -157,10 +157,13 @@ def stop(client: Client, job_id: str, reason: str, ticket: str | None, wait_s: f
         time.sleep(0.5)
         job = client.request("GET", f"/v1/jobs/{job_id}")
     if as_json:
-        emit_json({"job": job, "decision": decision})
+        emit_json({"job": job, "decision": decision, "approval_id": result.get("approval_id")})
         return
     if decision["effect"] == "needs_approval":
         click.echo(f"{job_id}: needs approval ({'; '.join(decision['reasons'])})")
+        if result.get("approval_id"):
+            click.echo(f"  approval {result['approval_id']}: nothing changes until a second person runs"
+                       f" `jobgate approve {result['approval_id']}` (they see it in `jobgate approvals list`)")
     else:
         click.echo(f"{job_id}: {job['state']}" + (f" ({job['outcome']})" if job.get("outcome") else "")
                    + f"  [decision recorded at ledger seq {decision['ledger_seq']}]")

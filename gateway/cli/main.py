@@ -20,7 +20,40 @@ from gateway.console.cli import STATS_COMMANDS, audit_group, notifications_cmd, 
 from ledger.cli import ledger_group
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _misplaced_option(e: click.NoSuchOption) -> click.NoSuchOption | None:
+    """A `--token`, `--gateway` or `--trigger` written after the subcommand (`jobgate job list --token T`) belongs
+    to the group before it (`jobgate job --token T list`); say so, and name its environment variable, instead of
+    click's "No such option ... Did you mean '--json'?". None when the option is unknown to every parent too."""
+    if e.ctx is None:
+        return None
+    ctx = e.ctx.parent
+    while ctx is not None:
+        for param in ctx.command.params:
+            if isinstance(param, click.Option) and e.option_name in param.opts:
+                rest = e.ctx.command_path[len(ctx.command_path):].strip()
+                env = f", or set {param.envvar}" if isinstance(param.envvar, str) else ""
+                return click.NoSuchOption(
+                    e.option_name,
+                    f"{e.option_name} goes before the subcommand: `{ctx.command_path} {e.option_name} VALUE {rest} ...`"
+                    f"{env}",
+                    ctx=e.ctx,
+                )
+        ctx = ctx.parent
+    return None
+
+
+class _Cli(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except click.NoSuchOption as e:
+            better = _misplaced_option(e)
+            if better is None:
+                raise
+            raise better from e
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option("0.1.0", prog_name="jobgate")
 def cli() -> None:
     """jobgate: the one door for changing training jobs on a shared GPU pool.

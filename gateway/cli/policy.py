@@ -140,8 +140,8 @@ def test_cmd(directory: Path | None, as_json: bool, failures_only: bool) -> None
 
 @policy_group.command("explain")
 @click.option("--input", "input_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="JSON: a decision input (as recorded in a ledger entry's body.input), a whole ledger entry, "
-                   "or a compact table case input.")
+              help="JSON: a decision input (as recorded in a ledger entry's body.input), a whole ledger entry "
+                   "(`jobgate audit show SEQ --json` > FILE), or a compact table case input.")
 @click.option("--bindings", "bindings_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Role bindings, `g, principal, role, project` per line (default: DIR/tests/bindings.csv).")
 @click.option("--policies", "directory", type=click.Path(file_okay=False, path_type=Path),
@@ -159,10 +159,13 @@ def explain_cmd(input_file: Path, bindings_file: Path | None, directory: Path | 
         fail(f"cannot read {input_file}: {e.strerror or e}")
     except json.JSONDecodeError as e:
         fail(f"{input_file}:{e.lineno}: not JSON ({e.msg})")
+    if isinstance(doc, dict) and isinstance(doc.get("entry"), dict):
+        doc = doc["entry"]  # `jobgate audit show SEQ --json` (GET /v1/audit/entries/{seq}): the entry and its proof
     if isinstance(doc, dict) and isinstance(doc.get("body"), dict) and "input" in doc["body"]:
         doc = doc["body"]["input"]  # a whole ledger entry
     if not isinstance(doc, dict) or "action" not in doc or "actor" not in doc:
-        fail(f"{input_file} must hold an object with at least `action` and `actor`")
+        fail(f"{input_file} must hold an object with at least `action` and `actor` (a decision input), or a"
+             " decision's ledger entry, e.g. from `jobgate audit show SEQ --json`")
     if isinstance(doc["actor"], str) or any("creator" not in t for t in doc.get("targets") or []):
         doc = expand_input(doc)  # compact, as in policies/tests/*.yaml
     bindings_path = bindings_file or path / "tests" / BINDINGS_FILE

@@ -12,8 +12,11 @@ from gateway.cli.jobs import job_group
 
 
 def _parts(parts: dict[str, Any]) -> str:
+    """`baseline 500 + contribution 20 + aging 0.42`: two decimals at most, and parts that round to 0 left out
+    (aging a few seconds old is 7e-06, which only reads as noise)."""
     keys = ("baseline", "contribution", "aging", "fairshare", "compensation", "manual")
-    return " + ".join(f"{k} {float(parts[k]):g}" for k in keys if parts.get(k))
+    shown = ((k, round(float(parts[k]), 2)) for k in keys if parts.get(k))
+    return " + ".join(f"{k} {v:g}" for k, v in shown if v)
 
 
 def describe_why(q: dict[str, Any]) -> str:
@@ -24,13 +27,15 @@ def describe_why(q: dict[str, Any]) -> str:
     if pr["effective"] is not None:
         lines.append(f"  effective priority {pr['effective']:.1f} = {_parts(pr['parts']) or '0'}")
     if q["blocking_reason"]:
-        lines.append(f"  waiting because: {q['blocking_reason']}")
+        # Only a pending job waits; for one that runs or ended the API gives its state reason instead.
+        label = "waiting because" if q["state"] == "pending" else "state reason"
+        lines.append(f"  {label}: {q['blocking_reason']}")
     if q["state"] == "pending":
         est = q["estimated_start"]
         lines.append(f"  estimated start: {est or 'unknown (no fitting nodes, or no runtime limits ahead)'}"
                      + (f" (as of {q['estimated_at']})" if q["estimated_at"] else ""))
     if q.get("quota"):
-        lines.append(f"  running on {q['quota']} quota")
+        lines.append(f"  {'running' if q['state'] in ('starting', 'running') else 'ran'} on {q['quota']} quota")
     if q["preemptions"]:
         lines.append(f"  preempted {q['preemptions']} time(s); wait carried over {q['wait_credit_s']:.0f} s")
     others = [o for o in q["others_in_queue"] if not o["this_job"]]

@@ -85,14 +85,21 @@ def run(trace: list[TraceJob], data: dict[str, Any], label: str) -> SimReport:
         fail(f"{label}: {e}")
 
 
-def plot(reports: dict[str, SimReport], out: Path) -> None:
+def _require_matplotlib() -> None:
+    """Checked before the replay, which takes a while, so a missing plotting library does not throw it away."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib  # noqa: F401
     except ImportError:
-        fail("plotting needs matplotlib: pip install 'jobgate[sim]'")
+        fail("--plot needs matplotlib, which `make run` does not install: .venv/bin/pip install -e '.[sim]'"
+             " (or drop --plot)")
+
+
+def plot(reports: dict[str, SimReport], out: Path) -> None:
+    _require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     for label, r in reports.items():
         hours = [t / 3600 for t, _, _ in r.series]
@@ -120,7 +127,11 @@ def _summary(label: str, r: SimReport) -> list[str]:
 
 @click.group("sim", invoke_without_command=True)
 @click.option("--trace", "trace_path", type=click.Path(path_type=Path), help="CSV trace to replay.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Scheduler YAML.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="Scheduler YAML (default: the built-in settings): scheduler settings such as "
+                   "`fairshare_weight: 0` or `aging_per_hour: {batch: 5}` (at the top level or under `scheduler:`), "
+                   "plus `cluster: {nodes: 16, gpus_per_node: 8}`, `quotas`, `tick_s`, `grace_s`. An unknown key "
+                   "is refused with the list of known ones.")
 @click.option("--compare", "compare_path", type=click.Path(path_type=Path), help="A second YAML, side by side.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write a PNG of utilisation and queue.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report(s) as JSON.")
@@ -137,6 +148,8 @@ def sim_group(ctx: click.Context, trace_path: Path | None, config_path: Path | N
         return
     if trace_path is None:
         fail("--trace is required (or use `jobgate sim generate`)")
+    if plot_path is not None:
+        _require_matplotlib()
     trace = read_trace(trace_path)
     reports = {str(config_path or "defaults"): run(trace, read_config(config_path), str(config_path or "defaults"))}
     if compare_path is not None:

@@ -26,6 +26,31 @@ def _start_agents(data_dir: Path, url: str) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """Raises ClickException when HOST:PORT cannot be bound, before anything is seeded, started or printed: the
+    banner's "Try, in another terminal" lines would otherwise send the reader to whatever already listens there
+    (often another gateway, whose tokens differ). SO_REUSEADDR as uvicorn sets it, so a port in TIME_WAIT passes."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            why = "the port is already in use" if e.errno == errno.EADDRINUSE else e.strerror
+            other = port + 1 if port < 65535 else port - 1
+            raise click.ClickException(
+                f"cannot listen on {host}:{port}: {why}. Pick another port: `jobgate up --port {other}`"
+                f" (`make run PORT={other}`), then use JOBGATE_URL=http://{host}:{other}"
+            ) from e
+
+
 def _banner(url: str, data_dir: Path, demo: bool) -> str:
     lines = [
         "",
@@ -73,6 +98,7 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     data_dir = data_dir.resolve()
     if policy_engine == "opa" and not opa_url:
         raise click.ClickException("--policy-engine opa needs --opa-url (or JOBGATE_OPA_URL)")
+    _check_port_free(host, port)
     settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url)
     url = f"http://{host}:{port}"
     agents: list[subprocess.Popen[bytes]] = []

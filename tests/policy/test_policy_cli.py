@@ -102,6 +102,19 @@ def test_explain_takes_a_ledger_entry_and_bindings(tmp_path: Path) -> None:
     assert code == 0 and out.startswith("decision: DENY"), out  # zoe holds nothing in the fixture bindings
 
 
+def test_explain_takes_what_audit_show_json_prints(tmp_path: Path) -> None:
+    """`jobgate audit show SEQ --json > entry.json` wraps the entry beside its proof and checkpoint."""
+    entry = {"kind": "decision", "body": {"input": {
+        "action": "job.stop", "actor": {"id": "mallory", "kind": "person"}, "project": "vision", "reason": "mine",
+        "targets": [{"id": "j-9", "project": "vision", "creator": "alice", "creator_kind": "person",
+                     "owner": "alice", "external_rights": False, "gpus": 1, "expired": False}],
+        "approvals": [], "granularity": "job", "now": "2026-11-29T10:00:00Z"}}}
+    shown = {"entry": entry, "checkpoint": "jobgate.local/ledger\n1\n...", "checkpoint_signature": "valid"}
+    (tmp_path / "shown.json").write_text(json.dumps(shown))
+    code, out = run("policy", "explain", "--input", str(tmp_path / "shown.json"))
+    assert code == 0 and out.startswith("decision: DENY") and "A4.no_capability" in out, out
+
+
 @pytest.mark.parametrize(("text", "needle"), [("{not json", "not JSON"), ('{"x": 1}', "at least `action`")])
 def test_explain_bad_input_is_one_line(tmp_path: Path, text: str, needle: str) -> None:
     (tmp_path / "bad.json").write_text(text)

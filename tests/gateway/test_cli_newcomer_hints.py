@@ -1,0 +1,198 @@
+"""What a newcomer following the README is told when they slip: where `--token` goes, why a call was refused
+and where the refusal is recorded, which approval to confirm, why a finished job "waits", what a blast radius
+is, that `--plot` needs matplotlib, and that :8080 is taken.
+
+Answers come from a canned HTTP server (a real socket, `http.server`) so the CLI's formatting is tested
+without a whole gateway; the gateway's own answers are tested in test_jobs_api.py and test_approvals_api.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from gateway.cli.approvals import _radius
+from gateway.cli.main import cli
+from gateway.cli.queue import describe_why
+
+TOKEN = "jg_" + "x" * 43
+
+
+class Canned(ThreadingHTTPServer):
+    answers: dict[tuple[str, str], tuple[int, dict[str, Any]]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Canned
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.rfile.read(length)
+        status, body = self.server.answers.get((self.command, self.path), (404, {"detail": "not canned"}))
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/problem+json" if status >= 400 else "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+@pytest.fixture
+def canned() -> Iterator[Canned]:
+    server = Canned(("127.0.0.1", 0), _Handler)
+    server.answers = {}
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def run(server: Canned | None, *args: str, token: str | None = TOKEN) -> tuple[int, str]:
+    env = {"JOBGATE_URL": f"http://127.0.0.1:{server.server_address[1]}" if server else "http://127.0.0.1:9",
+           "JOBGATE_TOKEN": token or ""}
+    result = CliRunner().invoke(cli, list(args), env=env, prog_name="jobgate")
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["job", "list", "--token", "t"], "--token goes before the subcommand: `jobgate job --token VALUE list ...`,"
+                                          " or set JOBGATE_TOKEN"),
+        (["job", "submit", "--trigger", "ci#1", "--name", "n", "--project", "vision", "--", "true"],
+         "--trigger goes before the subcommand: `jobgate job --trigger VALUE submit ...`, or set JOBGATE_TRIGGER"),
+        (["audit", "show", "3", "--gateway", "http://x"],
+         "`jobgate audit --gateway VALUE show ...`, or set JOBGATE_URL"),
+        (["job", "list", "--nope"], "No such option '--nope'"),
+    ],
+    ids=["token-after-list", "trigger-after-submit", "gateway-after-show", "really-unknown"],
+)
+def test_a_client_option_after_the_subcommand_says_where_it_goes(args: list[str], expect: str) -> None:
+    code, out = run(None, *args)
+    assert code == 2 and expect in out, out
+    assert "Did you mean" not in out  # click used to suggest --json for --token
+
+
+def test_a_refusal_names_its_rule_and_ledger_seq(canned: Canned) -> None:
+    canned.answers[("POST", "/v1/jobs/j-1/stop")] = (403, {
+        "type": "https://jobgate.dev/problems/policy-denied", "title": "Denied by policy", "status": 403,
+        "detail": "mallory holds no role in project vision that grants job.stop.any",
+        "rules": ["A4.no_capability"], "ledger_seq": 21})
+    canned.answers[("GET", "/v1/jobs/j-1")] = (403, {
+        "detail": "mallory holds no role in project vision that grants job.view", "rules": ["A1.not_member"],
+        "ledger_seq": -1})
+    code, out = run(canned, "job", "stop", "j-1", "--reason", "I need the GPUs")
+    assert code == 1
+    assert out == ("Error: 403 mallory holds no role in project vision that grants job.stop.any"
+                   " (rule A4.no_capability; refusal recorded at ledger seq 21)\n")
+    code, out = run(canned, "job", "show", "j-1")
+    assert code == 1 and out.endswith("grants job.view (rule A1.not_member)\n"), out  # no seq: none recorded
+
+
+def test_a_missing_token_says_where_one_goes(canned: Canned) -> None:
+    canned.answers[("GET", "/v1/jobs")] = (401, {"detail": "missing Authorization header"})
+    code, out = run(canned, "job", "list", token=None)
+    assert code == 1 and "(no token given: set JOBGATE_TOKEN or pass --token)" in out, out
+    code, out = run(canned, "job", "list")
+    assert code == 1 and "no token given" not in out, out  # a token was sent: the server's word is the news
+
+
+def test_a_non_object_error_body_is_still_one_line(canned: Canned) -> None:
+    canned.answers[("GET", "/v1/jobs")] = (502, ["upstream", "down"])  # type: ignore[assignment]
+    code, out = run(canned, "job", "list")
+    assert code == 1 and out.startswith("Error: 502 ") and out.count("\n") == 1, out
+
+
+def _job(state: str) -> dict[str, Any]:
+    return {"id": "j-1", "name": "n", "project": "vision", "queue": "normal", "state": state, "state_reason": "",
+            "nodes": 1, "gpus_per_node": 2, "placement": [], "ownership": {"owner": "alice"}}
+
+
+def test_a_stop_that_needs_a_second_person_names_the_approval(canned: Canned) -> None:
+    canned.answers[("POST", "/v1/jobs/j-1/stop")] = (202, {
+        "job": _job("running"), "approval_id": "apr-42",
+        "decision": {"effect": "needs_approval", "ledger_seq": 24,
+                     "reasons": ["carol stops alice's job j-1; a second person must confirm"]}})
+    code, out = run(canned, "job", "stop", "j-1", "--reason", "urgent eval needs the GPUs")
+    assert code == 0, out
+    assert "j-1: needs approval (carol stops alice's job j-1; a second person must confirm)" in out
+    assert "approval apr-42: nothing changes until a second person runs `jobgate approve apr-42`" in out
+    code, out = run(canned, "job", "stop", "j-1", "--reason", "urgent eval needs the GPUs", "--json")
+    assert code == 0 and json.loads(out)["approval_id"] == "apr-42", out
+
+
+def _why(state: str, reason: str) -> dict[str, Any]:
+    return {"job_id": "j-1", "state": state, "queue": "normal", "position": None, "queue_length": 0,
+            "priority": {"effective": 570.0, "parts": {"baseline": 500, "contribution": 20, "aging": 7.4e-06,
+                                                       "fairshare": 50}},
+            "blocking_reason": reason, "estimated_start": None, "estimated_at": None, "quota": "owned",
+            "preemptions": 0, "wait_credit_s": 0, "others_in_queue": [], "priority_history": []}
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "expect", "absent"),
+    [
+        ("stopped", "graceful", ["  state reason: graceful", "  ran on owned quota"], "waiting because"),
+        ("pending", "no node has 2 free GPUs", ["  waiting because: no node has 2 free GPUs"], "state reason"),
+    ],
+    ids=["stopped", "pending"],
+)
+def test_why_does_not_say_a_finished_job_waits(state: str, reason: str, expect: list[str], absent: str) -> None:
+    out = describe_why(_why(state, reason))
+    assert "effective priority 570.0 = baseline 500 + contribution 20 + fairshare 50\n" in out, out  # no 7.4e-06
+    assert all(line in out.splitlines() for line in expect), out
+    assert absent not in out
+
+
+@pytest.mark.parametrize(
+    ("radius", "text"),
+    [
+        ({"jobs": 1, "gpus": 1, "projects": ["vision"]}, "1 job(s), 1 GPU(s), project(s) vision"),
+        ({"jobs": 3, "projects": ["speech", "vision"], "gpus": 16, "gpu_hours_at_stake": 41.5, "running": 2},
+         "3 job(s), 2 running, 16 GPU(s), 41.5 GPU-hours at stake, project(s) speech, vision"),
+    ],
+    ids=["emergency", "batch"],
+)
+def test_blast_radius_reads_as_words(radius: dict[str, Any], text: str) -> None:
+    assert _radius(radius) == text
+
+
+def test_sim_plot_without_matplotlib_fails_before_the_replay(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets where it is not installed
+    code, out = run(None, "sim", "--trace", str(tmp_path / "missing.csv"), "--plot", str(tmp_path / "out.png"))
+    assert code == 1 and "--plot needs matplotlib" in out and "pip install -e '.[sim]'" in out, out
+    assert "missing.csv" not in out  # refused before the trace was read, not after a long replay
+
+
+def test_up_on_a_taken_port_says_so_before_seeding_or_printing_the_banner(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data_dir = tmp_path / "var"
+        r = subprocess.run([sys.executable, "-m", "gateway.cli", "up", "--demo", "--port", str(port),
+                            "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "JOBGATE_URL": ""})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in r.stderr
+    assert f"`jobgate up --port {port + 1}` (`make run PORT={port + 1}`)" in r.stderr
+    assert "Try, in another terminal" not in r.stdout and not data_dir.exists()
