@@ -51,6 +51,9 @@ def test_console_refusal_is_the_policys_and_is_ledgered(console: Console) -> Non
     assert r.status_code == 403
     m = re.search(r"recorded in the ledger as entry (\d+)", r.text)
     assert m, r.text
+    # The page says why once (the detail), not again under "Reasons:", and names the rule that refused.
+    assert r.text.count("holds no role in project vision that grants job.stop.any") == 1, r.text
+    assert "Reasons:" not in r.text and "Policy rule: A4.no_capability" in r.text, r.text
     entry = console.gateway.ledger.entry(int(m.group(1))).value
     assert entry["body"]["actor"]["id"] == "mallory"
     assert entry["body"]["decision"]["effect"] == "deny"
