@@ -194,14 +194,14 @@ class Agent:
         check_job_id(command.job_id)
         if self.runner.get(command.job_id) is not None:
             raise InvalidCommand("conflict", f"job {command.job_id} still runs here; artifacts are kept")
-        deleted = self.runner.delete_artifacts(command.job_id, everything=params.what == "all")
+        deleted, left = self.runner.delete_artifacts(command.job_id, everything=params.what == "all")
         self._report(
             command.job_id,
             "deleted",
             command.nonce,
             pid=None,
-            detail=f"{len(deleted)} files deleted",
-            evidence={"deleted": deleted, "what": params.what, "reason": params.reason},
+            detail=f"{len(deleted)} files deleted" + (f", {len(left)} left" if left else ""),
+            evidence={"deleted": deleted, "left": left, "what": params.what, "reason": params.reason},
         )
 
     def _reconcile(self, command: protocol.Command, params: ReconcileParams) -> None:

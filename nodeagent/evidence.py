@@ -129,6 +129,52 @@ def _walk_sub(job_fd: int, sub: str) -> Iterator[Entry]:
         os.close(fd)
 
 
+def delete_files(job_dir: Path, sub: str = "checkpoints") -> tuple[list[dict[str, Any]], list[str]]:
+    """Remove everything under `job_dir/sub` (`sub` "": the job directory itself too), each entry through
+    its parent's descriptor, so a symlink the job planted is removed, never followed.
+
+    Returns the records of the removed files (regular files hashed first; others with their `type` and no
+    hash) and the paths left behind (nested deeper than MAX_DEPTH, or not removable).
+    Raises FileNotFoundError if the job directory is missing, OSError if it is not a real directory.
+    """
+    removed: list[dict[str, Any]] = []
+    left: list[str] = []
+    with open_job_dir(job_dir) as job_fd:
+        for entry in _walk_sub(job_fd, sub):
+            try:
+                if entry.is_dir:
+                    os.rmdir(entry.name, dir_fd=entry.dir_fd)
+                    continue
+                record = file_record(entry) or _other_record(entry)
+                os.unlink(entry.name, dir_fd=entry.dir_fd)
+            except OSError:
+                left.append(entry.path)
+                continue
+            removed.append(record)
+    if not sub:
+        try:
+            parent = os.open(job_dir.parent, _OPEN_DIR)
+            try:
+                os.rmdir(job_dir.name, dir_fd=parent)
+            finally:
+                os.close(parent)
+        except OSError:
+            left.append(".")
+    return sorted(removed, key=lambda r: str(r["path"])), left
+
+
+def _other_record(entry: Entry) -> dict[str, Any]:
+    try:
+        st = os.stat(entry.name, dir_fd=entry.dir_fd, follow_symlinks=False)
+    except OSError:
+        return {"path": entry.path, "type": "gone", "size": None, "mtime": None, "sha256": None}
+    kind = next((k for k, test in _KINDS if test(st.st_mode)), "other")
+    return {"path": entry.path, "type": kind, "size": st.st_size, "mtime": st.st_mtime, "sha256": None}
+
+
+_KINDS = (("file", stat.S_ISREG), ("symlink", stat.S_ISLNK), ("fifo", stat.S_ISFIFO), ("socket", stat.S_ISSOCK))
+
+
 def since(records: list[dict[str, Any]], t: float | None) -> list[dict[str, Any]]:
     """The records modified at or after `t` (none when there was no signal)."""
     if t is None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import threading
@@ -334,19 +333,21 @@ class Runner:
         thread.start()
         return thread
 
-    def delete_artifacts(self, job_id: str, *, everything: bool = False) -> list[dict[str, Any]]:
+    def delete_artifacts(self, job_id: str, *, everything: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
         """Delete a finished job's checkpoints (or, with `everything`, its whole job directory); return a
-        record (path, size, mtime, sha256) of every file removed. Raises InvalidCommand if the job runs."""
+        record (path, size, mtime, sha256) of every file removed and the paths that could not be.
+        Raises InvalidCommand if the job runs, or if its directory was replaced by something else."""
         job_dir = self.job_dir(job_id)
         with self._lock:
             if job_id in self._jobs:
                 raise InvalidCommand("conflict", f"job {job_id} still runs on this node")
-        records = evidence.scan_files(job_dir, "" if everything else "checkpoints")
-        for record in records:
-            (job_dir / str(record["path"])).unlink(missing_ok=True)
-        if everything and job_dir.is_dir():
-            shutil.rmtree(job_dir, ignore_errors=True)
-        return records
+        try:
+            return evidence.delete_files(job_dir, "" if everything else "checkpoints")
+        except FileNotFoundError:
+            return [], []
+        except OSError as e:
+            # The job swapped its directory (or the jobs root) for a symlink or file: a person must look.
+            raise InvalidCommand("unsafe", f"{job_dir} is not a plain directory ({e.strerror})") from e
 
     def join_stops(self, timeout: float | None = None) -> bool:
         """Wait for in-flight stops; True if none is left running."""

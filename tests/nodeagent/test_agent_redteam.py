@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import nacl.signing
 import pytest
-from nodeagent_testkit import EventLog, py, wait_for_log
+from nodeagent_testkit import EventLog, command, nonce_of, py, wait_for_log, wait_until
+from test_nodeagent_commands import Harness
 
 from nodeagent.runner import Runner
 
@@ -70,3 +73,69 @@ def test_symlink_to_a_file_outside_is_not_hashed_as_an_artifact(
     assert ev is not None
     assert [a["path"] for a in ev["artifacts"]] == ["checkpoints/real.pt"]
     assert hashlib.sha256(secret.read_bytes()).hexdigest() not in str(ev)
+
+
+# -- A6 / P1 deletes: only the job's own files, never a crash ------------------------------------------
+
+DELETE_PLANTS = {
+    # A real file beside each trap; a stop leaves them all for the delete to find.
+    "checkpoints-dir-is-symlink": "import shutil; shutil.rmtree(ckpt); os.symlink(outside, ckpt)",
+    "symlinked-subdir": "os.symlink(outside, ckpt / 'sub')",
+    "job-dir-is-symlink": "os.rename(job, str(job) + '.moved'); os.symlink(outside, job)",
+    "deeply-nested": "os.chdir(ckpt)\nfor _ in range(1200):\n    os.mkdir('d'); os.chdir('d')\n"
+    "open('deep.pt', 'w').write('x'); os.chdir(job)",
+}
+
+
+def exiting_planter(plant: str, outside: Path) -> list[str]:
+    return py(
+        "import os, pathlib\n"
+        "ckpt = pathlib.Path(os.environ['JOBGATE_CHECKPOINT_DIR']); job = ckpt.parent\n"
+        f"outside = {str(outside)!r}\n"
+        "(ckpt / 'real.pt').write_bytes(b'weights')\n"
+        f"{plant}\n"
+    )
+
+
+@pytest.fixture
+def harness(tmp_path: Path, signing_key: nacl.signing.SigningKey) -> Iterator[Harness]:
+    h = Harness(tmp_path / "agent", signing_key)
+    yield h
+    h.close()
+
+
+@pytest.mark.parametrize("what", ["checkpoints", "all"])
+@pytest.mark.parametrize("trap", list(DELETE_PLANTS))
+def test_delete_removes_nothing_outside_and_survives_any_tree(
+    harness: Harness, tmp_path: Path, trap: str, what: str
+) -> None:
+    plant = DELETE_PLANTS[trap]
+    outside = tmp_path / "home"
+    outside.mkdir()
+    (outside / "thesis.tex").write_text("years of work")
+    harness.agent.handle_envelope(command(harness.key, "start", "trap", argv=exiting_planter(plant, outside),
+                                          gpus=[0]))
+    harness.wait("trap", "exited")
+    wait_until(lambda: harness.agent.runner.get("trap") is None, 10, "the job to be gone")
+
+    delete = command(harness.key, "delete_artifacts", "trap", what=what, reason="delete: job deleted")
+    harness.agent.handle_envelope(delete)  # must not raise: an exception here kills the agent's poller
+
+    assert (outside / "thesis.tex").read_text() == "years of work"
+    [answer] = [r for r in harness.reports("trap") if r["nonce"] == nonce_of(delete)]
+    if trap == "job-dir-is-symlink":
+        assert answer["event"] == "rejected" and answer["detail"].startswith("unsafe: ")
+        return
+    assert answer["event"] == "deleted"
+    paths = [d["path"] for d in answer["evidence"]["deleted"]]
+    # The job removed its own real.pt when it swapped its checkpoints dir for the link.
+    assert ("checkpoints/real.pt" in paths) == (trap != "checkpoints-dir-is-symlink")
+    assert not any("thesis" in p for p in paths)
+    job_dir = harness.work_dir / "jobs" / "trap"
+    if trap == "deeply-nested":
+        assert answer["evidence"]["left"]  # too deep to walk: said so, not silently kept
+    elif what == "all":
+        assert answer["evidence"]["left"] == [] and not job_dir.exists() and not job_dir.is_symlink()
+    # The agent still obeys the next command.
+    harness.agent.handle_envelope(command(harness.key, "stop", "nobody"))
+    harness.wait("nobody", "stopped")
