@@ -44,6 +44,15 @@ def read_stat(pid: int) -> ProcStat | None:
         return None
 
 
+def environ_has(pid: int, name: str, value: str) -> bool:
+    """True if process `pid` was exec'd with `name=value` in its environment (/proc/<pid>/environ)."""
+    try:
+        raw = (_PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return False
+    return f"{name}={value}".encode() in raw.split(b"\0")
+
+
 def group_members(pgid: int) -> list[ProcStat]:
     """Every process (zombies included) whose process group is `pgid`."""
     members = []

@@ -119,14 +119,28 @@ class ProcessRecord:
         )
 
     def still_ours(self) -> bool:
-        """True if the recorded group still runs and is the very process we started (not a reused pid)."""
-        if self.boot_id is not None and self.boot_id != procgroup.boot_id():
+        """True if the recorded group still runs and is the very job we started (not a reused pid).
+
+        processes.json is writable by the job (same user), so the record alone proves nothing: the kernel
+        must confirm it. The leader must match the recorded boot, start time and group and carry the job
+        id the agent put in its environment; once the leader is gone, some live member must carry it.
+        """
+        current_boot = procgroup.boot_id()
+        if current_boot is None:
+            return procgroup.group_alive(self.pgid)  # no /proc: nothing better to ask
+        if self.boot_id != current_boot or self.start_ticks is None:
             return False
-        if self.start_ticks is not None:
-            stat = procgroup.read_stat(self.pid)
-            if stat is not None and stat.state != "Z":
-                return stat.start_ticks == self.start_ticks and stat.pgrp == self.pgid
-        return procgroup.group_alive(self.pgid)
+        stat = procgroup.read_stat(self.pid)
+        if stat is not None and stat.state != "Z":
+            return (
+                stat.start_ticks == self.start_ticks
+                and stat.pgrp == self.pgid
+                and procgroup.environ_has(self.pid, "JOBGATE_JOB_ID", self.job_id)
+            )
+        return any(
+            m.state != "Z" and procgroup.environ_has(m.pid, "JOBGATE_JOB_ID", self.job_id)
+            for m in procgroup.group_members(self.pgid)
+        )
 
 
 @dataclass
@@ -279,8 +293,9 @@ class Runner:
         """Emit `exited` (exit status unknowable) for a recorded job that is no longer ours to watch."""
         job = _Job(record=record, job_dir=self.job_dir(record.job_id), popen=None)
         job.exited.set()
-        # Not ours any more means gone: either it died or its pid now belongs to a stranger.
-        self._finish(job, "exited", None, detail=detail, gone=True)
+        # Gone unless the recorded group still lives: then it is a stranger's now, or the record was
+        # edited; either way nobody may count its GPUs as free without a person looking.
+        self._finish(job, "exited", None, detail=detail, gone=not procgroup.group_alive(record.pgid))
 
     # -- stop ----------------------------------------------------------------------------------------
 

@@ -3,7 +3,12 @@ what a forged or edited record can make the agent do. Real subprocesses, real fi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +16,9 @@ from pathlib import Path
 import nacl.signing
 import pytest
 from nodeagent_testkit import EventLog, command, nonce_of, py, wait_for_log, wait_until
-from test_nodeagent_commands import Harness
+from test_nodeagent_commands import SLEEPER, Harness
 
+from nodeagent import procgroup
 from nodeagent.runner import Runner
 
 pytestmark = pytest.mark.integration
@@ -139,3 +145,40 @@ def test_delete_removes_nothing_outside_and_survives_any_tree(
     # The agent still obeys the next command.
     harness.agent.handle_envelope(command(harness.key, "stop", "nobody"))
     harness.wait("nobody", "stopped")
+
+
+# -- adoption after restart: a record the job edited must not aim the agent at a stranger ---------------
+
+
+@pytest.mark.parametrize("ticks", ["dropped", "copied-from-victim"])
+def test_edited_process_record_does_not_make_a_stranger_adoptable(harness: Harness, ticks: str) -> None:
+    """The job rewrites its own record in processes.json to name another process group (same user, so it
+    can); a restarted agent must not adopt it, and the gateway's next stop must not kill the stranger."""
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    job_pid = None
+    try:
+        harness.agent.handle_envelope(command(harness.key, "start", "forger", argv=SLEEPER, gpus=[0]))
+        job_pid = harness.wait("forger", "started")["pid"]
+        path = harness.work_dir / "processes.json"
+        records = json.loads(path.read_text())
+        stat = procgroup.read_stat(victim.pid)
+        assert stat is not None
+        records["forger"].update(pid=victim.pid, pgid=victim.pid,
+                                 start_ticks=None if ticks == "dropped" else stat.start_ticks)
+        path.write_text(json.dumps(records))
+
+        restarted = harness.new_agent()
+        assert restarted.runner.get("forger") is None
+        restarted.handle_envelope(command(harness.key, "stop", "forger", grace_seconds=0))
+        restarted.runner.join_stops(10)
+        time.sleep(0.2)
+        assert victim.poll() is None, "the agent killed a process group that was never the job's"
+        # The stranger still runs, so the job's group is not reported gone (a person must look).
+        [vanished] = [r for r in harness.reports("forger", "exited")]
+        assert vanished["evidence"]["process_group_gone"] is False
+    finally:
+        victim.kill()
+        victim.wait()
+        if job_pid is not None:  # the real job, which its edited record no longer names
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(job_pid, signal.SIGKILL)
