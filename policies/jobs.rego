@@ -21,8 +21,9 @@ sensitivity(t) := "external_rights" if {
 # 1. R4: the system reclaims a job past its validity period; nothing else may act as the system.
 # 2. The creator or owner stops their own job.
 # 3. A8: a job a service account started is stopped by on-call only, with a second person.
-# 4. A4: a queue admin (own project) or on-call stops another's job, with a second person.
-# 5. A4 cross-project: a queue admin of another project needs the job owner's consent.
+# 4. A4: another's job is stopped only with a written reason (the audit record names it).
+# 5. A4: a queue admin (own project) or on-call stops another's job, with a second person.
+# 6. A4 cross-project: a queue admin of another project needs the job owner's consent.
 stop_finding(t) := system_stop_finding(t) if {
 	actor_kind == "system"
 } else := grant_alone("A4.own_job", sprintf("%s stops their own job %s", [actor, t.id]), t, []) if {
@@ -30,6 +31,11 @@ stop_finding(t) := system_stop_finding(t) if {
 	"job.stop.own" in granted[t.project]
 } else := service_stop_finding(t) if {
 	t.creator_kind == "service"
+} else := refuse(
+	"A4.reason_required", sprintf("%s's job %s is not yours: stopping it needs a written reason", [t.owner, t.id]), t.id,
+) if {
+	not reason_given
+	count(stop_any_projects) > 0
 } else := grant(
 	"A4.second_person", sprintf("%s stops %s's job %s; a second person must confirm", [actor, t.owner, t.id]),
 	t, 1, second_person(t), others_job_obligations(t),
@@ -72,10 +78,9 @@ stop_any_projects contains p if {
 	"job.stop.any" in cs
 }
 
-# A3/A4: the owner must hear of it; the written reason is part of the audit record.
-others_job_obligations(t) := [notify_owner(t)] if {
-	reason_given
-} else := [notify_owner(t), {"kind": "reason_required", "job": t.id}]
+# A3/A4: the owner must hear of it. The written reason the audit record needs is required by the branches
+# that call this (a reason of blanks is none), not left to an obligation nobody carries out.
+others_job_obligations(t) := [notify_owner(t)]
 
 # Priority / queue position (A2 own, A3 another's with a second person).
 priority_finding(t) := grant_alone(
@@ -83,6 +88,12 @@ priority_finding(t) := grant_alone(
 ) if {
 	owns(t)
 	"job.priority.own" in granted[t.project]
+} else := refuse(
+	"A3.reason_required",
+	sprintf("%s's job %s is not yours: changing its priority needs a written reason", [t.owner, t.id]), t.id,
+) if {
+	not reason_given
+	"job.priority.any" in granted[t.project]
 } else := grant(
 	"A3.second_person", sprintf("%s changes the priority of %s's job %s; a second person must confirm", [actor, t.owner, t.id]),
 	t, 1, second_person(t), others_job_obligations(t),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
+from sqlalchemy import select
 
 from gateway.approvals import Approval
 from gateway.models import Job, Project
@@ -159,3 +160,21 @@ def test_a_scoped_token_cannot_mint_a_wider_one(api: Api) -> None:
     assert r.status_code == 201, r.text  # within its own scope it still may
     mine = [t for t in api.get("/v1/tokens", "alice").json()["tokens"] if t["principal"] == "alice"]
     assert sorted(t["purpose"] for t in mine if "*" in t["actions"]) == ["demo"]  # no wide token was minted
+
+
+# -- A3: another's priority needs a written reason ------------------------------------------------------
+
+
+def test_anothers_job_needs_a_written_reason(api: Api) -> None:
+    """A3/A4 audit records name a written reason. The policy only attached a `reason_required` obligation that
+    nothing carried out, so another's priority changed with no reason, and a stop with a reason of blanks."""
+    job_id = running_job(api)
+    r = api.post(f"/v1/jobs/{job_id}/priority", "carol", json={"priority": 500})
+    assert_problem(r, 403, "policy-denied", "changing its priority needs a written reason")
+    r = api.post(f"/v1/jobs/{job_id}/stop", "carol", json={"reason": "     "})
+    assert_problem(r, 403, "policy-denied", "stopping it needs a written reason")
+    r = api.post("/v1/jobs:reprioritize", "carol", json={"ids": [job_id], "priority": 3, "reason": "    "})
+    assert_problem(r, 403, "policy-denied", "needs a written reason")
+    with api.gateway.db.transaction() as s:
+        assert s.scalars(select(Approval)).all() == []  # nothing waits for a second person either
+    assert job_row(api, job_id)["state"] == "running"
