@@ -166,6 +166,12 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
         record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
                                             "detail": report.detail, "nonce": report.nonce, "known_part": False})
         return
+    stale = stops.stale_report(session, job, part, report.event, report.pid, report.nonce)
+    if stale is not None:
+        record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
+                                            "detail": report.detail, "nonce": report.nonce, "pid": report.pid,
+                                            "stale": stale, "job_state": job.state})
+        return
     before = job.state
     group_survived = False
     if report.event == "started":

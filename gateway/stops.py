@@ -26,7 +26,7 @@ from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
 from gateway.jobs import load_job, refuse_unless_allowed_alone, transition
-from gateway.models import Allocation, Job, Node, RoleBinding
+from gateway.models import Allocation, Job, Node, NodeCommand, RoleBinding
 from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, record, record_outcome
 from gateway.stop_tables import AgentSession
@@ -148,6 +148,27 @@ def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: 
     unreachable = sorted({p["node"] for p in job.placement} & lost)
     if unreachable:
         escalate(gw, session, job, now, f"node {', '.join(unreachable)} is unreachable", unreachable=True)
+
+
+def stale_report(session: Session, job: Job, part: Allocation, event: str, pid: int | None,
+                 nonce: str | None) -> str | None:
+    """Why a node's report is about an earlier run or an earlier stop of this job (so it must not touch the
+    current part), or None. Reports are delivered at least once and a requeued or resumed job may run again on
+    the same node, so a resent `stopped` would otherwise end the new run and release GPUs it is about to use."""
+    if event == "started":
+        return "the part already ended; a start report cannot revive it" if part.released else None
+    if pid is not None and part.pid is not None and pid != part.pid:
+        return f"about process {pid}; this run's process is {part.pid}"
+    if event not in ("stopping", "stopped"):
+        return None
+    if job.state in ("starting", "running"):
+        return "no stop of this run was requested"
+    command = session.get(NodeCommand, nonce) if nonce else None
+    asked = job.stop_request.get("at")
+    if command is not None and command.kind == "stop" and command.job_id == job.id and asked \
+            and command.created_at < datetime.fromisoformat(asked):
+        return "answers a stop sent before the current one"
+    return None
 
 
 def unconfirmed_nodes(session: Session, job: Job) -> set[str]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from gateway_testkit import Api, job_spec
+from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import select
 from test_sched_api import advance, bring_up_nodes, job, report
 
-from gateway.models import Allocation
+from gateway.models import Allocation, NodeCommand
 from gateway.scheduler_tables import PreemptionRow, SchedJob
 from gateway.scheduling import run_once
 from scheduler.model import SchedulerConfig
@@ -68,3 +68,44 @@ def test_a_requeued_job_that_later_finishes_succeeds_instead_of_being_requeued_a
     with api.gateway.db.transaction() as s:
         assert s.get(SchedJob, j).preemptions == 1
         assert [r.state for r in s.scalars(select(PreemptionRow).where(PreemptionRow.victim == j))] == ["requeued"]
+
+
+
+def _stop_nonces(api: Api, job_id: str) -> list[str]:
+    with api.gateway.db.transaction() as s:
+        return list(s.scalars(select(NodeCommand.nonce).where(NodeCommand.job_id == job_id, NodeCommand.kind == "stop")
+                              .order_by(NodeCommand.created_at)))
+
+
+def test_a_resent_stop_report_of_an_earlier_run_does_not_end_the_next_run_on_the_same_node(api: Api) -> None:
+    """Agents deliver reports at least once (a batch whose response was lost is posted again). The requeued
+    job was placed again on the same node; the resent `stopped` of its first run was folded into the new part:
+    the new run was marked stopped and its GPUs released while its start command was on the way (double
+    allocation). It must be ledgered as stale and change nothing, also while a later stop is in progress."""
+    j, node = _requeued_by_occupancy(api)
+    (old_stop,) = _stop_nonces(api, j)
+    advance(api, 3600 + 800)
+    assert run_once(api.gateway) == 1
+    assert [p["node"] for p in job(api, j)["placement"]] == [node]
+    old_evidence = {"outcome": "graceful", **DONE}
+    report(api, node, j, "stopped", nonce=old_stop, pid=7, evidence=old_evidence)
+    assert job(api, j)["state"] == "starting"
+    report(api, node, j, "started", pid=8)
+    report(api, node, j, "stopping", nonce=old_stop, pid=7)
+    report(api, node, j, "stopped", nonce=old_stop, evidence=old_evidence)
+    assert job(api, j)["state"] == "running"
+    with api.gateway.db.transaction() as s:
+        part = s.scalars(select(Allocation).where(Allocation.job_id == j)).one()
+        assert (part.state, part.released, part.pid) == ("running", False, 8)
+
+    advance(api, 3600 + 900)
+    r = api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "done with it"})
+    assert r.status_code == 202, r.text
+    new_stop = _stop_nonces(api, j)[-1]
+    report(api, node, j, "stopped", nonce=old_stop, evidence=old_evidence)  # still the first run's answer
+    assert job(api, j)["state"] == "stop_requested"
+    report(api, node, j, "stopped", nonce=new_stop, pid=8, evidence={"outcome": "graceful", **DONE})
+    assert job(api, j)["state"] == "stopped"
+    stale = [e["body"] for e in ledger_entries(api) if e["body"].get("stale")]
+    assert len(stale) == 4 and {b["job_id"] for b in stale} == {j}
+
