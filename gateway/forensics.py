@@ -9,7 +9,7 @@ before the next one is read:
   5. checkpoint integrity results (the evidence in the business DB against the ledger's evidence blobs,
      and what retention or deletion did to each checkpoint).
 The file is a `jobgate-ledger-bundle/1` (ledger/bundle.py) covering the range plus those five entries, so
-`jobgate ledger verify --bundle FILE --public-key ledger.vkey` verifies all of it offline.
+`jobgate ledger verify --bundle FILE --public-key <data-dir>/keys/ledger.vkey` verifies all of it offline.
 """
 
 from __future__ import annotations

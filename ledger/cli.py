@@ -170,7 +170,8 @@ def export_cmd(
     """Write one self-contained bundle: entries, blobs, checkpoints, key history (and proofs for a range).
 
     The format is documented in ledger/bundle.py (JSON-lines with a header and a trailer).
-    Verify it anywhere with `jobgate ledger verify --bundle FILE --public-key ledger.vkey`.
+    Verify it anywhere with `jobgate ledger verify --bundle FILE --public-key KEY`, KEY being the
+    <data-dir>/keys/ledger.vkey the auditor obtained from the operators beforehand.
     """
     url = _url(data_dir, db)
     if public_key is None and data_dir is not None and (data_dir / "keys" / VERIFIER_FILE).is_file():
@@ -200,7 +201,7 @@ def export_cmd(
     else:
         click.echo(
             f"Wrote {summary.path}: entries {summary.from_seq}..{summary.to_seq} of {summary.tree_size},"
-            f" {summary.checkpoints} checkpoints, {summary.blobs} blobs, {summary.keys} keys"
+            f" {summary.checkpoints} checkpoints, {summary.blobs} blobs, {summary.keys} key{'s' * (summary.keys != 1)}"
         )
 
 

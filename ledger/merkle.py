@@ -196,10 +196,20 @@ class MerkleTree:
             return EMPTY_ROOT
         return self.subtree_hash(0, size)
 
+    def _why(self, low: int, size: int, *, older: bool = False) -> str:
+        """Why (low, size) has no proof: the words an auditor needs to ask again."""
+        if size > self._size:
+            return f"the ledger holds {self._size} entries"
+        if low < 0 or size < 0:
+            return "sizes and seqs are not negative"
+        if older:
+            return "the old size is larger than the new one"
+        return f"the tree of size {size} holds seqs 0..{size - 1}" if size else "the tree of size 0 holds no entry"
+
     def inclusion_proof(self, index: int, size: int) -> list[bytes]:
         """RFC 9162 §2.1.3.1 PATH(index, D[size]), hashes ordered leaf to root."""
         if not 0 <= index < size <= self._size:
-            raise ProofError(f"no inclusion proof for leaf {index} in a tree of size {size}")
+            raise ProofError(f"no inclusion proof for leaf {index} in a tree of size {size}: {self._why(index, size)}")
         path: list[bytes] = []
         lo, hi = 0, size
         while hi - lo > 1:
@@ -216,7 +226,7 @@ class MerkleTree:
     def consistency_proof(self, old: int, new: int) -> list[bytes]:
         """RFC 9162 §2.1.4.1 PROOF(old, D[new]) = SUBPROOF(old, D[new], true)."""
         if not 0 <= old <= new <= self._size:
-            raise ProofError(f"no consistency proof from size {old} to {new}")
+            raise ProofError(f"no consistency proof from size {old} to {new}: {self._why(old, new, older=True)}")
         if old == 0 or old == new:
             return []
         out: list[bytes] = []

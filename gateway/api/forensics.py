@@ -32,7 +32,7 @@ def export(body: ExportRequest, ctx: Ctx) -> Response:
     """Appends, in order, the queue snapshot, the scheduler's job events, the node-side process records and
     evidence, and the checkpoint integrity results to the ledger as signed entries, then returns the ledger
     range (with proofs, blobs and checkpoints) as one `jobgate-ledger-bundle/1` file. Verify it offline
-    with `jobgate ledger verify --bundle FILE --public-key ledger.vkey`. Needs `ledger.read`."""
+    with `jobgate ledger verify --bundle FILE --public-key <data-dir>/keys/ledger.vkey`. Needs `ledger.read`."""
     since = body.since
     if since is not None and since.tzinfo is None:
         since = since.replace(tzinfo=UTC)

@@ -31,7 +31,7 @@ def export_cmd(client: Client, job_id: str | None, since: str | None, out: Path,
     """Write, in order: the ledger range with proofs and checkpoints, the queue snapshots, the scheduler's
     job events, the node-side process records and evidence, and checkpoint integrity results.
 
-    Verify offline: `jobgate ledger verify --bundle FILE --public-key ledger.vkey`.
+    Verify offline: `jobgate ledger verify --bundle FILE --public-key <data-dir>/keys/ledger.vkey`.
     """
     if (job_id is None) == (since is None):
         fail("give exactly one of --job or --since")
@@ -66,4 +66,4 @@ def export_cmd(client: Client, job_id: str | None, since: str | None, out: Path,
         click.echo(f"Wrote {out}: ledger entries {summary.get('from_seq')}..{summary.get('to_seq')}"
                    f" for {len(summary.get('jobs', []))} job(s); sections at seq "
                    + ", ".join(f"{x['name']} {x['seq']}" for x in summary.get("sections") or []))
-        click.echo(f"Verify: jobgate ledger verify --bundle {out} --public-key ledger.vkey")
+        click.echo(f"Verify: jobgate ledger verify --bundle {out} --public-key <data-dir>/keys/ledger.vkey")

@@ -206,7 +206,7 @@ def audit_show(client: Client, seq: int, as_json: bool) -> None:
 @click.pass_obj
 def audit_export(client: Client, out: Path, as_json: bool) -> None:
     """Download a bundle of every signed entry (the console's export button), with progress. Verify it with
-    `jobgate ledger verify --bundle FILE --public-key ledger.vkey`."""
+    `jobgate ledger verify --bundle FILE --public-key <data-dir>/keys/ledger.vkey`."""
     tmp = out.with_name(out.name + ".part")
     written = 0
     try:
@@ -235,7 +235,7 @@ def audit_export(client: Client, out: Path, as_json: bool) -> None:
         emit_json({"path": str(out), "bytes": written})
     else:
         click.echo(f"Wrote {out} ({written} bytes); verify with"
-                   f" `jobgate ledger verify --bundle {out} --public-key ledger.vkey`")
+                   f" `jobgate ledger verify --bundle {out} --public-key <data-dir>/keys/ledger.vkey`")
 
 
 # -- jobgate policy show (added to the policy group) --------------------------------------------------

@@ -157,7 +157,8 @@ def ledger_browser(request: Request, job: str = "", actor: str = "", action: str
 @router.get("/ledger/export")
 @page
 def ledger_export(request: Request) -> Response:
-    """A bundle of every signed entry, for `jobgate ledger verify --bundle FILE --public-key ledger.vkey`."""
+    """A bundle of every signed entry, for
+    `jobgate ledger verify --bundle FILE --public-key <data-dir>/keys/ledger.vkey`."""
     view = need_view(request)
     require_ledger_read(view)
     path = ledger_view.export(view.gw)

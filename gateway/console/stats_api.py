@@ -110,7 +110,7 @@ def audit_entry(seq: Annotated[int, Path(description="The entry's seq (its leaf 
             summary="Download a ledger bundle for offline verification",
             description="Every signed entry with its blobs, checkpoints and key history, as one file (the format"
                         " of `jobgate ledger export`). Verify anywhere with `jobgate ledger verify --bundle FILE"
-                        " --public-key ledger.vkey`. Needs `ledger.read`.")
+                        " --public-key <data-dir>/keys/ledger.vkey`. Needs `ledger.read`.")
 def audit_export(ctx: Ctx) -> FileResponse:
     _ledger_read(ctx)
     path = ledger_view.export(ctx.gw)

@@ -109,6 +109,18 @@ def test_prove_and_consistency_print_verifiable_json(data_dir: Path) -> None:
     assert code == 2 and err.startswith("Error: ")
 
 
+@pytest.mark.parametrize(("args", "why"), [
+    (["consistency", "--old", "100", "--new", "250"], "from size 100 to 250: the ledger holds 20 entries"),
+    (["consistency", "--old", "15", "--new", "5"], "the old size is larger than the new one"),
+    (["prove", "--seq", "20"], "leaf 20 in a tree of size 20: the tree of size 20 holds seqs 0..19"),
+    (["prove", "--seq", "3", "--size", "30"], "the ledger holds 20 entries"),
+])
+def test_a_proof_out_of_range_says_what_the_ledger_holds(data_dir: Path, args: list[str], why: str) -> None:
+    code, out, err = run(*args, "--data-dir", str(data_dir))
+    assert (code, out) == (2, "")
+    assert why in err and err.count("\n") == 1, err
+
+
 def test_a_bundle_that_goes_away_mid_verify_is_a_one_line_error(
     data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
