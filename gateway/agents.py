@@ -89,7 +89,7 @@ class _Batch:
     def __init__(self, session: Session, reports: list[AgentReport]) -> None:
         nonces = sorted({r.nonce for r in reports if r.nonce})
         job_ids = sorted({r.job_id for r in reports if r.job_id})
-        self.commands = {c.nonce: c.node for c in session.scalars(
+        self.commands = {c.nonce: c for c in session.scalars(
             select(NodeCommand).where(NodeCommand.nonce.in_(nonces)))} if nonces else {}
         self.acked = set(session.scalars(select(CommandAck.nonce).where(CommandAck.nonce.in_(nonces)))) \
             if nonces else set()
@@ -113,7 +113,8 @@ def _acknowledge(session: Session, node_id: str, report: AgentReport, now: datet
     if not report.nonce:
         return
     if batch is not None:
-        if batch.commands.get(report.nonce) != node_id or report.nonce in batch.acked:
+        sent = batch.commands.get(report.nonce)
+        if sent is None or sent.node != node_id or report.nonce in batch.acked:
             return
         batch.acked.add(report.nonce)
     else:
@@ -151,7 +152,10 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
         _rejected(gw, session, node_id, report, now)
         return
     if report.event == "deleted":
-        _deleted(gw, session, node_id, report, now)
+        if _asked_to_delete(session, node_id, report, batch):
+            _deleted(gw, session, node_id, report, now)
+        else:
+            _unknown(gw, session, node_id, report, session.get(Job, report.job_id), now)
         return
     job = session.get(Job, report.job_id) if report.job_id else None
     if job is None or report.event == "unknown":
@@ -240,6 +244,16 @@ def _rejected(gw: Gateway, session: Session, node_id: str, report: AgentReport, 
                      "detail": report.detail})
 
 
+def _asked_to_delete(session: Session, node_id: str, report: AgentReport, batch: _Batch | None) -> bool:
+    """A deletion counts only as the answer to our signed delete_artifacts for that job on that node:
+    a node token must not close another node's retention, or purge and ledger files it never held."""
+    if not report.nonce:
+        return False
+    sent = batch.commands.get(report.nonce) if batch is not None else session.get(NodeCommand, report.nonce)
+    return sent is not None and sent.kind == "delete_artifacts" and sent.node == node_id \
+        and sent.job_id == report.job_id
+
+
 def _deleted(gw: Gateway, session: Session, node_id: str, report: AgentReport, now: datetime) -> None:
     """The node removed artifacts (retention cleanup or a job delete): ledger every object."""
     from gateway import lifecycle, retention  # late: both import this module's neighbours
@@ -257,6 +271,9 @@ def _unknown(gw: Gateway, session: Session, node_id: str, report: AgentReport, j
     record_outcome(gw, "agent_report", {"node": node_id, "job_id": report.job_id or None, "event": report.event,
                                         "detail": report.detail, "nonce": report.nonce, "known_job": job is not None,
                                         "job_state": job.state if job else None, "pid": report.pid})
+    if report.event == "deleted":
+        stops.alert(gw, session, now, "unsolicited_deletion",
+                    {"node": node_id, "job_id": report.job_id, "nonce": report.nonce, "detail": report.detail})
     if report.event == "unknown":
         stops.alert(gw, session, now, "unknown_process",
                     {"node": node_id, "job_id": report.job_id, "pid": report.pid,

@@ -182,3 +182,57 @@ def test_edited_process_record_does_not_make_a_stranger_adoptable(harness: Harne
         if job_pid is not None:  # the real job, which its edited record no longer names
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(job_pid, signal.SIGKILL)
+
+
+# -- the gateway side: a node's token speaks for its own commands only ---------------------------------
+
+
+@pytest.mark.parametrize("reporter", ["other-node", "own-node-unasked"])
+def test_deletion_report_without_a_delete_command_for_that_node_is_not_ledgered(
+    tmp_path: Path, reporter: str
+) -> None:
+    """A `deleted` report moves retention and purge state and writes one ledger entry per object (A6, P1);
+    only a node that was sent a signed delete_artifacts for that job may make it."""
+    from fastapi.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.demo import DEMO_NODES, prepare_demo
+    from gateway.scheduling import run_once
+    from gateway.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "gw")
+    prepare_demo(settings)
+    alice = json.loads((settings.data_dir / "demo-tokens.json").read_text())["alice"]
+    node_token = {n: (settings.data_dir / "agents" / n / "token").read_text().strip() for n in DEMO_NODES}
+
+    with TestClient(create_app(settings, run_scheduler=False)) as client:
+        def as_node(node: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {node_token[node]}"}
+
+        for node in DEMO_NODES:
+            beat = {"gpus": 8, "running": [], "version": "t", "instance": "i"}
+            assert client.post(f"/v1/agents/{node}/heartbeat", json=beat, headers=as_node(node)).status_code == 200
+        spec = {"name": "train-a", "project": "vision", "gpus_per_node": 2, "nodes": 1,
+                "command": ["python3", "-c", "print(1)"]}
+        r = client.post("/v1/jobs", json=spec, headers={"Authorization": f"Bearer {alice}"})
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        run_once(client.app.state.gateway)  # type: ignore[attr-defined]
+        def starts(n: str) -> list[dict[str, object]]:
+            envelopes = client.get(f"/v1/agents/{n}/commands", params={"wait": 0}, headers=as_node(n))
+            payloads = [json.loads(e["payload"]) for e in envelopes.json()["commands"]]
+            return [p for p in payloads if p["kind"] == "start" and p["job_id"] == job_id]
+
+        placed = [n for n in DEMO_NODES if starts(n)]
+        assert len(placed) == 1
+        node = placed[0] if reporter == "own-node-unasked" else next(n for n in DEMO_NODES if n != placed[0])
+        forged = {"job_id": job_id, "event": "deleted", "nonce": None, "at": time.time(),
+                  "evidence": {"deleted": [{"path": "checkpoints/x.pt", "size": 1, "mtime": 1.0,
+                                            "sha256": "ab" * 32}], "what": "all", "reason": "retention: forged"}}
+        r = client.post(f"/v1/agents/{node}/reports", json={"reports": [forged]}, headers=as_node(node))
+        assert r.status_code == 200, r.text
+
+        ledger = client.app.state.gateway.ledger  # type: ignore[attr-defined]
+        bodies = [json.loads(e.raw) for e in ledger.entries(0, ledger.size())]
+        deletions = [b for b in bodies if b["kind"] == "deletion" and b["body"].get("job_id") == job_id]
+        assert deletions == [], f"{node} made the ledger say it deleted {job_id}'s files"
