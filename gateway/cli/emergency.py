@@ -40,13 +40,21 @@ def _summary_line(es: dict[str, Any]) -> str:
             + (f"; {s['blind_spots']} blind spots" if s.get("blind_spots") else ""))
 
 
+def _seconds(value: float | None) -> str | None:
+    return None if value is None else f"{value:.2f}"
+
+
 def _print(es: dict[str, Any]) -> None:
     click.echo(f"emergency stop {es['id']}  state {es['state']}  trigger {es['trigger']}  "
                f"scope {es['scope']['kind']}={es['scope']['value']}  grace {es['grace_seconds']:g}s")
-    click.echo(f"requested by {es['requested_by']}; decided by {', '.join(es['deciders'])}")
+    if es["state"] == "pending_approval":  # only the requester has decided: that is what "requested" says
+        click.echo(f"requested by {es['requested_by']}")
+    else:
+        click.echo(f"requested by {es['requested_by']}; decided by {', '.join(es['deciders'])}")
     if es.get("approval_id") and es["state"] == "pending_approval":
         click.echo(f"waiting for approval {es['approval_id']} (jobgate approve {es['approval_id']})")
-    rows = [{**j, "node": ",".join(j["nodes"])} for j in es.get("jobs", [])]
+    rows = [{**j, "node": ",".join(j["nodes"]), "stop_latency_s": _seconds(j.get("stop_latency_s"))}
+            for j in es.get("jobs", [])]
     click.echo(table(rows, JOB_COLUMNS))
     for b in es.get("blind_spots", []):
         click.echo(f"blind spot: {b['job_id']} ({b['reason']})")

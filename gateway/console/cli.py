@@ -105,6 +105,15 @@ STATS_COMMANDS = (stats_usage, stats_waits, stats_fragmentation, stats_suggestio
 # -- jobgate notifications ----------------------------------------------------------------------------
 
 
+def _clip(text: str, width: int = 100) -> str:
+    """At most `width` characters, cut after a whole key=value, with an ellipsis if anything was left out
+    (`--json` has it all)."""
+    if len(text) <= width:
+        return text
+    cut = text.rfind(", ", 0, width - 1)
+    return (text[:cut] if cut > 0 else text[:width - 1]) + " …"
+
+
 @click.command("notifications")
 @client_options
 @click.option("--ack", "ack_id", metavar="ID", help="Acknowledge this notice (the receipt the ledger records).")
@@ -123,7 +132,7 @@ def notifications_cmd(gateway: str, token: str | None, trigger: str | None, ack_
         emit_json(data)
         return
     rows = [{"id": n["id"], "at": n["created_at"][:19], "kind": n["kind"], "receipt": n["receipt"],
-             "details": ", ".join(f"{k}={v}" for k, v in n["body"].items())[:100]} for n in data["notifications"]]
+             "details": _clip(", ".join(f"{k}={v}" for k, v in n["body"].items()))} for n in data["notifications"]]
     click.echo(table(rows, [("at", "when"), ("kind", "what"), ("receipt", "receipt"), ("id", "id"),
                             ("details", "details")]))
 

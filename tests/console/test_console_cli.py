@@ -86,6 +86,18 @@ def test_notifications_and_ack(served: tuple[Console, str]) -> None:
     assert code == 1 and out.startswith("Error: 404")
 
 
+def test_the_notices_table_cuts_details_after_a_whole_item_and_says_so(served: tuple[Console, str]) -> None:
+    con, url = served
+    job = submit(con)
+    approval = con.api("POST", f"/v1/jobs/{job}/stop", "carol", json={"reason": "queue hog " * 20}).json()
+    assert approval["approval_id"]
+    code, out = run(url, con, "alice", "notifications")
+    assert code == 0
+    details = [line for line in out.splitlines() if "approval" in line and "=" in line]
+    assert details and all(line.endswith(" …") for line in details), out
+    assert all(line[:-2].rstrip().split(", ")[-1].count("=") == 1 for line in details), out
+
+
 def test_audit_entries_show_and_export(served: tuple[Console, str], tmp_path: Path) -> None:
     con, url = served
     job = submit(con)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -92,3 +93,5 @@ def test_emergency_stop_of_an_environment_accounts_for_all_40_jobs(four_nodes: C
     assert json.loads(shown.stdout)["summary"]["accounted_for"] == 40
     table = cli(four_nodes, "sam", "emergency-stop", "show", es["id"])
     assert table.returncode == 0 and "stopped_graceful" in table.stdout
+    assert "requested by dave; decided by dave, sam" in table.stdout
+    assert re.search(r"stopped_graceful +\S+ +\S+ +\d+\.\d\d +\S", table.stdout), table.stdout  # latency, s
