@@ -41,6 +41,12 @@ def require_ledger_read(view: View) -> None:
         refuse_unless_allowed(decide(view.gw, session, view.caller(session), "ledger.read", record=False))
 
 
+def may_read_ledger(view: View) -> bool:
+    """Whether require_ledger_read would pass: pages offer only what the viewer may do."""
+    with view.gw.transaction(immediate=False) as session:
+        return decide(view.gw, session, view.caller(session), "ledger.read", record=False).decision.effect == "allow"
+
+
 @router.get("/admin", response_class=HTMLResponse)
 @page
 def admin(request: Request, period: str = "month") -> Response:
@@ -102,10 +108,8 @@ def emergency_one(request: Request, emergency_id: str) -> Response:
 def policy(request: Request) -> Response:
     """What GET /v1/policy shows: the active set, its hash, and the reload history with errors."""
     view = need_view(request)
-    with view.gw.transaction(immediate=False) as session:
-        view.caller(session)
     status = request.app.state.policy_reloader.status()
-    return view.render("policy.html", status=status, whatif=None, last=WHATIF_LAST)
+    return view.render("policy.html", status=status, whatif=None, last=WHATIF_LAST, may_replay=may_read_ledger(view))
 
 
 WHATIF_LAST = 2000
@@ -135,7 +139,7 @@ def policy_whatif(request: Request, csrf: Annotated[str | None, Form()] = None) 
     except PolicyLoadError as e:
         raise Invalid(f"the policy files on disk do not load: {e}") from e
     status = request.app.state.policy_reloader.status()
-    return view.render("policy.html", status=status, whatif=report.to_json(), last=WHATIF_LAST)
+    return view.render("policy.html", status=status, whatif=report.to_json(), last=WHATIF_LAST, may_replay=True)
 
 
 @router.get("/ledger", response_class=HTMLResponse)

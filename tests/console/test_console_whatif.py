@@ -49,6 +49,10 @@ def test_whatif_lists_the_decisions_a_policy_change_would_flip(tmp_path: Path) -
         assert sam.post("/ui/policy/whatif", data={}).status_code == 403  # CSRF
         alice, alice_csrf = con.sign_in("alice")
         assert alice.post("/ui/policy/whatif", data={"csrf": alice_csrf}).status_code == 403  # no ledger.read
+        # ... so her policy page says so instead of offering the button.
+        mine, reviewers = alice.get("/ui/policy").text, sam.get("/ui/policy").text
+        assert "Run what-if" not in mine and 'id="whatif-not-yours"' in mine
+        assert "Run what-if" in reviewers and 'id="whatif-not-yours"' not in reviewers
         (policies / "broken.rego").write_text("package jobgate.authz\nthis is not rego\n")
         page = sam.post("/ui/policy/whatif", data={"csrf": csrf})
         assert page.status_code == 422 and "do not load" in page.text
