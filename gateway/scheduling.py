@@ -45,6 +45,8 @@ from scheduler.model import (
 log = logging.getLogger("jobgate.scheduler")
 
 HOLDING_STATES = ("starting", "running", "stop_requested", "stopping")
+# GPUs withheld with no known end (gateway/stops.py): counted against quotas, never planned around.
+WITHHELD_STATES = ("lost", "stop_failed")
 
 
 def scheduler_config(gw: Gateway) -> SchedulerConfig:
@@ -100,9 +102,10 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     )
     rows = session.execute(
         select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
-        .where(Job.state.in_(("pending", *HOLDING_STATES)))).all()
+        .where(Job.state.in_(("pending", *HOLDING_STATES, *WITHHELD_STATES)))).all()
     pending: list[PendingJob] = []
     running: list[RunningJob] = []
+    withheld: list[RunningJob] = []
     for j, s in rows:
         if j.state == "pending":
             pending.append(PendingJob(
@@ -112,14 +115,15 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
                 wait_credit_s=s.wait_credit_s if s else 0.0, compensation=s.compensation if s else 0.0,
                 manual=s.manual if s else 0.0))
         else:
-            running.append(RunningJob(
+            (withheld if j.state in WITHHELD_STATES else running).append(RunningJob(
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
                 priority=s.priority if s else j.base_priority, started_at=j.started_at or j.submitted_at,
                 placement=tuple(held.get(j.id, ())),
                 runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j)))
     quotas = load_quotas(session, now) if now is not None else None
     usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
-    return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage)
+    return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage,
+                    withheld=tuple(withheld))
 
 
 def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:

@@ -130,7 +130,10 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     share = fair_share_points(snapshot, config) if config.fairshare_weight else {}
     totals = priority_totals(snapshot.pending, now, config, share)
     parts = LazyParts({job.id: job for job in snapshot.pending}, now, config, share)
-    quota = (QuotaUsage.of(snapshot.quotas, sum(n.gpus for n in alive), snapshot.running)
+    # Withheld GPUs on nodes that are not alive are still physically in use: capacity includes them.
+    withheld_off = sum(len(p.gpus) for j in snapshot.withheld for p in j.placement if p.node not in rank_of)
+    quota = (QuotaUsage.of(snapshot.quotas, sum(n.gpus for n in alive) + withheld_off,
+                           (*snapshot.running, *snapshot.withheld))
              if snapshot.quotas is not None else None)
     if quota is not None:
         quota.claim((j.project, j.gpus) for j in snapshot.pending)
@@ -284,7 +287,7 @@ def _check(snapshot: Snapshot, now: datetime) -> None:
     nodes = {n.id: n for n in snapshot.nodes}
     if len(nodes) != len(snapshot.nodes):
         raise InconsistentSnapshot(f"duplicate node ids: {_dupes(n.id for n in snapshot.nodes)}")
-    ids = [j.id for j in snapshot.pending] + [j.id for j in snapshot.running]
+    ids = [j.id for j in snapshot.pending] + [j.id for j in (*snapshot.running, *snapshot.withheld)]
     if len(set(ids)) != len(ids):
         raise InconsistentSnapshot(f"duplicate job ids: {_dupes(ids)}")
     for p in snapshot.pending:

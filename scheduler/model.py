@@ -244,3 +244,6 @@ class Snapshot:
     quotas: Quotas | None = None
     # Q3 fair share: each tenant's decayed GPU usage (any unit; only ratios matter).
     usage: Mapping[ProjectId, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Jobs whose GPUs are withheld without a known end: node lost, or a stop nobody could confirm. Their
+    # processes may still run, so they count against every quota tier; they free nothing and are never victims.
+    withheld: tuple[RunningJob, ...] = ()

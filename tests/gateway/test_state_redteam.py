@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import select
-from test_sched_api import advance, bring_up_nodes, job, report
+from test_sched_api import advance, bring_up_nodes, job, node_headers, report, set_quota
 
 from gateway.models import Allocation, NodeCommand
 from gateway.scheduler_tables import PreemptionRow, SchedJob
@@ -109,3 +111,46 @@ def test_a_resent_stop_report_of_an_earlier_run_does_not_end_the_next_run_on_the
     stale = [e["body"] for e in ledger_entries(api) if e["body"].get("stale")]
     assert len(stale) == 4 and {b["job_id"] for b in stale} == {j}
 
+
+
+def _lose_node(api: Api, node: str) -> None:
+    """Let the heartbeat timeout pass with only the other node beating, then run a cycle (marks `node` lost)."""
+    other = "demo-node-2" if node == "demo-node-1" else "demo-node-1"
+    base = api.gateway.clock()
+    api.gateway.clock = lambda: base + timedelta(seconds=60)
+    r = api.client.post(f"/v1/agents/{other}/heartbeat", headers=node_headers(api, other),
+                        json={"gpus": 8, "running": []})
+    assert r.status_code == 200, r.text
+
+
+def test_gpus_withheld_by_a_lost_job_still_count_against_the_tenant_quota(api: Api) -> None:
+    """Q4: a job whose node went silent is `lost`, its GPUs withheld and its process possibly still running.
+    The snapshot left lost (and stop_failed) jobs out, so the tenant's quota looked free: a second job was
+    admitted, and when the node came back and the first job resumed, the tenant held twice its quota."""
+    bring_up_nodes(api)
+    set_quota(api, "vision", 8, borrow_limit=0)
+    first = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    assert run_once(api.gateway) == 1
+    node = job(api, first)["placement"][0]["node"]
+    report(api, node, first, "started", pid=7)
+    _lose_node(api, node)
+    second = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name="second")).json()["id"]
+    assert run_once(api.gateway) == 0
+    assert job(api, first)["state"] == "lost"
+    assert job(api, second)["state"] == "pending"
+    assert "tenant quota of vision" in api.get(f"/v1/jobs/{second}/queue", "alice").json()["blocking_reason"]
+
+
+def test_a_lost_job_on_a_dead_node_does_not_shrink_the_cluster_cap_for_others(api: Api) -> None:
+    """The lost job's GPUs count as in use, and as capacity: the cluster cap of 16 still leaves the other
+    node's 8 GPUs to a job of another tenant."""
+    bring_up_nodes(api)
+    set_quota(api, "*", 16)
+    first = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    assert run_once(api.gateway) == 1
+    node = job(api, first)["placement"][0]["node"]
+    report(api, node, first, "started", pid=7)
+    _lose_node(api, node)
+    other = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8)).json()["id"]
+    assert run_once(api.gateway) == 1
+    assert job(api, first)["state"] == "lost" and job(api, other)["state"] == "starting"
