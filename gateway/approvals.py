@@ -199,6 +199,13 @@ def _check_approver_credential(session: Session, caller: Caller, approval: Appro
     caller.check_scope("approval.grant", sorted(projects) or ["*"])
 
 
+def _missing(rec: Recorded) -> int:
+    """Approvals a decision still waits for (none unless it is needs_approval)."""
+    if rec.decision.effect != "needs_approval":
+        return 0
+    return int(rec.decision.approvals_required.get("count", 0))
+
+
 def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, comment: str | None) -> Approval:
     """Add the caller's approval; execute once enough approvals are recorded.
 
@@ -222,14 +229,24 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     skipped = [{"id": j.id, "state": j.state} for j in all_targets if j.state in ended]
     mine = {**approver_record(gw, caller, all_targets, now), "comment": comment}
     approvals = [*approval.approvals, mine]
-    rec = decide(gw, session, _requester(session, approval), approval.action, targets=live, project=approval.project,
-                 params=approval.params, reason=approval.reason, ticket=approval.ticket,
-                 granularity=approval.granularity, approvals=approvals,
-                 context={"approval_id": approval.id, "approver": caller.to_json()}, rate_limited=False,
-                 durable_by_commit=True)
+    # Earlier approvals count with their approvers' roles of now, not of when they approved: one who has lost
+    # the role since is no longer an eligible second person (M2). The stored records keep what they held then.
+    judged = [{**a, "roles_by_project": gw.policy.roles_of(a["by"])} for a in approvals]
+    requester = _requester(session, approval)
+
+    def judge(given: list[dict[str, Any]], **how: Any) -> Recorded:
+        return decide(gw, session, requester, approval.action, targets=live, project=approval.project,
+                      params=approval.params, reason=approval.reason, ticket=approval.ticket,
+                      granularity=approval.granularity, approvals=given, **how)
+
+    rec = judge(judged, context={"approval_id": approval.id, "approver": caller.to_json()}, rate_limited=False,
+                durable_by_commit=True)
     effect = rec.decision.effect
-    missing_before = int(approval.required.get("count", 1))
-    missing_now = int(rec.decision.approvals_required.get("count", 0)) if effect == "needs_approval" else 0
+    # What was missing without the caller, judged the same way (an earlier approval may count no more), so the
+    # caller is refused only if their own approval changes nothing.
+    missing_before = (_missing(judge(judged[:-1], record=False)) if approval.approvals
+                      else int(approval.required.get("count", 1)))
+    missing_now = _missing(rec)
     # Something would be carried out: live targets, or a request that names none (A7 quota change, break-glass),
     # which the executor runs once. A deny then stands; only a request whose every target ended meanwhile
     # closes below with nothing done.

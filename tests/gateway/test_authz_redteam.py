@@ -178,3 +178,27 @@ def test_anothers_job_needs_a_written_reason(api: Api) -> None:
     with api.gateway.db.transaction() as s:
         assert s.scalars(select(Approval)).all() == []  # nothing waits for a second person either
     assert job_row(api, job_id)["state"] == "running"
+
+
+# -- earlier approvals are judged with the approver's roles of now -------------------------------------
+
+
+def test_an_earlier_approval_stops_counting_when_its_approver_loses_the_role(api: Api) -> None:
+    """The re-decision at each approval used the roles earlier approvers held when they approved, so a queue
+    admin removed from the role still counted as one of the two people a workload-level stop needs."""
+    jobs = [running_job(api), running_job(api)]
+    r = api.post("/v1/jobs:stop", "carol", json={"ids": jobs, "reason": "make room for the eval"})
+    assert r.status_code == 202, r.text
+    approval_id = r.json()["approval_id"]
+    grant_role(api, "bob", "queue_admin", "vision")
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "bob")
+    assert r.status_code == 200 and r.json()["state"] == "pending", r.text
+    r = api.post("/v1/roles:revoke", "erin", json={"principal": "bob", "role": "queue_admin", "project": "vision"})
+    assert r.status_code == 200, r.text
+
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "dave")
+
+    assert r.status_code == 200 and r.json()["state"] == "pending", r.text  # bob's approval no longer counts
+    assert [job_row(api, j)["state"] for j in jobs] == ["running", "running"]
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "alice")  # the owner is the second eligible approver
+    assert r.status_code == 200 and r.json()["state"] == "executed", r.text
