@@ -281,15 +281,20 @@ def _unknown(gw: Gateway, session: Session, node_id: str, report: AgentReport, j
 
 
 def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: datetime, node_id: str) -> None:
-    if job.stop_request.get("preemption"):  # P2: a preempted job goes back to the queue (gateway/preemption.py)
+    preempted = bool(job.stop_request.get("preemption"))
+    if preempted and target == "stopped":  # P2: a preempted job goes back to the queue (gateway/preemption.py)
         from gateway.preemption import requeue
 
         requeue(gw, job, parts, now, node_id)
         return
+    if preempted:  # it ended on its own before the prepare signal: finished, not preempted, so never rerun
+        from gateway.preemption import ended_before_stop
+
+        ended_before_stop(job)
     evidence = {p.node: p.evidence for p in parts}
     outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
     paused = bool(job.stop_request.get("pause"))
-    if target == "stopped" or job.state in ("stop_requested", "stopping", "stop_failed"):
+    if target == "stopped" or (job.state in ("stop_requested", "stopping", "stop_failed") and not preempted):
         job.outcome = "forced" if "forced" in outcomes else "graceful" if "graceful" in outcomes else "exited"
         state = "paused" if paused else "stopped"
     else:

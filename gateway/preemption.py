@@ -172,6 +172,17 @@ def is_preempted(job: Job) -> bool:
     return bool(job.stop_request.get("preemption"))
 
 
+def ended_before_stop(job: Job) -> None:
+    """A victim whose run ended on its own (exited or failed) before the prepare signal took effect: its
+    preemption record is closed as `ended`; the job finishes as its run did instead of being requeued."""
+    session = object_session(job)
+    assert session is not None
+    pre = session.scalars(select(PreemptionRow).where(PreemptionRow.victim == job.id, PreemptionRow.state == "stopping")
+                          .order_by(PreemptionRow.id.desc())).first()
+    if pre is not None:
+        pre.state = "ended"
+
+
 def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_id: str) -> None:
     """Rule 3: the victim stopped; back to pending with its priority, its wait so far and compensation."""
     from gateway.scheduling import scheduler_config

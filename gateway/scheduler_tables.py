@@ -113,7 +113,7 @@ class PreemptionRow(Base):
     borrowed: Mapped[bool] = mapped_column(default=False)
     priority_before: Mapped[float] = mapped_column(Float)
     gpu_hours_lost: Mapped[float] = mapped_column(Float, default=0.0)
-    state: Mapped[str] = mapped_column(String(16))  # stopping | requeued
+    state: Mapped[str] = mapped_column(String(16))  # stopping | requeued | ended (ran out on its own first)
     at: Mapped[datetime] = mapped_column(index=True)
     requeued_at: Mapped[datetime | None] = mapped_column(nullable=True)
     checkpoint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -154,3 +154,25 @@ def test_a_lost_job_on_a_dead_node_does_not_shrink_the_cluster_cap_for_others(ap
     other = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8)).json()["id"]
     assert run_once(api.gateway) == 1
     assert job(api, first)["state"] == "lost" and job(api, other)["state"] == "starting"
+
+
+def test_a_preemption_victim_that_finished_before_the_prepare_signal_succeeds_and_is_not_rerun(api: Api) -> None:
+    """The stop was asked (here P3 occupancy), but the run exited 0 on its own before the agent signalled it,
+    so the agent reports `exited`, not `stopped`. It was requeued as if preempted (graceful, compensation) and
+    its finished command started again."""
+    api.gateway.scheduler_config = SchedulerConfig(max_occupancy_s=3600, renewal_window_s=600)
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    assert run_once(api.gateway) == 1
+    node = job(api, j)["placement"][0]["node"]
+    report(api, node, j, "started", pid=7)
+    advance(api, 3600 + 700)
+    run_once(api.gateway)
+    assert job(api, j)["state"] == "stop_requested"
+    report(api, node, j, "exited", pid=7, evidence=DONE)
+    done = job(api, j)
+    assert (done["state"], done["exit_code"]) == ("succeeded", 0), done["history"][-1]
+    assert run_once(api.gateway) == 0
+    with api.gateway.db.transaction() as s:
+        assert s.get(SchedJob, j).preemptions == 0
+        assert [r.state for r in s.scalars(select(PreemptionRow).where(PreemptionRow.victim == j))] == ["ended"]
