@@ -24,7 +24,7 @@ from typing import Any
 
 import nacl.signing
 
-from nodeagent import protocol
+from nodeagent import protocol, reports
 from nodeagent.commands import DeleteParams, ReconcileParams, StartParams, StopParams
 from nodeagent.errors import GatewayError, InvalidCommand
 from nodeagent.runner import Runner, RunnerEvent, check_job_id
@@ -34,7 +34,8 @@ from nodeagent.transport import GatewayPort
 log = logging.getLogger("nodeagent.agent")
 
 VERSION = "0.1.0"
-_REPORT_BATCH = 100
+# Answers that mean the gateway will never accept this content: retrying the same bytes cannot help.
+_REFUSED_AS_IS = frozenset({400, 413, 422})
 _BACKOFF_START = 0.2
 _BACKOFF_MAX = 10.0
 
@@ -261,19 +262,23 @@ class Agent:
         self._enqueue(RunnerEvent(job_id, event, nonce, self._clock(), pid, detail, evidence).to_report())
 
     def _enqueue(self, report: dict[str, Any]) -> None:
-        self.outbox.append(report)
+        self.outbox.append(reports.bounded(report))
         self._report_ready.set()
 
     def _report_loop(self) -> None:
         backoff = _Backoff()
+        alone = False  # after a refused batch: one report at a time, until the refused one is found
         while True:
             self._report_ready.wait(1.0)
             self._report_ready.clear()
             while len(self.outbox):
-                batch = self.outbox.peek(_REPORT_BATCH)
+                batch = reports.next_batch(self.outbox.peek(reports.MAX_BATCH_REPORTS))[: 1 if alone else None]
                 try:
                     self._gateway.post_reports(batch)
                 except GatewayError as e:
+                    if e.status in _REFUSED_AS_IS:
+                        alone = self._refused(batch, e)
+                        continue
                     log.warning(
                         "report delivery failed", extra=_fields(error=str(e), pending=len(self.outbox))
                     )
@@ -282,9 +287,28 @@ class Agent:
                     time.sleep(backoff.next())
                     continue
                 backoff.reset()
-                self.outbox.drop_first(len(batch))
+                try:
+                    self.outbox.drop_first(len(batch))
+                except OSError as e:
+                    # Delivered, and forgotten in memory, but the file could not be rewritten (a full disk):
+                    # after a restart they go again, which the gateway takes as the repeats they are.
+                    log.error("outbox not rewritten", extra=_fields(error=str(e)))
+            alone = False
             if self.shutdown.is_set() and not self._accepting:
                 return
+
+    def _refused(self, batch: list[dict[str, Any]], error: GatewayError) -> bool:
+        """The gateway will never take this batch as it is. Retried forever, it would hold back every later
+        report; so a batch is retried a report at a time, and a single refused report is set aside (kept in
+        outbox.rejected.jsonl, logged as an error) for a person to look at. Returns whether to go on alone."""
+        if len(batch) > 1:
+            return True
+        report = self.outbox.reject_first(str(error))
+        log.error(
+            "report refused by the gateway and set aside",
+            extra=_fields(job_id=report.get("job_id"), job_event=report.get("event"), error=str(error)),
+        )
+        return False
 
     # -- gateway loops -------------------------------------------------------------------------------
 
@@ -314,7 +338,13 @@ class Agent:
                 continue
             backoff.reset()
             for envelope in envelopes:
-                self.handle_envelope(envelope)
+                try:
+                    self.handle_envelope(envelope)
+                except Exception:
+                    # A command the agent could not even refuse (its nonce or report file on a full disk, say)
+                    # must not end the thread that receives all the others: the gateway would go on seeing a
+                    # live node that obeys nothing. The command's deadline at the gateway takes it from here.
+                    log.exception("command handling failed", extra=_fields(**_peek(envelope)))
 
 
 def _peek(envelope: Any) -> dict[str, str | None]:

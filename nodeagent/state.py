@@ -146,6 +146,19 @@ class Outbox:
         with self._lock:
             return len(self._pending)
 
+    def reject_first(self, why: str) -> dict[str, Any]:
+        """Move the oldest report, which the gateway refused as it is, to `outbox.rejected.jsonl` beside the
+        outbox (with the refusal) so that the reports behind it can go; returns it."""
+        with self._lock:
+            report = self._pending[0]
+            line = json.dumps({"report": report, "refused": why}, separators=(",", ":")) + "\n"
+            with self._path.with_suffix(".rejected.jsonl").open("a", encoding="utf-8") as f:
+                f.write(line)
+                f.flush()
+                os.fsync(f.fileno())
+        self.drop_first(1)
+        return report
+
     def drop_first(self, count: int) -> None:
         """Forget the `count` oldest reports once the gateway has acknowledged them."""
         with self._lock:

@@ -108,6 +108,8 @@ class FakeGateway:
         self.heartbeats: list[dict[str, Any]] = []
         self.pending: dict[str, list[Any]] = {}
         self.refuse_reports = False
+        self.refuse_job: str | None = None  # a batch with a report about this job gets 422, like bad input
+        self.refused_batches = 0
         self.unauthorized = 0
         self._cond = threading.Condition()
         gateway = self
@@ -167,6 +169,10 @@ class FakeGateway:
                 elif what == "reports":
                     if gateway.refuse_reports:
                         self._reply(503, {"detail": "down for the test"})
+                        return
+                    if any(r["job_id"] == gateway.refuse_job for r in body["reports"]):
+                        gateway.refused_batches += 1
+                        self._reply(422, {"detail": f"reports about {gateway.refuse_job} are refused"})
                         return
                     with gateway._cond:
                         gateway.reports.extend(body["reports"])

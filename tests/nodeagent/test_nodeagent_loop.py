@@ -139,3 +139,36 @@ def test_unusable_command_key_is_a_startup_error(gateway: FakeGateway, agent_pro
     assert agent_process.proc.wait(20) == 2
     line = json.loads(agent_process.stderr().splitlines()[-1])
     assert line["msg"] == "cannot start" and "command key" in line["error"]
+
+
+def test_a_report_the_gateway_refuses_as_it_is_is_set_aside_and_does_not_hold_back_the_rest(
+    gateway: FakeGateway, agent_process: AgentProcess, signing_key: nacl.signing.SigningKey
+) -> None:
+    gateway.refuse_job = "poison-1"
+    agent_process.start()
+    wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
+    gateway.push(command(signing_key, "stop", "poison-1", reason="not here"))  # answered 'stopped' at once
+    gateway.push(command(signing_key, "start", "train-2", argv=py("import time; time.sleep(30)"), gpus=[0]))
+    assert gateway.wait_report("train-2", "started")["pid"]
+    assert gateway.refused_batches >= 1 and not gateway.find("poison-1", "stopped")
+    rejected = agent_process.work_dir / "outbox.rejected.jsonl"
+    aside = [json.loads(line) for line in rejected.read_text().splitlines()]
+    assert [(a["report"]["job_id"], a["report"]["event"]) for a in aside] == [("poison-1", "stopped")]
+    assert "HTTP 422" in aside[0]["refused"] and "reports about poison-1 are refused" in aside[0]["refused"]
+    assert "report refused by the gateway and set aside" in agent_process.stderr()
+
+
+def test_a_command_the_agent_cannot_even_refuse_does_not_end_its_command_loop(
+    gateway: FakeGateway, agent_process: AgentProcess, signing_key: nacl.signing.SigningKey
+) -> None:
+    agent_process.start()
+    wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
+    # The nonce file cannot be written (as on a full disk): the command is not run, and not refusable either.
+    blocker = agent_process.work_dir / ".nonces.json.tmp"
+    blocker.mkdir()
+    gateway.push(command(signing_key, "start", "train-3", argv=py("import time; time.sleep(30)"), gpus=[0]))
+    wait_until(lambda: "command handling failed" in agent_process.stderr(), 10, "the failure logged")
+    assert not gateway.find("train-3", "started")
+    blocker.rmdir()
+    gateway.push(command(signing_key, "start", "train-4", argv=py("import time; time.sleep(30)"), gpus=[1]))
+    assert gateway.wait_report("train-4", "started")["pid"]
