@@ -56,8 +56,8 @@ def environ_has(pid: int, name: str, value: str) -> bool:
 def group_members(pgid: int) -> list[ProcStat]:
     """Every process (zombies included) whose process group is `pgid`."""
     members = []
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(_PROC):
+    with contextlib.suppress(FileNotFoundError), os.scandir(_PROC) as entries:
+        for entry in entries:
             if entry.name.isdigit():
                 stat = read_stat(int(entry.name))
                 if stat is not None and stat.pgrp == pgid:
@@ -74,8 +74,8 @@ def reap_group_zombies(pgids: set[int]) -> None:
     if not pgids or not _PROC.is_dir():
         return
     me = os.getpid()
-    with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(_PROC):
+    with contextlib.suppress(FileNotFoundError), os.scandir(_PROC) as entries:
+        for entry in entries:
             if not entry.name.isdigit():
                 continue
             stat = read_stat(int(entry.name))
