@@ -157,6 +157,8 @@ def _requester(session: Session, approval: Approval) -> Caller:
     principal = session.get(Principal, approval.requester)
     if principal is None:  # principals are never deleted; a missing one means a corrupted DB
         raise Conflict(f"requester {approval.requester} no longer exists")
+    if principal.disabled:  # as their token would be refused now, so is what they asked for earlier
+        raise Conflict(f"requester {approval.requester} is disabled; {approval.id} can no longer be carried out")
     return Caller(id=principal.id, kind=principal.kind, token_id="approval:" + approval.id, token_projects=("*",),
                   token_actions=("*",), responsible=principal.responsible, trigger=approval.requester_trigger)
 
@@ -230,8 +232,11 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     mine = {**approver_record(gw, caller, all_targets, now), "comment": comment}
     approvals = [*approval.approvals, mine]
     # Earlier approvals count with their approvers' roles of now, not of when they approved: one who has lost
-    # the role since is no longer an eligible second person (M2). The stored records keep what they held then.
-    judged = [{**a, "roles_by_project": gw.policy.roles_of(a["by"])} for a in approvals]
+    # the role since, or been disabled, is no longer an eligible second person (M2). The stored records keep
+    # what they held then. The caller's own record is last (judged[:-1] below leaves it out).
+    disabled = set(session.scalars(select(Principal.id).where(Principal.id.in_([a["by"] for a in approvals]),
+                                                              Principal.disabled.is_(True))).all())
+    judged = [{**a, "roles_by_project": gw.policy.roles_of(a["by"])} for a in approvals if a["by"] not in disabled]
     requester = _requester(session, approval)
 
     def judge(given: list[dict[str, Any]], **how: Any) -> Recorded:

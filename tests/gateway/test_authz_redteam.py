@@ -9,7 +9,7 @@ from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 
 from gateway.approvals import Approval
-from gateway.models import Job, Project
+from gateway.models import Job, Principal, Project
 from gateway.stop_tables import JobDeletion
 
 
@@ -202,3 +202,34 @@ def test_an_earlier_approval_stops_counting_when_its_approver_loses_the_role(api
     assert [job_row(api, j)["state"] for j in jobs] == ["running", "running"]
     r = api.post(f"/v1/approvals/{approval_id}/approve", "alice")  # the owner is the second eligible approver
     assert r.status_code == 200 and r.json()["state"] == "executed", r.text
+
+
+# -- disabled principals ------------------------------------------------------------------------------------
+
+
+def disable(api: Api, principal: str) -> None:
+    """As an administrator does in the database (there is no API for it); the token cache is bypassed."""
+    api.gateway.token_cache.ttl_s = 0
+    with api.gateway.db.transaction() as s:
+        s.get(Principal, principal).disabled = True
+
+
+def test_a_disabled_requesters_request_is_not_carried_out(api: Api) -> None:
+    """The re-decision at approval acted as the requester without asking whether they are still allowed to
+    act at all: a queue admin disabled after asking still had the stop carried out on the second approval."""
+    job_id = running_job(api)
+    approval_id = api.post(f"/v1/jobs/{job_id}/stop", "carol", json={"reason": "urgent eval"}).json()["approval_id"]
+    disable(api, "carol")
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "alice")
+    assert_problem(r, 409, "conflict", "requester carol is disabled")
+    assert job_row(api, job_id)["state"] == "running"
+
+
+def test_a_disabled_approvers_earlier_approval_no_longer_counts(api: Api) -> None:
+    jobs = [running_job(api), running_job(api)]
+    approval_id = api.post("/v1/jobs:stop", "carol", json={"ids": jobs, "reason": "make room"}).json()["approval_id"]
+    assert api.post(f"/v1/approvals/{approval_id}/approve", "alice").json()["state"] == "pending"
+    disable(api, "alice")
+    r = api.post(f"/v1/approvals/{approval_id}/approve", "dave")
+    assert r.status_code == 200 and r.json()["state"] == "pending", r.text
+    assert [job_row(api, j)["state"] for j in jobs] == ["running", "running"]
