@@ -107,6 +107,37 @@ def group_alive(pgid: int) -> bool:
     return any(m.state != "Z" for m in group_members(pgid))
 
 
+def own_children() -> set[int]:
+    """Pids of this process's children, from each of its threads' list (/proc/self/task/*/children)."""
+    pids: set[int] = set()
+    with contextlib.suppress(FileNotFoundError), os.scandir(_PROC / "self" / "task") as tasks:
+        for task in tasks:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in Path(task.path, "children").read_text().split())
+    return pids
+
+
+def strays(job_id: str, leaders: set[int]) -> list[ProcStat]:
+    """Live processes of job `job_id` outside its process group, once its leader is gone: one that left the
+    group (setsid, setpgid) was re-parented to us, the subreaper, and says in its environment whose it is.
+    `leaders` are the leaders of the other jobs we started, which are our children too."""
+    found = []
+    for pid in sorted(own_children() - leaders):
+        stat = read_stat(pid)
+        if stat is not None and stat.state != "Z" and environ_has(pid, "JOBGATE_JOB_ID", job_id):
+            found.append(stat)
+    return found
+
+
+def reap(pid: int) -> bool:
+    """Collect the exit status of our child `pid` if it has ended; True once it is gone."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True  # not (or no longer) ours to wait for: someone reaped it
+    return done == pid
+
+
 def signal_group(pgid: int, sig: int) -> bool:
     """Send `sig` (0: just probe) to the group; False if nothing was there to receive it."""
     try:

@@ -10,6 +10,7 @@ stop runs in its own thread, so a long grace window never blocks the agent's com
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -466,6 +467,8 @@ class Runner:
         with job.lock:
             job.finishing = True
         record = job.record
+        strays = self._end_strays(job)
+        gone = gone and all(s["ended"] for s in strays)
         artifacts = evidence.scan_files(job.job_dir, "checkpoints")
         ev = {
             "signal": signal_name,
@@ -481,10 +484,41 @@ class Runner:
             "artifacts": artifacts,
             "log_tail": evidence.log_tail(job.job_dir / "output.log"),
         }
+        if strays:
+            ev["strays"] = strays
         with self._lock:
             if self._jobs.get(record.job_id) is job:
                 del self._jobs[record.job_id]
         self._emit(record.job_id, event, nonce, pid=record.pid, detail=detail, evidence=ev)
+
+    def _end_strays(self, job: _Job) -> list[dict[str, Any]]:
+        """SIGKILL what the job left running outside its process group (setsid, setpgid; see
+        procgroup.strays): like leftovers inside the group, it would hold GPUs reported as released.
+        Returns each stray with whether it ended; one that did not keeps the job's GPUs withheld."""
+        with self._lock:
+            others = [j.record for j in self._jobs.values() if j is not job]
+        found = procgroup.strays(job.record.job_id, {r.pid for r in others})
+        if not found:
+            return []
+        protected = {r.pgid for r in others}
+        for stray in found:
+            # One that leads its own group (setsid) takes its descendants with it; another job's group is
+            # never signalled, whatever group a stray moved itself into.
+            if stray.pgrp == stray.pid and stray.pgrp not in protected:
+                procgroup.signal_group(stray.pgrp, signal.SIGKILL)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(stray.pid, signal.SIGKILL)
+        left = {stray.pid for stray in found}
+        deadline = time.monotonic() + _KILL_WAIT_SECONDS
+        while left and time.monotonic() < deadline:
+            left = {pid for pid in left if not procgroup.reap(pid)}
+            if left:
+                time.sleep(0.02)
+        procgroup.reap_group_zombies({stray.pgrp for stray in found} - protected)
+        log.warning("killed strays outside the job's process group job_id=%s pids=%s", job.record.job_id,
+                    sorted(stray.pid for stray in found))
+        return [{"pid": stray.pid, "pgid": stray.pgrp, "ended": stray.pid not in left} for stray in found]
 
     def _emit(
         self,

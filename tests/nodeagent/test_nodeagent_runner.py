@@ -270,3 +270,43 @@ print("leader done", flush=True)
 @pytest.mark.parametrize("name", ["SIGUSR1", "USR1", "sigusr1", "10"], ids=str)
 def test_signal_names(name: str) -> None:
     assert parse_signal(name) == signal.SIGUSR1
+
+
+# A job that starts a helper in a session of its own (setsid), out of reach of a signal to the job's
+# process group, then lives until stopped (or, with EXIT, ends on its own).
+LEAVES_A_STRAY = """
+import os, subprocess, sys, time
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+print("helper", helper.pid, flush=True)
+if "EXIT" not in os.environ:
+    time.sleep(60)
+"""
+
+
+def _helper_pid(job_dir: Path) -> int:
+    wait_for_log(job_dir, "helper ")
+    line = next(x for x in (job_dir / "output.log").read_text().splitlines() if x.startswith("helper "))
+    return int(line.split()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"
+
+
+@pytest.mark.parametrize("ending", ["stopped", "exited"])
+def test_what_a_job_starts_outside_its_process_group_ends_with_it(runner: Runner, events: EventLog,
+                                                                   ending: str) -> None:
+    env = {"EXIT": "1"} if ending == "exited" else {}
+    runner.start("train-s", py(LEAVES_A_STRAY), [3], env, 2, "SIGTERM")
+    helper = _helper_pid(runner.job_dir("train-s"))
+    if ending == "stopped":
+        runner.stop("train-s", nonce="n-stop")
+    ev = events.wait("train-s", ending).evidence
+    assert ev is not None
+    assert ev["strays"] == [{"pid": helper, "pgid": helper, "ended": True}]
+    assert not _alive(helper)
+    assert ev["process_group_gone"] is True and ev["gpus_released"] == [3]
