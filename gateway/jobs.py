@@ -270,6 +270,14 @@ def get_job(gw: Gateway, session: Session, caller: Caller, job_id: str) -> Job:
     return job
 
 
+def refuse_in_state(gw: Gateway, session: Session, caller: Caller, job: Job, detail: str) -> None:
+    """Raise a 409 about the job's state to a caller who may see the job. To anyone else its state is as
+    private as the rest of it (A1): they go on to the decision, which refuses them, in the ledger."""
+    seen = decide(gw, session, caller, "job.view", targets=[job], project=job.project, record=False)
+    if seen.decision.effect == "allow":
+        raise Conflict(detail, state=job.state)
+
+
 def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
          req: StopRequest) -> tuple[Job, Recorded, Approval | None]:
     """Decide and, if allowed, start stopping a job (C3); if a second person is needed, open an approval.
@@ -278,7 +286,7 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
     """
     job = load_job(session, job_id, for_update=True)
     if job.state in ENDED_STATES:
-        raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
+        refuse_in_state(gw, session, caller, job, f"job {job.id} already ended ({job.state})")
     rec = decide(gw, session, caller, "job.stop", targets=[job], project=job.project,
                  reason=req.reason, ticket=req.ticket, durable_by_commit=True)
     refuse_unless_allowed(rec)

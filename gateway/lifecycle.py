@@ -21,7 +21,7 @@ from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
-from gateway.jobs import load_job, refuse_unless_allowed, refuse_unless_allowed_alone
+from gateway.jobs import load_job, refuse_in_state, refuse_unless_allowed, refuse_unless_allowed_alone
 from gateway.models import Allocation, Job
 from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, record_outcome
@@ -102,7 +102,7 @@ def delete_job(gw: Gateway, session: Session, caller: Caller, job_id: str, reaso
     """
     job = load_job(session, job_id, for_update=True)
     if job.state not in DELETABLE_STATES:
-        raise Conflict(f"job {job.id} is {job.state}; stop or pause it before deleting it", state=job.state)
+        refuse_in_state(gw, session, caller, job, f"job {job.id} is {job.state}; stop or pause it before deleting it")
     rec = decide(gw, session, caller, "job.delete", targets=[job], project=job.project, reason=reason, ticket=ticket)
     refuse_unless_allowed(rec)
     if rec.decision.effect == "needs_approval":

@@ -16,8 +16,7 @@ from gateway.api.deps import Ctx, JobId
 from gateway.approvals import open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
-from gateway.errors import Conflict
-from gateway.jobs import decision_out, load_job, refuse_unless_allowed
+from gateway.jobs import decision_out, load_job, refuse_in_state, refuse_unless_allowed
 from gateway.pipeline import decide
 from gateway.priority import apply_priority
 from gateway.schemas import DecisionOut
@@ -53,7 +52,7 @@ def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
     Conflict, LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
     if job.state in ENDED_STATES:
-        raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
+        refuse_in_state(gw, session, caller, job, f"job {job.id} already ended ({job.state})")
     params = {"priority": body.priority}
     rec = decide(gw, session, caller, "job.priority", targets=[job], project=job.project, params=params,
                  reason=body.reason, ticket=body.ticket)

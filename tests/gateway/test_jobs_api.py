@@ -188,6 +188,25 @@ def test_other_tenant_cannot_see_or_stop_and_the_denial_is_ledgered(api: Api) ->
     assert denial["blobs"]["queue_snapshot"]
 
 
+def test_a_job_state_stays_private_to_whom_the_job_is_refused(api: Api) -> None:
+    """A1: someone who may not see a job is refused (and ledgered) the same whatever its state; a 409 saying
+    "already ended" or "still running" would tell them what the job is doing."""
+    ended = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    api.post(f"/v1/jobs/{ended}/stop", "alice", json={"reason": "wrong config"})
+    queued = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    attempts = [("POST", f"/v1/jobs/{ended}/stop", {"reason": "I need GPUs"}),
+                ("POST", f"/v1/jobs/{ended}/priority", {"priority": 1, "reason": "mine first"}),
+                ("DELETE", f"/v1/jobs/{queued}", {"reason": "cleanup"})]
+    for method, path, body in attempts:
+        r = api.client.request(method, path, headers=api.headers("mallory"), json=body)
+        problem = assert_problem(r, 403, "policy-denied")
+        assert "ended" not in problem["detail"] and "pending" not in problem["detail"], problem
+        assert next(e for e in ledger_entries(api) if e["seq"] == problem["ledger_seq"])["kind"] == "decision"
+    # Who may see the job still hears why nothing can be done.
+    assert_problem(api.post(f"/v1/jobs/{ended}/stop", "bob", json={"reason": "again"}), 409, "conflict",
+                   "already ended")
+
+
 def test_owner_stops_a_queued_job_at_once(api: Api) -> None:
     job = api.post("/v1/jobs", "alice", json=job_spec()).json()
     r = api.post(f"/v1/jobs/{job['id']}/stop", "alice", json={"reason": "wrong config", "ticket": "T-1"})
