@@ -18,7 +18,7 @@ from gateway.approvals import open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Invalid
-from gateway.jobs import decision_out, execute_stop, refuse_unless_allowed, visible_projects
+from gateway.jobs import decision_out, execute_stop, refuse_if_denied, visible_projects
 from gateway.models import Job, Project
 from gateway.pipeline import Recorded, decide, ledger_batch
 from gateway.priority import apply_priority
@@ -84,7 +84,7 @@ def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, 
     out["decision"] = decision_out(rec).model_dump()
     if req.dry_run:
         return out
-    refuse_unless_allowed(rec)
+    refuse_if_denied(rec)
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action=action, target_ids=ids, project=project,
                                 params=params, reason=req.reason, ticket=req.ticket, granularity=granularity,

@@ -26,7 +26,7 @@ from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound, Unauthenticated
-from gateway.jobs import refuse_unless_allowed
+from gateway.jobs import refuse_if_denied
 from gateway.metrics import BREAK_GLASS_USES
 from gateway.models import Base, Job, Principal, Project
 from gateway.pipeline import decide, record_outcome
@@ -84,7 +84,7 @@ def request_grant(gw: Gateway, session: Session, caller: Caller, *, projects: li
               "max_uses": max_uses}
     rec = decide(gw, session, caller, "breakglass.request", project=None, params=params, reason=reason,
                  ticket=ticket)
-    refuse_unless_allowed(rec)
+    refuse_if_denied(rec)
     secret = PREFIX + secrets.token_urlsafe(32)
     grant = BreakGlassGrant(id="bg-" + secrets.token_hex(8), holder=caller.id, credential_hash=hash_token(secret),
                             projects=sorted(projects), actions=sorted(actions), reason=reason, ticket=ticket,

@@ -20,7 +20,7 @@ from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Forbidden, Invalid, NotFound
-from gateway.jobs import refuse_unless_allowed
+from gateway.jobs import refuse_if_denied
 from gateway.models import Job, Node
 from gateway.pipeline import Recorded, decide, ledger_batch, record_outcome
 from gateway.stop_tables import EmergencyStop
@@ -80,7 +80,7 @@ def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: A
     params = {"scope": {"kind": kind, "value": value}, "trigger": trigger, "grace_seconds": grace_seconds}
     rec = decide(gw, session, caller, "emergency.stop", targets=targets, params=params, reason=reason,
                  ticket=ticket, granularity=granularity)
-    refuse_unless_allowed(rec)
+    refuse_if_denied(rec)
     now = gw.clock()
     row = EmergencyStop(
         id="es-" + secrets.token_hex(8), scope_kind=kind, scope_value={"value": value}, granularity=granularity,

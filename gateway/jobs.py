@@ -51,7 +51,9 @@ def decision_out(rec: Recorded) -> DecisionOut:
     )
 
 
-def refuse_unless_allowed(rec: Recorded) -> None:
+def refuse_if_denied(rec: Recorded) -> None:
+    """Raise PolicyDenied for a deny. Only for actions that open an approval when the answer is
+    needs_approval; every other caller wants refuse_unless_allowed."""
     if rec.decision.effect == "deny":
         raise PolicyDenied(
             " ".join(rec.decision.reasons) or "denied by policy",
@@ -62,10 +64,11 @@ def refuse_unless_allowed(rec: Recorded) -> None:
         )
 
 
-def refuse_unless_allowed_alone(rec: Recorded, what: str) -> None:
-    """For an action with no approval path: a deny raises PolicyDenied, and so that a request the policy makes
-    wait for a second person is never carried out without one (M2), needs_approval raises Conflict."""
-    refuse_unless_allowed(rec)
+def refuse_unless_allowed(rec: Recorded, what: str = "this request") -> None:
+    """Go on only on allow: a deny raises PolicyDenied, and needs_approval raises Conflict, so that an action
+    with no approval path is never carried out without the second person the policy asked for (M2). The
+    default for every check, so that a rule a reviewer adds later fails closed where nobody expected it."""
+    refuse_if_denied(rec)
     if rec.decision.effect != "allow":
         raise Conflict(f"{what} needs a second person ({' '.join(rec.decision.reasons)}); it cannot wait for an"
                        " approval, so nothing was changed", ledger_seq=rec.seq, rules=list(rec.decision.rules))
@@ -289,7 +292,7 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
         refuse_in_state(gw, session, caller, job, f"job {job.id} already ended ({job.state})")
     rec = decide(gw, session, caller, "job.stop", targets=[job], project=job.project,
                  reason=req.reason, ticket=req.ticket, durable_by_commit=True)
-    refuse_unless_allowed(rec)
+    refuse_if_denied(rec)
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action="job.stop", target_ids=[job.id],
                                 project=job.project, reason=req.reason, ticket=req.ticket)

@@ -21,7 +21,7 @@ from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
-from gateway.jobs import load_job, refuse_in_state, refuse_unless_allowed, refuse_unless_allowed_alone
+from gateway.jobs import load_job, refuse_if_denied, refuse_in_state, refuse_unless_allowed
 from gateway.models import Allocation, Job
 from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, record_outcome
@@ -58,9 +58,7 @@ def pause(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: st
     """Graceful stop ending in `paused`. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
     rec = decide(gw, session, caller, "job.pause", targets=[job], project=job.project, reason=reason, ticket=ticket)
-    refuse_unless_allowed(rec)
-    if rec.decision.effect != "allow":
-        raise Conflict("pausing this job needs an approval the policy did not expect", ledger_seq=rec.seq)
+    refuse_unless_allowed(rec, f"pausing job {job.id}")
     now = gw.clock()
     told = _notify_owner(session, rec, job, caller, "job_paused", reason, now)
     stops.request_stop(gw, session, job, now, by=caller.real_identity, reason=reason, request_id=rec.request_id,
@@ -73,7 +71,7 @@ def resume(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: s
     job = load_job(session, job_id, for_update=True)
     rec = decide(gw, session, caller, "job.resume", targets=[job], project=job.project, reason=reason,
                  params={"resume_priority_rule": RESUME_PRIORITY_RULE})
-    refuse_unless_allowed_alone(rec, f"resuming job {job.id}")
+    refuse_unless_allowed(rec, f"resuming job {job.id}")
     if job.state != "paused":
         raise Conflict(f"job {job.id} is {job.state}; only a paused job can be resumed", state=job.state)
     now = gw.clock()
@@ -104,7 +102,7 @@ def delete_job(gw: Gateway, session: Session, caller: Caller, job_id: str, reaso
     if job.state not in DELETABLE_STATES:
         refuse_in_state(gw, session, caller, job, f"job {job.id} is {job.state}; stop or pause it before deleting it")
     rec = decide(gw, session, caller, "job.delete", targets=[job], project=job.project, reason=reason, ticket=ticket)
-    refuse_unless_allowed(rec)
+    refuse_if_denied(rec)
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action="job.delete", target_ids=[job.id],
                                 project=job.project, reason=reason, ticket=ticket)
@@ -148,7 +146,7 @@ def undelete(gw: Gateway, session: Session, caller: Caller, job_id: str, reason:
     Conflict (not deleted, or its files are already being removed), LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
     rec = decide(gw, session, caller, "job.undelete", targets=[job], project=job.project, reason=reason)
-    refuse_unless_allowed_alone(rec, f"restoring job {job.id}")
+    refuse_unless_allowed(rec, f"restoring job {job.id}")
     row = session.get(JobDeletion, job.id)
     now = gw.clock()
     if job.state != "deleted" or row is None or row.state != "pending":

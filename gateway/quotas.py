@@ -88,8 +88,8 @@ def request_change(gw: Gateway, session: Session, caller: Caller, project: str, 
     before = quota_json(session.get(QuotaRow, project))
     rec = decide(gw, session, caller, "quota.change", project=project, params={**params, "before": before},
                  reason=reason, ticket=ticket)
-    from gateway.jobs import refuse_unless_allowed
-    refuse_unless_allowed(rec)
+    from gateway.jobs import refuse_if_denied
+    refuse_if_denied(rec)
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action="quota.change", target_ids=[], project=project,
                                 params={**params, "before": before}, reason=reason, ticket=ticket)

@@ -25,7 +25,7 @@ from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
-from gateway.jobs import load_job, refuse_unless_allowed_alone, transition
+from gateway.jobs import load_job, refuse_unless_allowed, transition
 from gateway.models import Allocation, Job, Node, NodeCommand, RoleBinding
 from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, record, record_outcome
@@ -269,7 +269,7 @@ def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, 
     job = load_job(session, job_id, for_update=True)
     rec = decide(gw, session, caller, "job.confirm_stopped", targets=[job], project=job.project,
                  reason=reason, ticket=ticket)
-    refuse_unless_allowed_alone(rec, f"confirming job {job.id} stopped")
+    refuse_unless_allowed(rec, f"confirming job {job.id} stopped")
     if job.state not in ("stop_failed", "lost"):
         raise Conflict(f"job {job.id} is {job.state}; only stop_failed or lost jobs wait for a person",
                        state=job.state)

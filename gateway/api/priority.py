@@ -16,7 +16,7 @@ from gateway.api.deps import Ctx, JobId
 from gateway.approvals import open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
-from gateway.jobs import decision_out, load_job, refuse_in_state, refuse_unless_allowed
+from gateway.jobs import decision_out, load_job, refuse_if_denied, refuse_in_state
 from gateway.pipeline import decide
 from gateway.priority import apply_priority
 from gateway.schemas import DecisionOut
@@ -56,7 +56,7 @@ def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
     params = {"priority": body.priority}
     rec = decide(gw, session, caller, "job.priority", targets=[job], project=job.project, params=params,
                  reason=body.reason, ticket=body.ticket)
-    refuse_unless_allowed(rec)
+    refuse_if_denied(rec)
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action="job.priority", target_ids=[job.id],
                                 project=job.project, params=params, reason=body.reason, ticket=body.ticket)

@@ -3,13 +3,20 @@ reason or the ledger entry the policy asks for. Each test names the hole it clos
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
+from fastapi.testclient import TestClient
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 
+from gateway.app import create_app
 from gateway.approvals import Approval
+from gateway.demo import prepare_demo
 from gateway.models import Job, Principal, Project
+from gateway.settings import Settings
 from gateway.stop_tables import JobDeletion
 
 
@@ -233,3 +240,34 @@ def test_a_disabled_approvers_earlier_approval_no_longer_counts(api: Api) -> Non
     r = api.post(f"/v1/approvals/{approval_id}/approve", "dave")
     assert r.status_code == 200 and r.json()["state"] == "pending", r.text
     assert [job_row(api, j)["state"] for j in jobs] == ["running", "running"]
+
+
+SUBMIT_NEEDS_A_SECOND_PERSON = """} else := project_grant(
+	"test.submit_second_person", "a second person confirms every submission", request_project, 1,
+	{"roles": ["queue_admin"], "principals": [], "projects": [request_project]}, [],
+) if {
+	input.action == "job.submit"
+	holds(request_project, "job.submit")
+} else := project_grant(
+	action_rule[input.action],"""
+
+
+def test_an_action_without_an_approval_path_fails_closed_when_a_rule_asks_for_one(settings: Settings) -> None:
+    """A reviewer may add a rule asking for a second person where no code can wait for one (here: every
+    submission). The request is then refused and ledgered, not carried out as if allowed."""
+    policies = settings.data_dir / "policies"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "policies", policies)
+    rules = policies / "actions.rego"
+    generic = "} else := project_grant(\n\taction_rule[input.action],"
+    assert generic in rules.read_text()
+    rules.write_text(rules.read_text().replace(generic, SUBMIT_NEEDS_A_SECOND_PERSON))
+    settings = settings.model_copy(update={"policies_dir": policies})
+    prepare_demo(settings)
+    tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
+    with TestClient(create_app(settings, run_scheduler=False)) as client:
+        api = Api(client, tokens, settings)
+        problem = assert_problem(api.post("/v1/jobs", "alice", json=job_spec()), 409, "conflict",
+                                 "needs a second person")
+        assert api.get("/v1/jobs", "alice").json()["jobs"] == []
+        decision = next(e for e in ledger_entries(api) if e["seq"] == problem["ledger_seq"])
+        assert decision["body"]["decision"]["effect"] == "needs_approval"
