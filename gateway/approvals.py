@@ -201,6 +201,16 @@ def _check_approver_credential(session: Session, caller: Caller, approval: Appro
     caller.check_scope("approval.grant", sorted(projects) or ["*"])
 
 
+def _check_second_person(session: Session, caller: Caller, approval: Approval) -> None:
+    """Raises Forbidden for the requester (or the person behind them) or an unfit credential, Conflict for
+    a second approval by the same person."""
+    if caller.id == approval.requester or caller.real_identity == approval.requester_real:
+        raise Forbidden(f"{caller.id} asked for this action; a second person must approve it (M2)")
+    _check_approver_credential(session, caller, approval)
+    if any(a["by"] == caller.real_identity for a in approval.approvals):
+        raise Conflict(f"{caller.real_identity} already approved {approval.id}")
+
+
 def _missing(rec: Recorded) -> int:
     """Approvals a decision still waits for (none unless it is needs_approval)."""
     if rec.decision.effect != "needs_approval":
@@ -217,11 +227,14 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     now = gw.clock()
     approval = _load(session, approval_id)
     _check_open(gw, approval, now)
-    if caller.id == approval.requester or caller.real_identity == approval.requester_real:
-        raise Forbidden(f"{caller.id} asked for this action; a second person must approve it (M2)")
-    _check_approver_credential(session, caller, approval)
-    if any(a["by"] == caller.real_identity for a in approval.approvals):
-        raise Conflict(f"{caller.real_identity} already approved {approval.id}")
+    try:
+        _check_second_person(session, caller, approval)
+    except (Forbidden, Conflict) as e:
+        # A confirmation refused is an attempt on someone else's job like any other: in the ledger (H3).
+        record_outcome(gw, "outcome", {"action": "approval.grant", "approval_id": approval.id, "result": "refused",
+                                       "operator": caller.id, "real_identity": caller.real_identity,
+                                       "reason": e.detail})
+        raise
     all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
                                        .order_by(Job.id).with_for_update()).all())
     # Never widen: only the approved ids, and of those only the ones still running.

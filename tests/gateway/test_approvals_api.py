@@ -50,6 +50,10 @@ def test_self_approval_is_refused(api: Api) -> None:
     r = api.post(f"/v1/approvals/{approval_id}/approve", "carol")
     assert r.status_code == 403 and "second person" in r.json()["detail"]
     assert job_state(api, job_id) == "running"
+    # The attempt is in the ledger like any refused change (H3).
+    refused = [e["body"] for e in ledger_entries(api) if e["body"].get("action") == "approval.grant"]
+    assert [(b["approval_id"], b["result"], b["operator"]) for b in refused] == [(approval_id, "refused", "carol")]
+    assert "second person" in refused[0]["reason"]
 
 
 def test_owner_approval_executes_exactly_once(api: Api) -> None:
