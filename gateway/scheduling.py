@@ -83,6 +83,10 @@ def _limit(job: Job) -> float | None:
     return None if limit is None else min(limit, MAX_RUNTIME_LIMIT_S)
 
 
+def _past_validity(job: Job, now: datetime | None) -> bool:
+    return bool(now is not None and job.auto_offline and job.valid_until is not None and job.valid_until <= now)
+
+
 def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage."""
     used: dict[str, set[int]] = defaultdict(set)
@@ -107,6 +111,8 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     running: list[RunningJob] = []
     withheld: list[RunningJob] = []
     for j, s in rows:
+        if j.state == "pending" and _past_validity(j, now):
+            continue  # R4: housekeeping reclaims it; started now, it would only be stopped again
         if j.state == "pending":
             pending.append(PendingJob(
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,

@@ -176,3 +176,22 @@ def test_a_preemption_victim_that_finished_before_the_prepare_signal_succeeds_an
     with api.gateway.db.transaction() as s:
         assert s.get(SchedJob, j).preemptions == 0
         assert [r.state for r in s.scalars(select(PreemptionRow).where(PreemptionRow.victim == j))] == ["ended"]
+
+
+def test_a_queued_job_past_its_validity_with_auto_offline_is_not_started(api: Api) -> None:
+    """R4: such a job is reclaimed by housekeeping (every 30 s); a scheduling cycle in between started it,
+    sending its command to a node only for the next chore to stop it again."""
+    bring_up_nodes(api)
+    nodes = ("demo-node-1", "demo-node-2")
+    full = [api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=8)).json()["id"] for _ in nodes]
+    assert run_once(api.gateway) == 2  # the cluster is full: the next job waits
+    valid_until = (api.gateway.clock() + timedelta(seconds=60)).isoformat()
+    expiring = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, valid_until=valid_until,
+                                                           auto_offline=True)).json()["id"]
+    keeps = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, valid_until=valid_until)).json()["id"]
+    for job_id, node in zip(full, nodes, strict=True):
+        report(api, node, job_id, "started", pid=10)
+        report(api, node, job_id, "exited", evidence=DONE)
+    advance(api, 61)
+    assert run_once(api.gateway) == 1
+    assert job(api, expiring)["state"] == "pending" and job(api, keeps)["state"] == "starting"
