@@ -19,6 +19,7 @@ from gateway.errors import Invalid
 from gateway.models import Job, Node, Project
 from gateway.pipeline import Recorded, decide, record_outcome
 from gateway.scheduler_tables import CLUSTER, MountRow, QuotaChange, QuotaRow
+from gateway.states import ACTIVE_STATES, WITHHELD_STATES
 from scheduler.model import ProjectId, Quotas, TenantQuota
 from scheduler.quota import hard_limit_problems
 
@@ -60,7 +61,7 @@ def usage_by_tenant(session: Session) -> dict[str, dict[str, int]]:
     rows = session.execute(
         select(Job.project, Job.gpus_per_node, Job.nodes, SchedJob.borrowed)
         .join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
-        .where(Job.state.in_(("starting", "running", "stop_requested", "stopping")))).all()
+        .where(Job.state.in_((*ACTIVE_STATES, *WITHHELD_STATES)))).all()
     for project, g, n, borrowed in rows:
         slot = out.setdefault(project, {"owned": 0, "borrowed": 0})
         slot["borrowed" if borrowed else "owned"] += g * n

@@ -24,6 +24,7 @@ from gateway.pipeline import record_outcome
 from gateway.quotas import load_quotas
 from gateway.scheduler_tables import SchedJob, TenantUsage
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
+from gateway.states import ACTIVE_STATES, WITHHELD_STATES
 from gateway.stops import housekeeping
 from scheduler.config import config_from_mapping
 from scheduler.cycle import CycleResult, run_cycle
@@ -44,9 +45,7 @@ from scheduler.model import (
 
 log = logging.getLogger("jobgate.scheduler")
 
-HOLDING_STATES = ("starting", "running", "stop_requested", "stopping")
-# GPUs withheld with no known end (gateway/stops.py): counted against quotas, never planned around.
-WITHHELD_STATES = ("lost", "stop_failed")
+HOLDING_STATES = ACTIVE_STATES
 
 
 def scheduler_config(gw: Gateway) -> SchedulerConfig:
@@ -136,7 +135,8 @@ def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
     """Q3: usage(t) = usage × 2^(-dt / half-life) + GPUs held × dt, per tenant."""
     held: dict[str, int] = defaultdict(int)
     for project, g, n in session.execute(
-            select(Job.project, Job.gpus_per_node, Job.nodes).where(Job.state.in_(HOLDING_STATES))).all():
+            select(Job.project, Job.gpus_per_node, Job.nodes)
+            .where(Job.state.in_((*HOLDING_STATES, *WITHHELD_STATES)))).all():
         held[project] += g * n
     rows = {u.project: u for u in session.scalars(select(TenantUsage)).all()}
     for project in set(rows) | set(held):

@@ -139,6 +139,9 @@ def test_gpus_withheld_by_a_lost_job_still_count_against_the_tenant_quota(api: A
     assert job(api, first)["state"] == "lost"
     assert job(api, second)["state"] == "pending"
     assert "tenant quota of vision" in api.get(f"/v1/jobs/{second}/queue", "alice").json()["blocking_reason"]
+    # What admins see agrees with what the scheduler counts.
+    vision = next(q for q in api.get("/v1/quotas", "erin").json()["quotas"] if q["project"] == "vision")
+    assert vision["in_use"] == {"owned": 8, "borrowed": 0}
 
 
 def test_a_lost_job_on_a_dead_node_does_not_shrink_the_cluster_cap_for_others(api: Api) -> None:
