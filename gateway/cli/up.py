@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import FrameType
 
 import click
 
@@ -116,9 +117,19 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
+    app = create_app(settings)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # Release the agents' long polls first: uvicorn waits for open requests before it shuts the app
+            # down (which would release them), and after its graceful timeout cancels them with a traceback.
+            gateway = getattr(app.state, "gateway", None)
+            if gateway is not None:
+                gateway.bus.close()
+            super().handle_exit(sig, frame)
+
     try:
-        # Long polls from node agents would otherwise hold a graceful shutdown for their full wait.
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)
+        Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=3)).run()
     except KeyboardInterrupt:
         pass
     finally:

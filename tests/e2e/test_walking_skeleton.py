@@ -5,12 +5,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sqlite3
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from e2e_testkit import JOBGATE, System, wait_for
 
@@ -94,3 +98,25 @@ def test_submit_refuse_stop_audit_and_tamper(demo_system: System, tmp_path: Path
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0
     assert f"seq {seq}" in bad.stdout + bad.stderr, bad.stdout + bad.stderr
+
+
+def test_the_system_shuts_down_cleanly_while_agents_long_poll(demo_system: System, tmp_path: Path) -> None:
+    """SIGTERM (or Ctrl-C) ends `jobgate up` with its agents: long polls are released at once instead of
+    being cancelled after the graceful timeout, which printed an ASGI traceback on every shutdown."""
+    token = (demo_system.data_dir / "agents" / "demo-node-1" / "token").read_text().strip()
+    answers: list[int] = []
+
+    def poll() -> None:  # one more long poll, certain to be waiting when the signal comes
+        r = httpx.get(f"{demo_system.url}/v1/agents/demo-node-1/commands", params={"wait": 30},
+                      headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        answers.append(r.status_code)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    time.sleep(1)
+    demo_system.proc.send_signal(signal.SIGTERM)
+    assert demo_system.proc.wait(timeout=30) == 0
+    poller.join(30)
+    assert answers == [200]
+    log = (tmp_path / "gateway.log").read_text()
+    assert "Traceback" not in log and "CancelledError" not in log, log
