@@ -37,6 +37,7 @@ class Caller:
     trigger: str | None = None
     source: dict[str, Any] = field(default_factory=dict)
     breakglass: str | None = None  # the grant id when the call uses a break-glass credential (F2)
+    token_expires_at: datetime | None = None  # tokens it mints may not outlive it
 
     @property
     def real_identity(self) -> str:
@@ -110,6 +111,7 @@ def authenticate(
         responsible=facts.responsible,
         trigger=trigger.strip() if trigger else None,
         source=source,
+        token_expires_at=facts.expires_at,
     )
 
 

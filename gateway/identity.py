@@ -91,8 +91,14 @@ def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id:
     unknown = sorted(p for p in projects if p != "*" and session.get(Project, p) is None)
     if unknown:
         raise Invalid(f"unknown project(s): {', '.join(unknown)}")
-    issued = issue_token(session, principal_id, purpose=purpose, now=gw.clock(),
-                         lifetime=timedelta(days=expires_in_days), projects=projects, actions=actions)
+    now = gw.clock()
+    lifetime = timedelta(days=expires_in_days)
+    if principal_id == caller.id and caller.token_expires_at is not None:
+        # Like its scope (above), a token's end binds what it mints for itself: renewing itself, a leaked token
+        # would last for ever. (A service account's token, made by its responsible person, has its own limit.)
+        lifetime = min(lifetime, caller.token_expires_at - now)
+    issued = issue_token(session, principal_id, purpose=purpose, now=now, lifetime=lifetime, projects=projects,
+                         actions=actions)
     token = session.get(Token, issued.id)
     assert token is not None
     _ledger(gw, caller, "token.create", token_id=issued.id, principal=principal_id, purpose=purpose,

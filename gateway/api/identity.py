@@ -25,7 +25,8 @@ class TokenCreate(BaseModel):
     actions: list[Name] = Field(
         min_length=1, max_length=100, description="Actions it may request, e.g. job.submit, job.stop; '*' for all."
     )
-    expires_in_days: float = Field(gt=0, description="Mandatory expiry; service tokens at most 90 days.")
+    expires_in_days: float = Field(gt=0, description="Mandatory expiry; service tokens at most 90 days. A token you"
+                                   " make for yourself ends no later than the one you make it with.")
 
 
 class RevokeBody(BaseModel):

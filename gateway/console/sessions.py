@@ -96,4 +96,5 @@ def caller_for(session: Session, cs: ConsoleSession, now: datetime, source: dict
     checks a bearer token (revoked, expired, disabled). Raises Unauthenticated."""
     facts = token_facts(session, cs.token_hash, now)
     return Caller(id=facts.principal_id, kind=facts.kind, token_id=facts.token_id, token_projects=facts.projects,
-                  token_actions=facts.actions, responsible=facts.responsible, trigger=None, source=source)
+                  token_actions=facts.actions, responsible=facts.responsible, trigger=None, source=source,
+                  token_expires_at=facts.expires_at)
