@@ -27,7 +27,7 @@ from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, ledger_batch, record, record_outcome
 from gateway.states import ENDED_STATES
 
-ACTS_ON_ENDED_JOBS = frozenset({"job.delete"})
+ACTS_ON_ENDED_JOBS = frozenset({"job.delete", "job.confirm_stopped"})  # stop_failed counts as ended
 
 Executor = Callable[[Gateway, Session, "Approval", list[Job], Caller], dict[str, Any]]
 _EXECUTORS: dict[str, Executor] = {}

@@ -46,11 +46,32 @@ def _notify_owner(session: Session, rec: Recorded, job: Job, caller: Caller, wha
 
 
 def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
-                    ticket: str | None) -> tuple[Job, Recorded]:
-    """Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable (see stops.confirm_stopped)."""
-    job, rec = stops.confirm_stopped(gw, session, caller, job_id, reason, ticket)
+                    ticket: str | None) -> tuple[Job, Recorded, Approval | None]:
+    """On-call vouches that a stop_failed or lost job no longer runs; or, where the policy asks for a second
+    person, opens the approval. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
+    job = load_job(session, job_id, for_update=True)
+    rec = decide(gw, session, caller, "job.confirm_stopped", targets=[job], project=job.project,
+                 reason=reason, ticket=ticket)
+    refuse_if_denied(rec)
+    if job.state not in ("stop_failed", "lost"):
+        raise Conflict(f"job {job.id} is {job.state}; only stop_failed or lost jobs wait for a person",
+                       state=job.state)
+    if rec.decision.effect == "needs_approval":
+        return job, rec, open_request(gw, session, caller, rec, action="job.confirm_stopped", target_ids=[job.id],
+                                      project=job.project, reason=reason, ticket=ticket)
+    stops.mark_confirmed_stopped(gw, session, job, by=caller.real_identity, reason=reason,
+                                 request_id=rec.request_id, decision_seq=rec.seq)
     _notify_owner(session, rec, job, caller, "job_confirmed_stopped", reason, gw.clock())
-    return job, rec
+    return job, rec, None
+
+
+@executor("job.confirm_stopped")
+def _confirm_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+                            approver: Caller) -> dict[str, Any]:
+    for job in targets:
+        stops.mark_confirmed_stopped(gw, session, job, by=approval.requester_real, reason=approval.reason or "",
+                                     request_id=approval.id, decision_seq=approval.decision_seq)
+    return {"confirmed_stopped": [j.id for j in targets]}
 
 
 def pause(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
@@ -66,16 +87,39 @@ def pause(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: st
     return job, rec
 
 
-def resume(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str | None) -> tuple[Job, Recorded]:
-    """paused → pending by the resume-priority rule. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
+def resume(gw: Gateway, session: Session, caller: Caller, job_id: str,
+           reason: str | None) -> tuple[Job, Recorded, Approval | None]:
+    """paused → pending by the resume-priority rule; or, where the policy asks for a second person, opens the
+    approval. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
-    rec = decide(gw, session, caller, "job.resume", targets=[job], project=job.project, reason=reason,
-                 params={"resume_priority_rule": RESUME_PRIORITY_RULE})
-    refuse_unless_allowed(rec, f"resuming job {job.id}")
+    params = {"resume_priority_rule": RESUME_PRIORITY_RULE}
+    rec = decide(gw, session, caller, "job.resume", targets=[job], project=job.project, reason=reason, params=params)
+    refuse_if_denied(rec)
+    if job.state != "paused":
+        raise Conflict(f"job {job.id} is {job.state}; only a paused job can be resumed", state=job.state)
+    if rec.decision.effect == "needs_approval":
+        return job, rec, open_request(gw, session, caller, rec, action="job.resume", target_ids=[job.id],
+                                      project=job.project, params=params, reason=reason, ticket=None)
+    _notify_owner(session, rec, job, caller, "job_resumed", reason or "", gw.clock())
+    _resume(gw, session, job, by=caller.real_identity, reason=reason, request_id=rec.request_id,
+            decision_seq=rec.seq)
+    return job, rec, None
+
+
+@executor("job.resume")
+def _resume_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+                           approver: Caller) -> dict[str, Any]:
+    for job in targets:
+        _resume(gw, session, job, by=approval.requester_real, reason=approval.reason, request_id=approval.id,
+                decision_seq=approval.decision_seq)
+    return {"resumed": [j.id for j in targets]}
+
+
+def _resume(gw: Gateway, session: Session, job: Job, *, by: str, reason: str | None, request_id: str,
+            decision_seq: int) -> None:
     if job.state != "paused":
         raise Conflict(f"job {job.id} is {job.state}; only a paused job can be resumed", state=job.state)
     now = gw.clock()
-    _notify_owner(session, rec, job, caller, "job_resumed", reason or "", now)
     # The old allocations are over (released with evidence, kept in the ledger); one row per (job, node).
     previous = [{"node": p["node"], "gpus": p["gpus"]} for p in job.placement]
     session.execute(delete(Allocation).where(Allocation.job_id == job.id, Allocation.released.is_(True)))
@@ -84,12 +128,11 @@ def resume(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: s
         retention.state = "in_use"  # the resumed job reads it; cleanup must not remove it now
     job.placement, job.outcome, job.ended_at, job.exit_code = [], None, None, None
     job.stop_request = {}
-    stops.ledger_transition(gw, job, "pending", now, by=caller.real_identity, reason=reason or "resumed",
-                            request_id=rec.request_id, decision_seq=rec.seq,
-                            resume_priority_rule=RESUME_PRIORITY_RULE, priority=job.base_priority,
-                            submitted_at=job.submitted_at.isoformat(), previous_placement=previous)
+    stops.ledger_transition(gw, job, "pending", now, by=by, reason=reason or "resumed", request_id=request_id,
+                            decision_seq=decision_seq, resume_priority_rule=RESUME_PRIORITY_RULE,
+                            priority=job.base_priority, submitted_at=job.submitted_at.isoformat(),
+                            previous_placement=previous)
     gw.scheduler_kick.set()
-    return job, rec
 
 
 def delete_job(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
@@ -141,22 +184,47 @@ def mark_deleted(gw: Gateway, session: Session, job: Job, *, by: str, approvers:
     return row
 
 
-def undelete(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str) -> tuple[Job, Recorded]:
-    """Within the recovery window, restore a deleted job to the state it had. Raises NotFound, PolicyDenied,
-    Conflict (not deleted, or its files are already being removed), LedgerUnavailable."""
+def undelete(gw: Gateway, session: Session, caller: Caller, job_id: str,
+             reason: str) -> tuple[Job, Recorded, Approval | None]:
+    """Within the recovery window, restore a deleted job to the state it had; or, where the policy asks for a
+    second person, open the approval. Raises NotFound, PolicyDenied, Conflict (not deleted, or its files are
+    already being removed), LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
     rec = decide(gw, session, caller, "job.undelete", targets=[job], project=job.project, reason=reason)
-    refuse_unless_allowed(rec, f"restoring job {job.id}")
+    refuse_if_denied(rec)
+    _check_restorable(gw, session, job)
+    if rec.decision.effect == "needs_approval":
+        return job, rec, open_request(gw, session, caller, rec, action="job.undelete", target_ids=[job.id],
+                                      project=job.project, reason=reason, ticket=None)
+    _restore(gw, session, job, by=caller.real_identity, reason=reason, request_id=rec.request_id,
+             decision_seq=rec.seq)
+    return job, rec, None
+
+
+@executor("job.undelete")
+def _undelete_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+                             approver: Caller) -> dict[str, Any]:
+    for job in targets:
+        _restore(gw, session, job, by=approval.requester_real, reason=approval.reason or "", request_id=approval.id,
+                 decision_seq=approval.decision_seq)
+    return {"restored": [j.id for j in targets]}
+
+
+def _check_restorable(gw: Gateway, session: Session, job: Job) -> JobDeletion:
     row = session.get(JobDeletion, job.id)
-    now = gw.clock()
     if job.state != "deleted" or row is None or row.state != "pending":
         raise Conflict(f"job {job.id} is not deleted within its recovery window", state=job.state)
-    if now >= row.purge_after:
+    if gw.clock() >= row.purge_after:
         raise Conflict(f"the recovery window of job {job.id} ended {row.purge_after.isoformat()}")
+    return row
+
+
+def _restore(gw: Gateway, session: Session, job: Job, *, by: str, reason: str, request_id: str,
+             decision_seq: int) -> None:
+    row = _check_restorable(gw, session, job)
     row.state = "restored"
-    stops.ledger_transition(gw, job, row.state_before, now, by=caller.real_identity, reason=reason,
-                            request_id=rec.request_id, decision_seq=rec.seq, undeleted=True)
-    return job, rec
+    stops.ledger_transition(gw, job, row.state_before, gw.clock(), by=by, reason=reason, request_id=request_id,
+                            decision_seq=decision_seq, undeleted=True)
 
 
 def purge_due(gw: Gateway, session: Session, now: datetime) -> list[str]:

@@ -21,14 +21,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
-from gateway.jobs import load_job, refuse_unless_allowed, transition
+from gateway.jobs import transition
 from gateway.models import Allocation, Job, Node, NodeCommand, RoleBinding
 from gateway.notifications import notify
-from gateway.pipeline import Recorded, decide, record, record_outcome
+from gateway.pipeline import record, record_outcome
 from gateway.stop_tables import AgentSession
 
 log = logging.getLogger("jobgate.stops")
@@ -260,16 +259,11 @@ def on_heartbeat(gw: Gateway, session: Session, node: Node, was: str, instance: 
     send_reconcile(gw, session, node.id, now, why)
 
 
-def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
-                    ticket: str | None) -> tuple[Job, Recorded]:
-    """On-call vouches that a stop_failed or lost job no longer runs: stopped, GPUs released, ledgered.
+def mark_confirmed_stopped(gw: Gateway, session: Session, job: Job, *, by: str, reason: str, request_id: str,
+                           decision_seq: int) -> None:
+    """A person vouches that a stop_failed or lost job no longer runs: stopped, GPUs released, ledgered.
 
-    Raises NotFound, PolicyDenied, Conflict (the job is not waiting for a person), LedgerUnavailable.
-    """
-    job = load_job(session, job_id, for_update=True)
-    rec = decide(gw, session, caller, "job.confirm_stopped", targets=[job], project=job.project,
-                 reason=reason, ticket=ticket)
-    refuse_unless_allowed(rec, f"confirming job {job.id} stopped")
+    Raises Conflict if the job is not waiting for a person."""
     if job.state not in ("stop_failed", "lost"):
         raise Conflict(f"job {job.id} is {job.state}; only stop_failed or lost jobs wait for a person",
                        state=job.state)
@@ -280,13 +274,12 @@ def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, 
         p.released = True
     job.outcome = "confirmed"
     job.ended_at = now
-    job.evidence = {**job.evidence, "confirmed_by": caller.real_identity, "confirm_reason": reason,
+    job.evidence = {**job.evidence, "confirmed_by": by, "confirm_reason": reason,
                     "gpus_released_by_person": withheld,
                     "nodes": {p.node: p.evidence for p in parts}}
-    ledger_transition(gw, job, "stopped", now, by=caller.real_identity, reason=f"confirmed by on-call: {reason}",
-                      request_id=rec.request_id, decision_seq=rec.seq, gpus_released=withheld)
+    ledger_transition(gw, job, "stopped", now, by=by, reason=f"confirmed by on-call: {reason}",
+                      request_id=request_id, decision_seq=decision_seq, gpus_released=withheld)
     gw.scheduler_kick.set()
-    return job, rec
 
 
 def housekeeping(gw: Gateway, session: Session, now: datetime) -> None:

@@ -31,19 +31,26 @@ class ResumeBody(BaseModel):
     reason: str | None = Field(None, max_length=2000, description="Why; kept in the ledger.")
 
 
-def _out(job: Any, rec: Any, **extra: Any) -> dict[str, Any]:
+def _out(job: Any, rec: Any, response: Response | None = None, approval: Any = None, **extra: Any) -> dict[str, Any]:
+    """The job and the decision; with an approval to wait for, HTTP 202 and its `approval_id`."""
+    if approval is not None and response is not None:
+        response.status_code = status.HTTP_202_ACCEPTED
+        extra["approval_id"] = approval.id
     return {"job": jobs.job_out(job).model_dump(mode="json"), "decision": jobs.decision_out(rec).model_dump(),
             **extra}
 
 
 @router.post("/{job_id}/confirm-stopped", summary="On-call confirms a stop_failed or lost job no longer runs")
-def confirm_stopped(job_id: JobId, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+def confirm_stopped(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> dict[str, Any]:
     """For a job whose stop could not be confirmed by its node (stop_failed) or whose node is lost. The job
     becomes `stopped` with outcome `confirmed`, its withheld GPUs are released, and the person and reason
-    are ledgered. If the node comes back, its agent is told to stop the job in the reconcile."""
+    are ledgered. If the node comes back, its agent is told to stop the job in the reconcile. Where the policy
+    asks for a second person (an external-rights job, R3): HTTP 202 with `approval_id`, and the job stays
+    withheld until it is approved."""
     with ctx.gw.transaction() as session:
-        job, rec = lifecycle.confirm_stopped(ctx.gw, session, ctx.caller(session), job_id, body.reason, body.ticket)
-        return _out(job, rec)
+        job, rec, approval = lifecycle.confirm_stopped(ctx.gw, session, ctx.caller(session), job_id, body.reason,
+                                                       body.ticket)
+        return _out(job, rec, response, approval)
 
 
 @router.post("/{job_id}/pause", status_code=status.HTTP_202_ACCEPTED,
@@ -57,11 +64,13 @@ def pause(job_id: JobId, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
 
 
 @router.post("/{job_id}/resume", summary="Resume a paused job: back in its queue by the resume-priority rule")
-def resume(job_id: JobId, ctx: Ctx, body: ResumeBody | None = None) -> dict[str, Any]:
-    """The job keeps its priority and the wait it accumulated (P2); the ledger records the rule version."""
+def resume(job_id: JobId, ctx: Ctx, response: Response, body: ResumeBody | None = None) -> dict[str, Any]:
+    """The job keeps its priority and the wait it accumulated (P2); the ledger records the rule version. Where
+    the policy asks for a second person (an external-rights job, R3): HTTP 202 with `approval_id`."""
     with ctx.gw.transaction() as session:
-        job, rec = lifecycle.resume(ctx.gw, session, ctx.caller(session), job_id, body.reason if body else None)
-        return _out(job, rec, resume_priority_rule=lifecycle.RESUME_PRIORITY_RULE)
+        job, rec, approval = lifecycle.resume(ctx.gw, session, ctx.caller(session), job_id,
+                                              body.reason if body else None)
+        return _out(job, rec, response, approval, resume_priority_rule=lifecycle.RESUME_PRIORITY_RULE)
 
 
 @router.delete("/{job_id}", summary="Delete a job and, after the recovery window, its artifacts (A6)")
@@ -81,9 +90,10 @@ def delete_job(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> d
 
 
 @router.post("/{job_id}/undelete", summary="Restore a deleted job within its recovery window")
-def undelete(job_id: JobId, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
+def undelete(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> dict[str, Any]:
     """Decided like the delete (the owner, with the rights holder's consent where the policy asks for it).
-    The job returns to the state it was deleted from; nothing was purged yet, so its files are intact."""
+    The job returns to the state it was deleted from; nothing was purged yet, so its files are intact. Where a
+    second person must consent: HTTP 202 with `approval_id`, and the job stays deleted until it is approved."""
     with ctx.gw.transaction() as session:
-        job, rec = lifecycle.undelete(ctx.gw, session, ctx.caller(session), job_id, body.reason)
-        return _out(job, rec)
+        job, rec, approval = lifecycle.undelete(ctx.gw, session, ctx.caller(session), job_id, body.reason)
+        return _out(job, rec, response, approval)

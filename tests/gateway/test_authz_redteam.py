@@ -99,16 +99,21 @@ def test_quota_change_is_not_executed_when_the_re_decision_denies(api: Api) -> N
 # -- needs_approval treated as allow ----------------------------------------------------------------------
 
 
+def approve(api: Api, approval_id: str, who: str) -> dict[str, Any]:
+    r = api.post(f"/v1/approvals/{approval_id}/approve", who, json={"comment": "checked"})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
 def test_resume_of_an_external_rights_job_waits_for_the_second_person(api: Api) -> None:
     """R3 makes every mutation of an external-rights job one notch stricter; resume (like undelete and
     confirm-stopped below) used to ignore the needs_approval answer and carry the action out at once."""
     job_id = external_job(api, "paused")
     r = api.post(f"/v1/jobs/{job_id}/resume", "alice", json={"reason": "continue the run"})
-    assert_problem(r, 409, "conflict", "needs a second person")
-    assert job_row(api, job_id)["state"] == "paused"
-    decisions = [e["body"]["decision"] for e in ledger_entries(api)
-                 if e["kind"] == "decision" and e["body"]["input"]["action"] == "job.resume"]
-    assert decisions[-1]["effect"] == "needs_approval"
+    assert r.status_code == 202, r.text
+    assert r.json()["decision"]["effect"] == "needs_approval" and job_row(api, job_id)["state"] == "paused"
+    assert approve(api, r.json()["approval_id"], "carol")["state"] == "executed"
+    assert job_row(api, job_id)["state"] == "pending"
 
 
 def test_undelete_of_an_external_rights_job_waits_for_the_second_person(api: Api) -> None:
@@ -122,15 +127,21 @@ def test_undelete_of_an_external_rights_job_waits_for_the_second_person(api: Api
                           approvers=["partner-admin"], reason="x", requested_at=api.gateway.clock(),
                           purge_after=api.gateway.clock().replace(year=2100), objects=[]))
     r = api.post(f"/v1/jobs/{job_id}/undelete", "alice", json={"reason": "needed after all"})
-    assert_problem(r, 409, "conflict", "needs a second person")
+    assert r.status_code == 202, r.text
     assert job_row(api, job_id)["state"] == "deleted"
+    assert approve(api, r.json()["approval_id"], "carol")["state"] == "executed"
+    assert job_row(api, job_id)["state"] == "stopped"
 
 
 def test_confirm_stopped_of_an_external_rights_job_waits_for_the_second_person(api: Api) -> None:
     job_id = external_job(api, "stop_failed")
     r = api.post(f"/v1/jobs/{job_id}/confirm-stopped", "dave", json={"reason": "node is powered off"})
-    assert_problem(r, 409, "conflict", "needs a second person")
+    assert r.status_code == 202, r.text
     assert job_row(api, job_id)["state"] == "stop_failed"
+    assert_problem(api.post(f"/v1/approvals/{r.json()['approval_id']}/approve", "dave"), 403, "forbidden",
+                   "second person")
+    assert approve(api, r.json()["approval_id"], "carol")["state"] == "executed"
+    assert job_row(api, job_id)["state"] == "stopped"
 
 
 # -- token scope on approvals and on minting tokens (F1) -------------------------------------------------
