@@ -155,7 +155,13 @@ def stale_report(session: Session, job: Job, part: Allocation, event: str, pid: 
     current part), or None. Reports are delivered at least once and a requeued or resumed job may run again on
     the same node, so a resent `stopped` would otherwise end the new run and release GPUs it is about to use."""
     if event == "started":
-        return "the part already ended; a start report cannot revive it" if part.released else None
+        if part.released:
+            return "the part already ended; a start report cannot revive it"
+        # Before this run's own report the part knows no pid, so the start command it answers tells them apart.
+        latest = session.scalars(select(NodeCommand.nonce).where(
+            NodeCommand.job_id == job.id, NodeCommand.node == part.node, NodeCommand.kind == "start")
+            .order_by(NodeCommand.created_at.desc()).limit(1)).first()
+        return "answers an earlier start of this job" if nonce and latest and nonce != latest else None
     if pid is not None and part.pid is not None and pid != part.pid:
         return f"about process {pid}; this run's process is {part.pid}"
     if event not in ("stopping", "stopped"):

@@ -73,10 +73,14 @@ def test_a_requeued_job_that_later_finishes_succeeds_instead_of_being_requeued_a
 
 
 
-def _stop_nonces(api: Api, job_id: str) -> list[str]:
+def _nonces(api: Api, job_id: str, kind: str) -> list[str]:
     with api.gateway.db.transaction() as s:
-        return list(s.scalars(select(NodeCommand.nonce).where(NodeCommand.job_id == job_id, NodeCommand.kind == "stop")
+        return list(s.scalars(select(NodeCommand.nonce).where(NodeCommand.job_id == job_id, NodeCommand.kind == kind)
                               .order_by(NodeCommand.created_at)))
+
+
+def _stop_nonces(api: Api, job_id: str) -> list[str]:
+    return _nonces(api, job_id, "stop")
 
 
 def test_a_resent_stop_report_of_an_earlier_run_does_not_end_the_next_run_on_the_same_node(api: Api) -> None:
@@ -113,8 +117,23 @@ def test_a_resent_stop_report_of_an_earlier_run_does_not_end_the_next_run_on_the
 
 
 
+def test_a_resent_start_report_of_an_earlier_run_does_not_take_the_next_runs_place(api: Api) -> None:
+    """Before the new run's own `started`, its part knows no pid: a resent `started` of the first run took it,
+    and the new run's real reports were then all dropped as being about another process."""
+    j, node = _requeued_by_occupancy(api)
+    advance(api, 3600 + 800)
+    assert run_once(api.gateway) == 1
+    first_start, second_start = _nonces(api, j, "start")
+    report(api, node, j, "started", nonce=first_start, pid=7)
+    report(api, node, j, "started", nonce=second_start, pid=8)
+    assert job(api, j)["state"] == "running"
+    with api.gateway.db.transaction() as s:
+        assert s.scalars(select(Allocation.pid).where(Allocation.job_id == j)).one() == 8
+    assert any(e["body"].get("stale") and e["body"].get("event") == "started" for e in ledger_entries(api))
+
+
 def _lose_node(api: Api, node: str) -> None:
-    """Let the heartbeat timeout pass with only the other node beating, then run a cycle (marks `node` lost)."""
+    """Let the heartbeat timeout pass with only the other node beating; the next cycle marks `node` lost."""
     other = "demo-node-2" if node == "demo-node-1" else "demo-node-1"
     base = api.gateway.clock()
     api.gateway.clock = lambda: base + timedelta(seconds=60)
