@@ -277,8 +277,11 @@ class Agent:
                     self._gateway.post_reports(batch)
                 except GatewayError as e:
                     if e.status in _REFUSED_AS_IS:
-                        alone = self._refused(batch, e)
-                        continue
+                        try:
+                            alone = self._refused(batch, e)
+                            continue
+                        except OSError as disk:  # cannot set it aside (a full disk): retry it, as any failure
+                            log.error("refused report not set aside", extra=_fields(error=str(disk)))
                     log.warning(
                         "report delivery failed", extra=_fields(error=str(e), pending=len(self.outbox))
                     )

@@ -172,3 +172,19 @@ def test_a_command_the_agent_cannot_even_refuse_does_not_end_its_command_loop(
     blocker.rmdir()
     gateway.push(command(signing_key, "start", "train-4", argv=py("import time; time.sleep(30)"), gpus=[1]))
     assert gateway.wait_report("train-4", "started")["pid"]
+
+
+def test_a_refused_report_that_cannot_be_set_aside_is_retried_and_the_reporter_lives_on(
+    gateway: FakeGateway, agent_process: AgentProcess, signing_key: nacl.signing.SigningKey
+) -> None:
+    gateway.refuse_job = "poison-2"
+    agent_process.start()
+    wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
+    blocker = agent_process.work_dir / "outbox.rejected.jsonl"
+    blocker.mkdir()  # as on a full disk: the refused report cannot be written aside
+    gateway.push(command(signing_key, "stop", "poison-2", reason="not here"))
+    wait_until(lambda: "refused report not set aside" in agent_process.stderr(), 10, "the failure logged")
+    blocker.rmdir()
+    gateway.push(command(signing_key, "start", "train-5", argv=py("import time; time.sleep(30)"), gpus=[2]))
+    assert gateway.wait_report("train-5", "started", timeout=30)["pid"]
+    assert "poison-2" in (agent_process.work_dir / "outbox.rejected.jsonl").read_text()
