@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -275,8 +276,10 @@ def get_job(gw: Gateway, session: Session, caller: Caller, job_id: str) -> Job:
 
 def refuse_in_state(gw: Gateway, session: Session, caller: Caller, job: Job, detail: str) -> None:
     """Raise a 409 about the job's state to a caller who may see the job. To anyone else its state is as
-    private as the rest of it (A1): they go on to the decision, which refuses them, in the ledger."""
-    seen = decide(gw, session, caller, "job.view", targets=[job], project=job.project, record=False)
+    private as the rest of it (A1): they go on to the decision, which refuses them, in the ledger. Seeing is
+    the person's right, so a token scoped to, say, job.stop alone still counts as one that may see."""
+    viewer = replace(caller, token_actions=(*caller.token_actions, "job.view"))
+    seen = decide(gw, session, viewer, "job.view", targets=[job], project=job.project, record=False)
     if seen.decision.effect == "allow":
         raise Conflict(detail, state=job.state)
 

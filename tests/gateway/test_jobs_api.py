@@ -202,9 +202,14 @@ def test_a_job_state_stays_private_to_whom_the_job_is_refused(api: Api) -> None:
         problem = assert_problem(r, 403, "policy-denied")
         assert "ended" not in problem["detail"] and "pending" not in problem["detail"], problem
         assert next(e for e in ledger_entries(api) if e["seq"] == problem["ledger_seq"])["kind"] == "decision"
-    # Who may see the job still hears why nothing can be done.
+    # Who may see the job still hears why nothing can be done, also through a token scoped to stopping only.
     assert_problem(api.post(f"/v1/jobs/{ended}/stop", "bob", json={"reason": "again"}), 409, "conflict",
                    "already ended")
+    stop_only = api.post("/v1/tokens", "carol", json={"purpose": "stops", "projects": ["vision"],
+                                                      "actions": ["job.stop"], "expires_in_days": 1}).json()["token"]
+    r = api.client.post(f"/v1/jobs/{ended}/stop", headers={"Authorization": f"Bearer {stop_only}"},
+                        json={"reason": "again"})
+    assert_problem(r, 409, "conflict", "already ended")
 
 
 def test_owner_stops_a_queued_job_at_once(api: Api) -> None:
