@@ -82,5 +82,5 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> None:
-    refusal = problem(413, BodyTooLarge.kind, BodyTooLarge.title, _too_large(limit), scope["path"])
-    await refusal(scope, receive, send)
+    error = BodyTooLarge(_too_large(limit))
+    await problem(error.status, error.kind, error.title, error.detail, scope["path"])(scope, receive, send)

@@ -45,7 +45,6 @@ from scheduler.model import (
 
 log = logging.getLogger("jobgate.scheduler")
 
-HOLDING_STATES = ACTIVE_STATES
 
 
 def scheduler_config(gw: Gateway) -> SchedulerConfig:
@@ -105,7 +104,7 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     )
     rows = session.execute(
         select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
-        .where(Job.state.in_(("pending", *HOLDING_STATES, *WITHHELD_STATES)))).all()
+        .where(Job.state.in_(("pending", *ACTIVE_STATES, *WITHHELD_STATES)))).all()
     pending: list[PendingJob] = []
     running: list[RunningJob] = []
     withheld: list[RunningJob] = []
@@ -136,7 +135,7 @@ def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
     held: dict[str, int] = defaultdict(int)
     for project, g, n in session.execute(
             select(Job.project, Job.gpus_per_node, Job.nodes)
-            .where(Job.state.in_((*HOLDING_STATES, *WITHHELD_STATES)))).all():
+            .where(Job.state.in_((*ACTIVE_STATES, *WITHHELD_STATES)))).all():
         held[project] += g * n
     rows = {u.project: u for u in session.scalars(select(TenantUsage)).all()}
     for project in set(rows) | set(held):

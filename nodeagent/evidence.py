@@ -7,6 +7,8 @@ The job runs as our own user and owns its directory, so anything in it may be a 
 file outside, a FIFO whose open() blocks forever, a socket, /dev/zero. Every directory and file is
 therefore opened relative to its parent's descriptor with O_NOFOLLOW and O_NONBLOCK, and only regular
 files are read; a symlink is never followed, not even one that replaced the job or checkpoint directory.
+(The log tail is read by path: a log that is not a regular file gives none, and what a swapped job
+directory's log says is the job's own word either way.)
 """
 
 from __future__ import annotations

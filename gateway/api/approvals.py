@@ -55,9 +55,11 @@ def show_approval(approval_id: ApprovalId, ctx: Ctx) -> dict[str, Any]:
 
 @router.post("/{approval_id}/approve", summary="Approve as the second person; executes once enough approvals exist")
 def approve(approval_id: ApprovalId, ctx: Ctx, body: ApproveBody | None = None) -> dict[str, Any]:
-    """Checked in the transaction that executes: not the requester (nor the person behind a service
-    account), an eligible role for every affected project, not expired, digest unchanged. Targets that
-    ended meanwhile are skipped and reported; the target set never widens."""
+    """Checked in the transaction that executes: a person, not the requester (nor the person behind a service
+    account), whose credential covers `approval.grant` in every affected project and whose role there makes
+    them eligible; the requester and earlier approvers still enabled and eligible; not expired, digest
+    unchanged. A refused attempt is ledgered. Targets that ended meanwhile are skipped and reported; the target
+    set never widens."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         done = approvals.approve(ctx.gw, session, caller, approval_id, body.comment if body else None)

@@ -50,7 +50,8 @@ class ServiceAccountCreate(BaseModel):
 def create_token(body: TokenCreate, ctx: Ctx) -> dict[str, Any]:
     """For yourself, or for a service account you answer for. The secret (`token`) is in this answer only;
     the gateway keeps its hash. Service tokens expire within 90 days (configurable); service accounts never
-    mint tokens."""
+    mint tokens. A token mints only within its own actions and projects (403 otherwise), one for yourself ends
+    no later than the token that made it, and a break-glass credential mints none."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         token, issued = identity.create_token(
