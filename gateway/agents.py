@@ -261,8 +261,20 @@ def _deleted(gw: Gateway, session: Session, node_id: str, report: AgentReport, n
     ev = report.evidence or {}
     objects = [dict(o) for o in ev.get("deleted") or [] if isinstance(o, dict)]
     reason = str(ev.get("reason") or "")
-    retention.record_deleted(gw, session, node_id, report.job_id, objects, reason, now)
-    lifecycle.purge_reported(gw, session, report.job_id, node_id, objects, now)
+    left = [str(p) for p in ev.get("left") or []]
+    truncated = ev.get("truncated") if isinstance(ev.get("truncated"), dict) else {}
+    unlisted = max(0, int(truncated.get("deleted") or 0) - len(objects)) if truncated else 0
+    if unlisted:  # removed, but past what one report may carry: counted, not listed one by one
+        record_outcome(gw, "deletion", {"job_id": report.job_id, "node": node_id, "action": "deleted_unlisted",
+                                        "count": unlisted, "reason": reason, "at": now.isoformat()})
+    if left:  # the node could not remove everything: the cleanup is not over, and a person must look
+        record_outcome(gw, "deletion", {"job_id": report.job_id, "node": node_id, "action": "incomplete",
+                                        "left_count": len(left), "left": left[:100], "reason": reason,
+                                        "at": now.isoformat()})
+        stops.alert(gw, session, now, "deletion_incomplete",
+                    {"node": node_id, "job_id": report.job_id, "left_count": len(left), "left": left[:20]})
+    retention.record_deleted(gw, session, node_id, report.job_id, objects, reason, now, complete=not left)
+    lifecycle.purge_reported(gw, session, report.job_id, node_id, objects, now, complete=not left)
 
 
 def _unknown(gw: Gateway, session: Session, node_id: str, report: AgentReport, job: Job | None,

@@ -247,14 +247,17 @@ def purge_due(gw: Gateway, session: Session, now: datetime) -> list[str]:
 
 
 def purge_reported(gw: Gateway, session: Session, job_id: str, node: str, objects: list[dict[str, Any]],
-                   now: datetime) -> None:
-    """A node removed a deleted job's files: keep the list; purged once every node has answered."""
+                   now: datetime, *, complete: bool = True) -> None:
+    """A node removed a deleted job's files: keep the list; purged once every node has removed all of them
+    (a node that left some behind keeps the purge open, for a person to finish)."""
     row = session.get(JobDeletion, job_id)
     if row is None or row.state != "purging":
         return
-    row.objects = [*row.objects, {"node": node, "files": objects}]
+    row.objects = [*row.objects, {"node": node, "files": objects, **({} if complete else {"incomplete": True})}]
+    if not complete:
+        return
     job = session.get(Job, job_id)
-    answered = {str(o.get("node")) for o in row.objects}
+    answered = {str(o.get("node")) for o in row.objects if not o.get("incomplete")}
     if job is None or {p["node"] for p in job.placement} <= answered:
         row.state, row.purged_at = "purged", now
         record_outcome(gw, "deletion", {"job_id": job_id, "action": "purged", "at": now.isoformat(),

@@ -104,13 +104,14 @@ def cleanup(gw: Gateway, session: Session, now: datetime) -> list[str]:
 
 
 def record_deleted(gw: Gateway, session: Session, node: str, job_id: str, objects: list[dict[str, Any]],
-                   reason: str, now: datetime) -> None:
-    """Ledger every object a node deleted (one entry per object), and close the retention row."""
+                   reason: str, now: datetime, *, complete: bool = True) -> None:
+    """Ledger every object a node deleted (one entry per object), and close the retention row unless the node
+    left files behind."""
     for obj in objects:
         record_outcome(gw, "deletion", {"job_id": job_id, "node": node, "object": obj, "reason": reason,
                                         "at": now.isoformat()})
     row = session.get(CheckpointRetention, job_id)
-    if row is not None and row.state == "cleaning" and reason.startswith("retention"):
+    if complete and row is not None and row.state == "cleaning" and reason.startswith("retention"):
         row.state, row.cleaned_at = "cleaned", now
 
 

@@ -12,6 +12,7 @@ from stop_helpers import FakeAgent, ledger, notices, running_job, shift_clock, s
 from gateway import lifecycle
 from gateway.policy.engine import RoleBinding
 from gateway.scheduling import run_once
+from gateway.stop_tables import JobDeletion
 
 CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]
 
@@ -105,6 +106,38 @@ def test_delete_after_consent_then_undelete_or_purge_through_the_agent(api: Api,
     assert any(e["body"].get("action") == "purged" for e in ledger(api) if e["kind"] == "deletion")
     # The id stays taken forever (R1): the job is still there to read.
     assert job(api, job_id)["state"] == "deleted"
+
+
+def _deleted_and_due_for_purge(api: Api, agent: FakeAgent) -> tuple[str, dict[str, Any]]:
+    """A stopped job deleted with the rights holder's consent, past its recovery window: returns the job and
+    the purge command sent to its node."""
+    api.gateway.policy.grant(RoleBinding(principal="carol", role="queue_admin", project="acme"))
+    job_id, _ = running_job(api, agent)
+    api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "done"})
+    finish_stop(agent, job_id)
+    r = api.client.request("DELETE", f"/v1/jobs/{job_id}", headers=api.headers("alice"), json={"reason": "gone"})
+    assert api.post(f"/v1/approvals/{r.json()['approval_id']}/approve", "carol").status_code == 200
+    shift_clock(api, lifecycle.RECOVERY_WINDOW.total_seconds() + 1)
+    lifecycle.run_chores(api.gateway)
+    (purge,) = [c for c in agent.take() if c["kind"] == "delete_artifacts"]
+    return job_id, purge
+
+
+def test_a_purge_that_left_files_behind_stays_open_and_tells_on_call(api: Api, agent: FakeAgent) -> None:
+    """A6/P1: the ledger may not say `purged` while the node still holds files of the job (nested too deep,
+    or not removable); and files removed past what one report lists are counted, not lost."""
+    job_id, purge = _deleted_and_due_for_purge(api, agent)
+    agent.report(job_id, "deleted", purge["nonce"], evidence={
+        "deleted": CKPT, "left": ["checkpoints/deep/x.pt"], "truncated": {"deleted": 40}, "what": "all",
+        "reason": purge["params"]["reason"]})
+    actions = [e["body"].get("action") for e in ledger(api) if e["kind"] == "deletion"]
+    assert "incomplete" in actions and "deleted_unlisted" in actions and "purged" not in actions
+    unlisted = next(e["body"] for e in ledger(api) if e["body"].get("action") == "deleted_unlisted")
+    assert unlisted["count"] == 40 - len(CKPT)
+    alert = next(n for n in notices(api, "dave") if n["kind"] == "deletion_incomplete")
+    assert alert["body"]["left"] == ["checkpoints/deep/x.pt"]
+    with api.gateway.db.transaction() as s:
+        assert s.get(JobDeletion, job_id).state == "purging"
 
 
 def test_normal_tier_checkpoints_go_when_the_next_job_on_the_quota_starts(api: Api, agent: FakeAgent) -> None:
