@@ -41,6 +41,7 @@ def planting_job(plant: str) -> list[str]:
         "ckpt = pathlib.Path(os.environ['JOBGATE_CHECKPOINT_DIR'])\n"
         "(ckpt / 'real.pt').write_bytes(b'weights')\n"
         f"{plant}\n"
+        "(ckpt.parent / 'planted').touch()\n"  # a marker beside the log, which the plant may have replaced
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"
     )
@@ -54,10 +55,7 @@ def test_planted_special_files_neither_hang_nor_crash_the_stop(
     fails it with EISDIR: none may keep the stop from killing the job and reporting `stopped`."""
     job_dir = runner.job_dir("planted")
     runner.start("planted", planting_job(plant), [0], {}, 30, "SIGTERM")
-    if "output.log" in plant:
-        time.sleep(1.0)  # the job's own log is gone; give it time to plant
-    else:
-        wait_for_log(job_dir, "ready")
+    wait_until(lambda: (job_dir / "planted").exists(), 15, "the plant in place")
     runner.stop("planted", 0.2)
     ev = events.wait("planted", "stopped", timeout=15).evidence
     assert ev is not None and ev["process_group_gone"] is True
