@@ -37,8 +37,8 @@ def test_a_gang_member_that_exited_first_does_not_stop_scheduling_and_frees_only
 
 
 
-def _requeued_by_occupancy(api: Api) -> tuple[str, str]:
-    """A running job stopped for an unrenewed occupancy period (P3) and requeued; returns (job, node)."""
+def _occupancy_stop_requested(api: Api) -> tuple[str, str]:
+    """A running job (pid 7) asked to stop for an unrenewed occupancy period (P3); returns (job, node)."""
     api.gateway.scheduler_config = SchedulerConfig(max_occupancy_s=3600, renewal_window_s=600)
     bring_up_nodes(api)
     j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
@@ -48,6 +48,12 @@ def _requeued_by_occupancy(api: Api) -> tuple[str, str]:
     advance(api, 3600 + 700)
     run_once(api.gateway)
     assert job(api, j)["state"] == "stop_requested"
+    return j, node
+
+
+def _requeued_by_occupancy(api: Api) -> tuple[str, str]:
+    """A running job stopped for an unrenewed occupancy period (P3) and requeued; returns (job, node)."""
+    j, node = _occupancy_stop_requested(api)
     report(api, node, j, "stopping")
     report(api, node, j, "stopped", evidence={"outcome": "graceful", **DONE})
     assert job(api, j)["state"] == "pending"
@@ -182,15 +188,7 @@ def test_a_preemption_victim_that_finished_before_the_prepare_signal_succeeds_an
     """The stop was asked (here P3 occupancy), but the run exited 0 on its own before the agent signalled it,
     so the agent reports `exited`, not `stopped`. It was requeued as if preempted (graceful, compensation) and
     its finished command started again."""
-    api.gateway.scheduler_config = SchedulerConfig(max_occupancy_s=3600, renewal_window_s=600)
-    bring_up_nodes(api)
-    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
-    assert run_once(api.gateway) == 1
-    node = job(api, j)["placement"][0]["node"]
-    report(api, node, j, "started", pid=7)
-    advance(api, 3600 + 700)
-    run_once(api.gateway)
-    assert job(api, j)["state"] == "stop_requested"
+    j, node = _occupancy_stop_requested(api)
     report(api, node, j, "exited", pid=7, evidence=DONE)
     done = job(api, j)
     assert (done["state"], done["exit_code"]) == ("succeeded", 0), done["history"][-1]
