@@ -112,7 +112,7 @@ def reprioritize_many(gw: Gateway, session: Session, caller: Caller, req: BatchP
     """Set the priority of every selected job (A2/A3). Raises Invalid, PolicyDenied, LedgerUnavailable."""
     def apply(job: Job, rec: Recorded) -> None:
         apply_priority(gw, session, job, req.priority, by=caller.id, request_id=rec.request_id,
-                       decision_seq=rec.seq, reason=req.reason, approved_by=[])
+                       decision_seq=rec.seq, reason=req.reason, approved_by=[], obligations=rec.decision.obligations)
 
     return run_batch(gw, session, caller, req, action="job.priority", params={"priority": req.priority},
                      apply=apply)

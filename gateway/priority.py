@@ -7,6 +7,7 @@ approval executor alike.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -17,16 +18,20 @@ from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict
 from gateway.models import Job
+from gateway.obligations import notify_owners
 from gateway.pipeline import record_outcome
 from gateway.queue_snapshot import snapshot_blob
 from gateway.states import ENDED_STATES
 
 
 def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by: str, request_id: str,
-                   decision_seq: int, reason: str | None, approved_by: list[str]) -> dict[str, Any]:
-    """Set the job's effective priority; record before/after, basis and a queue snapshot. Raises Conflict."""
+                   decision_seq: int, reason: str | None, approved_by: list[str],
+                   obligations: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """Set the job's effective priority; record before/after, basis, a queue snapshot and the owners told (the
+    policy's notify_owner obligations, as for a stop). Raises Conflict."""
     if job.state in ENDED_STATES:
         raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
+    notified = notify_owners(gw, session, obligations, job=job, actor=by, action="job.priority", reason=reason)
     now = gw.clock()
     row = priority_history.ensure(session, job)
     parts = dict(row.parts or {})
@@ -43,7 +48,7 @@ def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by:
     seq = record_outcome(gw, "outcome", {
         "request_id": request_id, "decision_seq": decision_seq, "action": "job.priority", "job_id": job.id,
         "result": "changed", "priority_before": before, "priority_after": value, "operator": by,
-        "affected_owner": job.owner, "approved_by": approved_by, "reason": reason,
+        "affected_owner": job.owner, "approved_by": approved_by, "reason": reason, "owner_notified": notified,
     }, blobs={"queue_snapshot": snapshot})
     gw.scheduler_kick.set()
     return {"job_id": job.id, "priority_before": before, "priority_after": value, "outcome_seq": seq}
@@ -55,4 +60,5 @@ def _priority_after_approval(gw: Gateway, session: Session, approval: Approval, 
     value = float(approval.params["priority"])
     return {"changed": [apply_priority(gw, session, job, value, by=approval.requester, request_id=approval.id,
                                        decision_seq=approval.decision_seq, reason=approval.reason,
-                                       approved_by=[a["by"] for a in approval.approvals]) for job in targets]}
+                                       approved_by=[a["by"] for a in approval.approvals],
+                                       obligations=approval.resolution.get("obligations", ())) for job in targets]}

@@ -62,7 +62,8 @@ def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
                                 project=job.project, params=params, reason=body.reason, ticket=body.ticket)
         return PriorityResponse(job_id=job.id, decision=decision_out(rec), approval_id=approval.id), True
     done = apply_priority(gw, session, job, body.priority, by=caller.id, request_id=rec.request_id,
-                          decision_seq=rec.seq, reason=body.reason, approved_by=[])
+                          decision_seq=rec.seq, reason=body.reason, approved_by=[],
+                          obligations=rec.decision.obligations)
     return PriorityResponse(decision=decision_out(rec), **done), False
 
 

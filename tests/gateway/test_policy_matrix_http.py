@@ -103,6 +103,11 @@ def test_a3_others_priority_needs_a_second_person(api: Api) -> None:
     outcome = entries(api)[changed["outcome_seq"]]["body"]
     assert outcome["operator"] == "carol" and outcome["affected_owner"] == "alice"
     assert outcome["approved_by"] == ["dave"] and outcome["reason"] == "paper deadline"
+    # The owner is told, as the policy's notify_owner obligation asks, and the outcome says so.
+    (told,) = outcome["owner_notified"]
+    notices = api.get("/v1/notifications", "alice").json()["notifications"]
+    notice = next(n for n in notices if n["id"] == told["notification_id"])
+    assert notice["body"]["action"] == "job.priority" and notice["body"]["by"] == "carol"
     denied(api.post(f"/v1/jobs/{job}/priority", "mallory", json={"priority": 1}), "job.priority.any")
 
 
