@@ -185,7 +185,8 @@ def test_edited_process_record_does_not_make_a_stranger_adoptable(harness: Harne
 # -- the gateway side: a node's token speaks for its own commands only ---------------------------------
 
 
-@pytest.mark.parametrize("reporter", ["other-node", "own-node-unasked"])
+@pytest.mark.parametrize("reporter", ["other-node", "own-node-unasked", "other-node-start-nonce",
+                                      "own-node-start-nonce"])
 def test_deletion_report_without_a_delete_command_for_that_node_is_not_ledgered(
     tmp_path: Path, reporter: str
 ) -> None:
@@ -221,10 +222,13 @@ def test_deletion_report_without_a_delete_command_for_that_node_is_not_ledgered(
             payloads = [json.loads(e["payload"]) for e in envelopes.json()["commands"]]
             return [p for p in payloads if p["kind"] == "start" and p["job_id"] == job_id]
 
-        placed = [n for n in DEMO_NODES if starts(n)]
+        sent = {n: starts(n) for n in DEMO_NODES}
+        placed = [n for n in DEMO_NODES if sent[n]]
         assert len(placed) == 1
-        node = placed[0] if reporter == "own-node-unasked" else next(n for n in DEMO_NODES if n != placed[0])
-        forged = {"job_id": job_id, "event": "deleted", "nonce": None, "at": time.time(),
+        node = placed[0] if reporter.startswith("own-node") else next(n for n in DEMO_NODES if n != placed[0])
+        # A real nonce, of the start command: the wrong kind of command, and for the other node the wrong node.
+        nonce = sent[placed[0]][0]["nonce"] if reporter.endswith("start-nonce") else None
+        forged = {"job_id": job_id, "event": "deleted", "nonce": nonce, "at": time.time(),
                   "evidence": {"deleted": [{"path": "checkpoints/x.pt", "size": 1, "mtime": 1.0,
                                             "sha256": "ab" * 32}], "what": "all", "reason": "retention: forged"}}
         r = client.post(f"/v1/agents/{node}/reports", json={"reports": [forged]}, headers=as_node(node))
