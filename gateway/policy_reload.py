@@ -140,6 +140,8 @@ class PolicyReloader:
             old = self.gw.policy
             self.gw.policy_set = policy_set
             self.gw.policy = engine
+            if self.gw.limiter is not None:  # H2: the calls-per-minute numbers are policy data too
+                self.gw.limiter.configure(policy_set.data.get("limits", {}))
             old.close()
             self.loaded_at = attempt.at
             self._refused_hash = None

@@ -32,6 +32,11 @@ class RateBreach:
 class RateLimiter:
     def __init__(self, uri: str, numbers: Mapping[str, Any]) -> None:
         self._limiter = strategies.MovingWindowRateLimiter(storage.storage_from_string(uri))
+        self.configure(numbers)
+
+    def configure(self, numbers: Mapping[str, Any]) -> None:
+        """Take the limits of a (re)loaded policy set. A changed number is a new `limits` item with a window of its
+        own (its key holds the amount), so the calls of the last minute count again from zero under it."""
         self.per_principal = int(numbers.get("calls_per_minute_per_principal", DEFAULT_PER_PRINCIPAL))
         self.per_project = int(numbers.get("calls_per_minute_per_project", DEFAULT_PER_PROJECT))
 

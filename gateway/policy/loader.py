@@ -68,6 +68,13 @@ REQUIRED_NUMBERS: tuple[tuple[str, ...], ...] = (
     ("breakglass", "max_seconds"),
     ("breakglass", "second_oncall_approvals"),
 )
+# Numbers the gateway reads itself (the rate limiter, gateway/ratelimit.py), with defaults when absent; when
+# present they are checked like the required ones, so a typo is refused at load instead of being loaded and
+# then failing the next start-up.
+OPTIONAL_NUMBERS: tuple[tuple[str, ...], ...] = (
+    ("limits", "calls_per_minute_per_principal"),
+    ("limits", "calls_per_minute_per_project"),
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -217,10 +224,14 @@ def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
     if not isinstance(data, dict):
         return {}, [PolicyProblem(DATA_FILE, 1, "top level must be an object")]
     problems = []
-    for path in REQUIRED_NUMBERS:
+    for path in (*REQUIRED_NUMBERS, *OPTIONAL_NUMBERS):
         value: Any = data
+        present = True
         for key in path:
+            present = present and isinstance(value, dict) and key in value
             value = value.get(key) if isinstance(value, dict) else None
+        if not present and path in OPTIONAL_NUMBERS:
+            continue
         # bool is an int subclass; `true` is never a valid limit.
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             line = _line_of_key(text, path[-1])

@@ -1,0 +1,61 @@
+"""Red-team tests of the policy guard rails: limits from policy data, reloads, break-glass, what-if (H2, F2,
+F3, M1, M2)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gateway_testkit import Api, job_spec
+from test_policy_reload_api import start_api
+
+from gateway.settings import Settings
+
+
+@pytest.fixture
+def policy_dir(tmp_path: Path) -> Path:
+    import shutil
+
+    from gateway.settings import REPO_POLICIES
+
+    target = tmp_path / "candidate-policies"
+    shutil.copytree(REPO_POLICIES, target)
+    return target
+
+
+@pytest.fixture
+def papi(settings: Settings, policy_dir: Path) -> Iterator[Api]:
+    yield from start_api(settings.model_copy(update={"policies_dir": policy_dir, "policy_watch_interval_s": 0}))
+
+
+def set_limit(policy_dir: Path, name: str, value: object) -> None:
+    path = policy_dir / "data.json"
+    data = json.loads(path.read_text())
+    data["limits"][name] = value
+    path.write_text(json.dumps(data, indent=2))
+
+
+def test_a_reloaded_calls_per_minute_limit_is_the_one_enforced(papi: Api, policy_dir: Path) -> None:
+    set_limit(policy_dir, "calls_per_minute_per_principal", 2)
+    assert papi.post("/v1/policy/reload", "sam").status_code == 200
+    job_id = papi.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    codes = [
+        papi.post("/v1/jobs:stop", "bob", json={"ids": [job_id], "reason": "poke", "dry_run": False}).status_code
+        for _ in range(3)
+    ]
+    r = papi.post("/v1/jobs:stop", "bob", json={"ids": [job_id], "reason": "poke"})
+    assert r.status_code == 403 and "may make 2 mutating calls per minute" in r.json()["detail"], (codes, r.text)
+
+
+@pytest.mark.parametrize("value", ["sixty", True, -1, 1.5, None], ids=["text", "bool", "negative", "float", "null"])
+def test_a_calls_per_minute_limit_that_is_not_a_count_is_refused_at_reload(
+    papi: Api, policy_dir: Path, value: object
+) -> None:
+    old = papi.get("/v1/policy", "sam").json()["policy_hash"]
+    set_limit(policy_dir, "calls_per_minute_per_project", value)
+    r = papi.post("/v1/policy/reload", "sam")
+    assert r.status_code == 422, r.text
+    assert any(e.startswith("data.json:") and "calls_per_minute_per_project" in e for e in r.json()["errors"])
+    assert papi.get("/v1/policy", "sam").json()["policy_hash"] == old
