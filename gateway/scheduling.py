@@ -29,7 +29,7 @@ from gateway.stops import housekeeping
 from scheduler.config import config_from_mapping
 from scheduler.cycle import CycleResult, run_cycle
 from scheduler.errors import InvalidConfig
-from scheduler.estimate import estimate_starts
+from scheduler.estimate import after_admits, estimate_starts
 from scheduler.model import (
     DEFAULT_CONFIG,
     JobId,
@@ -219,7 +219,7 @@ def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: dat
     by_id = {j.id: j for j in snapshot.pending}
     order = sorted((j for j in snapshot.pending if j.id in blocked),
                    key=lambda j: (-result.priorities[j.id].total, j.submitted_at, j.id))
-    estimates = estimate_starts(snapshot, order, now=now, config=config)
+    estimates = estimate_starts(after_admits(snapshot, result.admits, now=now), order, now=now, config=config)
     pending_rows = session.execute(
         select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
         .where(Job.state == "pending")).all()

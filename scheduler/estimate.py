@@ -13,10 +13,36 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort
+from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
-from scheduler.model import DEFAULT_CONFIG, JobId, PendingJob, SchedulerConfig, Snapshot
+from scheduler.cycle import Admit
+from scheduler.model import DEFAULT_CONFIG, JobId, PendingJob, RunningJob, SchedulerConfig, Snapshot
+
+
+def after_admits(snapshot: Snapshot, admits: Sequence[Admit], *, now: datetime) -> Snapshot:
+    """The snapshot as a cycle leaves it: each admitted job holds its GPUs from `now` for its runtime limit.
+
+    Estimates made after a cycle must start from this, not from the snapshot the cycle decided on: there the
+    GPUs it just gave away are still free, and a job waiting behind them would be told it starts now.
+    Raises nothing (admits come from run_cycle on this snapshot).
+    """
+    if not admits:
+        return snapshot
+    pending = {j.id: j for j in snapshot.pending}
+    taken: dict[str, set[int]] = defaultdict(set)
+    started: list[RunningJob] = []
+    for a in admits:
+        job = pending.pop(a.job_id)
+        for p in a.placement:
+            taken[p.node].update(p.gpus)
+        started.append(RunningJob(id=job.id, project=job.project, user=job.user, queue=job.queue,
+                                  priority=a.priority.total, started_at=now, placement=a.placement,
+                                  runtime_limit_s=job.runtime_limit_s, borrowed=a.borrowed))
+    nodes = tuple(replace(n, free=n.free - taken[n.id]) if n.id in taken else n for n in snapshot.nodes)
+    return replace(snapshot, nodes=nodes, pending=tuple(pending.values()), running=(*snapshot.running, *started))
 
 
 def estimate_starts(snapshot: Snapshot, order: Sequence[PendingJob], *, now: datetime,

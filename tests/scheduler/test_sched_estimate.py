@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from scheduler_builders import NOW, at, job, node, running, snap
 
-from scheduler.estimate import estimate_starts
+from scheduler.cycle import run_cycle
+from scheduler.estimate import after_admits, estimate_starts
 from scheduler.model import SchedulerConfig
 
 
@@ -33,3 +34,13 @@ def test_no_runtime_limit_uses_the_configured_default_and_stopping_jobs_their_de
 def test_an_idle_cluster_starts_now() -> None:
     s = snap([node("a")], [job("p").gpus(2)])
     assert estimate_starts(s, list(s.pending), now=NOW) == {s.pending[0].id: NOW}
+
+
+def test_estimates_after_a_cycle_count_the_gpus_it_gave_away() -> None:
+    """Q10: a job left waiting behind this cycle's admits cannot start before they end."""
+    s = snap([node("a")], [job("first").gpus(8).limit(2).waited(1), job("second").gpus(8).limit(2)])
+    result = run_cycle(s, now=NOW)
+    assert [a.job_id for a in result.admits] == ["first"]
+    left = after_admits(s, result.admits, now=NOW)
+    assert [j.id for j in left.pending] == ["second"] and left.nodes[0].free == frozenset()
+    assert estimate_starts(left, list(left.pending), now=NOW) == {"second": at(2)}
