@@ -25,6 +25,9 @@ from gateway.policy.engine import Decision
 from gateway.queue_snapshot import snapshot_blob
 from ledger.errors import InvalidEntry, LedgerError
 
+# Actions counted against the caller's calls per minute but not against their projects' (see decide).
+PRINCIPAL_LIMIT_ONLY = frozenset({"emergency.stop"})
+
 
 def new_request_id() -> str:
     return "req-" + secrets.token_hex(8)
@@ -111,9 +114,13 @@ def decide(
         "now": now.isoformat(),
     }
     projects = sorted({f["project"] for f in facts} | ({project} if project else set()))
-    # H2 rate limits guard actions on existing jobs (a runaway script stopping a queue), not submissions.
-    limited = record and rate_limited and bool(targets) and gw.limiter is not None
-    breach = gw.limiter.hit(caller.real_identity, projects) if limited and gw.limiter is not None else None
+    # H2 rate limits guard principals' actions on existing jobs (a runaway script stopping a queue), not
+    # submissions, and not the system's own housekeeping (R4 reclaims every expired job, however many).
+    limited = record and rate_limited and bool(targets) and gw.limiter is not None and caller.kind != "system"
+    # The emergency brake counts against its caller only: the projects' budget may be what a runaway has
+    # just spent, and on-call must still be able to stop it.
+    counted = [] if action in PRINCIPAL_LIMIT_ONLY else projects
+    breach = gw.limiter.hit(caller.real_identity, counted) if limited and gw.limiter is not None else None
     started = time.perf_counter()
     try:
         caller.check_scope(action, projects)

@@ -59,3 +59,37 @@ def test_a_calls_per_minute_limit_that_is_not_a_count_is_refused_at_reload(
     assert r.status_code == 422, r.text
     assert any(e.startswith("data.json:") and "calls_per_minute_per_project" in e for e in r.json()["errors"])
     assert papi.get("/v1/policy", "sam").json()["policy_hash"] == old
+
+
+# -- rate limits against the emergency brake ----------------------------------------------------------------
+
+
+def test_an_emergency_stop_is_not_refused_because_others_used_up_the_projects_calls(
+    papi: Api, policy_dir: Path
+) -> None:
+    set_limit(policy_dir, "calls_per_minute_per_project", 3)
+    assert papi.post("/v1/policy/reload", "sam").status_code == 200
+    ids = [papi.post("/v1/jobs", "alice", json=job_spec()).json()["id"] for _ in range(4)]
+    for job_id in ids[:3]:  # a runaway script of alice's spends the project's calls
+        assert papi.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "runaway"}).status_code == 202
+    assert papi.post(f"/v1/jobs/{ids[3]}/stop", "alice", json={"reason": "runaway"}).status_code == 403
+    body = {"scope": {"kind": "job", "value": ids[3]}, "trigger": "safety", "reason": "contain the runaway"}
+    r = papi.post("/v1/emergency-stops", "dave", json=body)
+    assert r.status_code == 201, r.text
+
+
+def test_the_systems_auto_offline_reclaim_is_not_rate_limited(papi: Api, policy_dir: Path) -> None:
+    from datetime import timedelta
+
+    from gateway import retention
+    from gateway.models import Job
+
+    set_limit(policy_dir, "calls_per_minute_per_principal", 2)
+    assert papi.post("/v1/policy/reload", "sam").status_code == 200
+    ids = [papi.post("/v1/jobs", "alice", json=job_spec(auto_offline=True)).json()["id"] for _ in range(3)]
+    gw = papi.gateway
+    with gw.db.transaction() as s:
+        for job_id in ids:
+            s.get(Job, job_id).valid_until = gw.clock() - timedelta(seconds=1)
+    with gw.transaction() as s:
+        assert sorted(retention.auto_offline(gw, s, gw.clock())) == sorted(ids)
