@@ -27,6 +27,9 @@ from gateway.stop_tables import EmergencyStop
 
 # Jobs an emergency stop takes: queued ones are cancelled so they cannot start after it.
 STOPPABLE_STATES = ("pending", "starting", "running", "lost")
+# Jobs whose stop is already under way or failed are in scope too: their stop is taken over, so one being
+# preempted (or paused) ends stopped instead of going back to the queue after the emergency.
+SCOPE_STATES = STOPPABLE_STATES + stops.TAKEOVER_STATES
 GRANULARITY = {"job": "job", "workload": "workload", "environment": "scope", "selector": "scope"}
 VIEW_CAPABILITIES = ("emergency.stop", "ledger.read")
 
@@ -36,7 +39,7 @@ def resolve_scope(session: Session, kind: str, value: Any) -> tuple[list[Job], l
 
     Raises Invalid for an unknown kind or a malformed value, NotFound for an unknown job id.
     """
-    stmt = select(Job).where(Job.state.in_(STOPPABLE_STATES)).order_by(Job.id)
+    stmt = select(Job).where(Job.state.in_(SCOPE_STATES)).order_by(Job.id)
     if kind == "job":
         if not isinstance(value, str):
             raise Invalid("a job scope names one job id: {\"kind\": \"job\", \"value\": \"j-...\"}")
@@ -75,7 +78,7 @@ def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: A
     """
     targets, blind = resolve_scope(session, kind, value)
     if not targets:
-        raise Invalid(f"no running or queued stoppable job matches {kind} {value!r}", blind_spots=blind)
+        raise Invalid(f"no running, stopping or queued stoppable job matches {kind} {value!r}", blind_spots=blind)
     granularity = GRANULARITY[kind]
     params = {"scope": {"kind": kind, "value": value}, "trigger": trigger, "grace_seconds": grace_seconds}
     rec = decide(gw, session, caller, "emergency.stop", targets=targets, params=params, reason=reason,
@@ -126,12 +129,15 @@ def execute(gw: Gateway, session: Session, row: EmergencyStop, targets: list[Job
     lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
     with ledger_batch(gw, session):
         for job in targets:
-            if job.state not in STOPPABLE_STATES:
-                continue
-            stops.request_stop(gw, session, job, now, by=row.requested_by, reason=reason,
-                               request_id=row.request_id, decision_seq=decision_seq,
-                               grace_seconds=row.grace_seconds, approved_by=row.deciders[1:], lost_nodes=lost,
-                               emergency_id=row.id, trigger=row.trigger)
+            if job.state in stops.TAKEOVER_STATES:
+                stops.take_over_stop(gw, session, job, now, by=row.requested_by, reason=reason,
+                                     request_id=row.request_id, decision_seq=decision_seq,
+                                     approved_by=row.deciders[1:], emergency_id=row.id, trigger=row.trigger)
+            elif job.state in STOPPABLE_STATES:
+                stops.request_stop(gw, session, job, now, by=row.requested_by, reason=reason,
+                                   request_id=row.request_id, decision_seq=decision_seq,
+                                   grace_seconds=row.grace_seconds, approved_by=row.deciders[1:], lost_nodes=lost,
+                                   emergency_id=row.id, trigger=row.trigger)
     record_outcome(gw, "emergency", {"emergency_id": row.id, "result": "executing", "deciders": row.deciders,
                                      "trigger": row.trigger, "at": now.isoformat(), "targets": row.target_ids})
 

@@ -183,6 +183,18 @@ def ended_before_stop(job: Job) -> None:
         pre.state = "ended"
 
 
+def superseded(job: Job, by: str) -> None:
+    """A final stop (an emergency stop) took over the victim's stop: it will end `stopped`, not requeued, so
+    its preemption record is closed as `superseded` (still counted as a preemption, Q9)."""
+    session = object_session(job)
+    assert session is not None
+    pre = session.scalars(select(PreemptionRow).where(PreemptionRow.victim == job.id, PreemptionRow.state == "stopping")
+                          .order_by(PreemptionRow.id.desc())).first()
+    if pre is not None:
+        pre.state = "superseded"
+        pre.checkpoint = {**(pre.checkpoint or {}), "superseded_by": by}
+
+
 def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_id: str) -> None:
     """Rule 3: the victim stopped; back to pending with its priority, its wait so far and compensation."""
     from gateway.scheduling import scheduler_config

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
+from gateway import preemption
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
@@ -147,6 +148,36 @@ def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: 
     unreachable = sorted({p["node"] for p in job.placement} & lost)
     if unreachable:
         escalate(gw, session, job, now, f"node {', '.join(unreachable)} is unreachable", unreachable=True)
+
+
+# A stop already under way (or failed) that a later, final stop can take over (gateway/emergency.py).
+TAKEOVER_STATES = ("stop_requested", "stopping", "stop_failed")
+# How a stop in progress may have been meant to end other than `stopped`: dropped when a final stop takes over.
+SOFT_ENDINGS = ("preemption", "pause")
+
+
+def take_over_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: str, reason: str,
+                   request_id: str, decision_seq: int, approved_by: list[str] | None = None, **extra: Any) -> None:
+    """A stop already under way (or failed) becomes part of a later, final stop: it now ends `stopped`, never
+    requeued as a preemption nor `paused` (which its owner could resume at once). Ledgered.
+
+    No second stop is sent: the agent runs one stop per process group, and the running stop's reports must
+    still count (stale_report compares commands with the request's `at`, kept as it was, like its grace).
+    Raises Conflict for a job with no stop in progress.
+    """
+    if job.state not in TAKEOVER_STATES:
+        raise Conflict(f"job {job.id} is {job.state}; no stop is in progress to take over", state=job.state)
+    dropped = sorted(k for k in SOFT_ENDINGS if job.stop_request.get(k))
+    if "preemption" in dropped:
+        preemption.superseded(job, request_id)
+    taken = {"by": by, "reason": reason, "request_id": request_id, "decision_seq": decision_seq,
+             "approved_by": approved_by or [], "at": now.isoformat(), "dropped": dropped}
+    job.stop_request = {**{k: v for k, v in job.stop_request.items() if k not in SOFT_ENDINGS},
+                        "taken_over": taken, **extra}
+    record(gw, session, "transition", {"job_id": job.id, "state_before": job.state, "state_after": job.state,
+                                       "by": by, "reason": reason, "request_id": request_id,
+                                       "decision_seq": decision_seq, "takes_over_stop": True, "dropped": dropped,
+                                       "at": now.isoformat(), **extra})
 
 
 def stale_report(session: Session, job: Job, part: Allocation, event: str, pid: int | None,

@@ -1,0 +1,83 @@
+"""Red team: emergency stops (C2, C3, C6) as on-call and the security reviewer meet them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway_testkit import Api, job_spec
+from stop_helpers import FakeAgent, ledger, running_job, stopped_evidence
+from test_sched_api import advance, bring_up_nodes, job, report
+
+from gateway.scheduling import run_once
+from scheduler.model import SchedulerConfig
+
+DONE = {"exit_code": 0, "process_group_gone": True}
+
+
+def body(kind: str, value: object) -> dict[str, object]:
+    return {"scope": {"kind": kind, "value": value}, "trigger": "security", "reason": "leaked credentials",
+            "grace_seconds": 0}
+
+
+def _being_preempted(api: Api, **spec: Any) -> tuple[str, str]:
+    """A running job asked to stop and be requeued for an unrenewed occupancy period (P3); (job, node)."""
+    api.gateway.scheduler_config = SchedulerConfig(max_occupancy_s=3600, renewal_window_s=600)
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, **spec)).json()["id"]
+    assert run_once(api.gateway) == 1
+    node = job(api, j)["placement"][0]["node"]
+    report(api, node, j, "started", pid=7)
+    advance(api, 3600 + 700)
+    run_once(api.gateway)
+    assert job(api, j)["state"] == "stop_requested" and job(api, j)["stop_request"]["preemption"]
+    return j, node
+
+
+def test_a_job_being_preempted_is_stopped_for_good_by_an_emergency_stop_not_requeued(api: Api) -> None:
+    """A job whose preemption (here P3 occupancy) was under way when the emergency stop came was not in the
+    stop's scope at all (only queued and running jobs were): a job-level stop was refused with 422 'no running
+    or queued job', and once the preemption ended the job went back to the queue and ran again."""
+    j, node = _being_preempted(api)
+    r = api.post("/v1/emergency-stops", "dave", json=body("job", j))
+    assert r.status_code == 201, r.text
+    es = r.json()
+    assert [x["job_id"] for x in es["jobs"]] == [j] and es["summary"]["in_progress"] == 1
+    taken = job(api, j)["stop_request"]
+    assert taken["emergency_id"] == es["id"] and "preemption" not in taken
+    report(api, node, j, "stopping")
+    report(api, node, j, "stopped", evidence={"outcome": "graceful", **DONE})
+    assert job(api, j)["state"] == "stopped"
+    assert run_once(api.gateway) == 0
+    done = api.get(f"/v1/emergency-stops/{es['id']}", "dave").json()
+    assert done["state"] == "done" and done["summary"]["stopped_graceful"] == 1
+
+
+def test_a_scope_stop_counts_the_jobs_already_stopping_in_it(api: Api) -> None:
+    """The same for a whole environment: the job being preempted is a target, reported until it ends."""
+    j, node = _being_preempted(api, environment="staging")
+    r = api.post("/v1/emergency-stops", "sam", json=body("environment", "staging"))
+    assert r.status_code == 202, r.text
+    es = r.json()
+    assert [x["job_id"] for x in es["jobs"]] == [j]
+    assert api.post(f"/v1/approvals/{es['approval_id']}/approve", "dave", json={}).status_code == 200
+    report(api, node, j, "stopped", evidence={"outcome": "graceful", **DONE})
+    assert job(api, j)["state"] == "stopped"
+    assert api.get(f"/v1/emergency-stops/{es['id']}", "dave").json()["state"] == "done"
+
+
+def test_a_job_being_paused_ends_stopped_not_resumable_by_its_owner(api: Api) -> None:
+    """A pause under way when the emergency stop came would have ended `paused`, which its owner may resume at
+    once; taken over by the emergency stop, it ends `stopped`."""
+    agent = FakeAgent(api, "demo-node-1")
+    agent.beat()
+    agent.take()
+    j, _ = running_job(api, agent)
+    assert api.post(f"/v1/jobs/{j}/pause", "alice", json={"reason": "lunch"}).status_code == 202
+    (stop,) = [c for c in agent.take() if c["kind"] == "stop"]
+    es = api.post("/v1/emergency-stops", "dave", json=body("job", j))
+    assert es.status_code == 201, es.text
+    agent.report(j, "stopped", stop["nonce"], evidence=stopped_evidence())
+    assert job(api, j)["state"] == "stopped"
+    assert api.post(f"/v1/jobs/{j}/resume", "alice", json={"reason": "back"}).status_code == 409
+    (step,) = [e["body"] for e in ledger(api) if e["kind"] == "transition" and e["body"].get("takes_over_stop")]
+    assert step["job_id"] == j and step["dropped"] == ["pause"] and step["emergency_id"] == es.json()["id"]
