@@ -123,7 +123,8 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
                 priority=s.priority if s else j.base_priority, started_at=j.started_at or j.submitted_at,
                 placement=tuple(held.get(j.id, ())),
-                runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j)))
+                runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j),
+                stoppable=j.stoppable))
     quotas = load_quotas(session, now) if now is not None else None
     usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
     return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage,

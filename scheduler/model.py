@@ -96,6 +96,9 @@ class RunningJob:
     borrowed: bool = False
     # Already being stopped (graceful window running): its GPUs come back by `stop_by`; never a victim.
     stop_by: datetime | None = None
+    # R5: declared stoppable from here. One that is not (its owner must stop it) is never a victim: a plan
+    # counting on its GPUs would wait for a stop that cannot come, or stop what was promised to keep running.
+    stoppable: bool = True
 
     @property
     def gpus(self) -> int:

@@ -1,7 +1,8 @@
 """Q5 reclaim and Q8 priority preemption: choose victims for one waiting gang, on a copy of the free GPUs.
 
 Victim order (P2, P4, Q5, Q8), the code below follows it:
-  1. only running jobs that are not already stopping and have run at least their queue's minimum runtime;
+  1. only running jobs that are stoppable (R5), not already stopping, and have run at least their queue's
+     minimum runtime;
      a reclaim (the lender's job within its owned quota) may take only borrowed jobs of other tenants,
      a priority preemption only jobs of lower effective priority than the preemptor;
   2. borrowed GPUs first, then lowest priority, then least lost work (GPU-seconds run so far), then job id;
@@ -41,11 +42,11 @@ class Preempt:
 
 def eligible(running: Sequence[RunningJob], *, now: datetime, config: SchedulerConfig
              ) -> list[tuple[RunningJob, Victim]]:
-    """Rule 1's first half and rule 2's order, for every preemptor of a cycle: running, not stopping,
-    past its queue's minimum runtime; borrowed first, then lowest priority, least lost work, job id."""
+    """Rule 1's first half and rule 2's order, for every preemptor of a cycle: running, stoppable, not
+    stopping, past its queue's minimum runtime; borrowed first, then lowest priority, least lost work, job id."""
     out: list[tuple[RunningJob, Victim]] = []
     for job in running:
-        if job.stop_by is not None:
+        if job.stop_by is not None or not job.stoppable:
             continue
         ran_s = max(0.0, (now - job.started_at).total_seconds())
         if ran_s < config.min_runtime_s[job.queue]:

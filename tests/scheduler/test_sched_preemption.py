@@ -62,6 +62,13 @@ CASES: list[tuple[str, JobBuilder, list[RunningJob], Quotas | None, list[str]]] 
      [running("v-brw", {"a": range(8)}, started=at(-2), borrowed=True),
       running("s-own", {"b": range(8)}, project="speech", started=at(-2))],
      Quotas(tenants={V: TenantQuota(16), S: TenantQuota(8)}), []),
+    ("never a job declared not stoppable (R5), however low its priority", URGENT,
+     [running("blind", {"a": range(8)}, started=at(-2), priority=0, stoppable=False),
+      running("lo", {"b": range(8)}, started=at(-2), priority=500)], None, ["lo"]),
+    ("reclaim never takes a borrowed job declared not stoppable", job("v").gpus(8),
+     [running("s-own", {"a": range(8)}, project="speech", started=at(-2)),
+      running("s-blind", {"b": range(8)}, project="speech", started=at(-2), borrowed=True, stoppable=False)],
+     Quotas(tenants={V: TenantQuota(8), S: TenantQuota(8, borrow_limit=8)}), []),
 ]
 
 
