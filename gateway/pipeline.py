@@ -51,6 +51,8 @@ def target_facts(job: Job, now: datetime) -> dict[str, Any]:
         "valid_until": job.valid_until.isoformat() if job.valid_until else None,
         "expired": bool(job.valid_until and job.valid_until <= now),
         "gpus": job.gpus_per_node * job.nodes,
+        # A8: for a job a service account started, the pipeline run (trigger) and the person behind it.
+        "submitted_via": dict(job.submitted_via),
     }
 
 
