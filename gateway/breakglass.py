@@ -139,40 +139,52 @@ def _spent(grant: BreakGlassGrant, now: datetime) -> str | None:
     return None
 
 
-def settle_credential(gw: Gateway, secret: str) -> None:
-    """Before a break-glass call: if its grant has run out, record the revocation and refuse (401).
+def settle_credential(gw: Gateway, secret: str, *, source: dict[str, Any]) -> str:
+    """Before a break-glass call: count it as one use of its grant, ledger the use and raise the alert (F3);
+    or, if the grant has run out, record the revocation and refuse (401).
 
-    Runs in a transaction of its own, so the revocation is kept although the call is refused.
+    Runs in a transaction of its own, which commits whatever the call then does: every call made with the
+    credential is a use, in the ledger, even one refused later, a read, or one that fails, so the uses the
+    grant shows are the calls the ledger lists. The grant's row is locked (the write lock on SQLite, FOR
+    UPDATE on PostgreSQL), so concurrent calls never spend more than max_uses. Returns the grant's id.
     Raises Unauthenticated.
     """
     if not PATTERN.match(secret):
         raise Unauthenticated("malformed break-glass credential")
     with gw.transaction() as session:
         grant = session.scalars(select(BreakGlassGrant).where(BreakGlassGrant.credential_hash == hash_token(secret))
-                                ).first()
+                                .with_for_update()).first()
         if grant is None:
             raise Unauthenticated("unknown break-glass credential")
         because = _spent(grant, gw.clock())
         if because:
             _revoke(gw, grant, because, by="system")
+        elif grant.state == "active":
+            holder = session.get(Principal, grant.holder)
+            if holder is None or holder.disabled:
+                raise Unauthenticated(f"holder {grant.holder} of {grant.id} is disabled")
+            grant.uses += 1
+            event = {"grant_id": grant.id, "holder": grant.holder, "use": grant.uses, "max_uses": grant.max_uses,
+                     "source": source}
+            record_outcome(gw, "break_glass", {**event, "result": "used", "bypass": True})
+            alert(gw, {"alert": "break_glass_use", **event})
     if grant.state == "pending":
         raise Unauthenticated(f"break-glass grant {grant.id} is waiting for a second on-call's approval")
     if grant.state != "active":
         raise Unauthenticated(f"break-glass grant {grant.id} is revoked ({grant.revoked_because})")
+    return grant.id
 
 
-def caller_for(gw: Gateway, session: Session, secret: str, *, source: dict[str, Any]) -> Caller:
-    """Authenticate a break-glass call, count the use and raise the alert. Raises Unauthenticated."""
-    grant = session.scalars(select(BreakGlassGrant).where(BreakGlassGrant.credential_hash == hash_token(secret))
-                            .with_for_update()).first()
-    if grant is None or grant.state != "active" or _spent(grant, gw.clock()):
+def caller_for(gw: Gateway, session: Session, grant_id: str, *, source: dict[str, Any]) -> Caller:
+    """The caller of a break-glass call whose use settle_credential counted. Raises Unauthenticated."""
+    grant = session.get(BreakGlassGrant, grant_id)
+    # Only a revocation by a person since then refuses the call: its use was counted while the grant was good,
+    # and may have been the last one (a concurrent call then revokes the grant as spent).
+    if grant is None or grant.revoked_because == "revoked":
         raise Unauthenticated("break-glass credential is not usable")
     holder = session.get(Principal, grant.holder)
     if holder is None or holder.disabled:
         raise Unauthenticated(f"holder {grant.holder} of {grant.id} is disabled")
-    grant.uses += 1
-    alert(gw, {"alert": "break_glass_use", "grant_id": grant.id, "holder": grant.holder, "use": grant.uses,
-               "max_uses": grant.max_uses, "source": source})
     return Caller(id=holder.id, kind=holder.kind, token_id=grant.id, token_projects=tuple(grant.projects),
                   token_actions=tuple(grant.actions), source=source, breakglass=grant.id)
 

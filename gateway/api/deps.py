@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated
 
 import anyio.to_thread
@@ -21,11 +22,11 @@ class RequestContext:
     authorization: str | None
     trigger: str | None
     source: dict[str, str | bool | None]
+    breakglass_grant: str | None = None  # the grant whose use this call was counted as
 
     def caller(self, session: Session) -> Caller:
-        secret = break_glass_secret(self.authorization)
-        if secret:
-            return breakglass.caller_for(self.gw, session, secret, source=dict(self.source))
+        if self.breakglass_grant:
+            return breakglass.caller_for(self.gw, session, self.breakglass_grant, source=dict(self.source))
         return authenticate(session, self.authorization, trigger=self.trigger, source=self.source, now=self.gw.clock(),
                             cache=self.gw.token_cache)
 
@@ -56,10 +57,11 @@ async def get_context(
         "script": x_jobgate_trigger is not None or not user_agent.startswith("Mozilla"),
         "request_id": request.headers.get("x-request-id"),
     }
+    grant = None
     if secret:
-        # A spent grant is revoked (and ledgered) in its own transaction before the call is refused.
-        await anyio.to_thread.run_sync(breakglass.settle_credential, gw, secret)
-    return RequestContext(gw, authorization, x_jobgate_trigger, source)
+        # The use is counted, ledgered and alerted (or a spent grant revoked) in a transaction of its own.
+        grant = await anyio.to_thread.run_sync(partial(breakglass.settle_credential, gw, secret, source=dict(source)))
+    return RequestContext(gw, authorization, x_jobgate_trigger, source, grant)
 
 
 Ctx = Annotated[RequestContext, Depends(get_context)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from gateway_testkit import Api, job_spec
-from test_policy_reload_api import start_api
+from test_policy_reload_api import ledger, start_api
 
 from gateway.settings import Settings
 
@@ -93,3 +93,75 @@ def test_the_systems_auto_offline_reclaim_is_not_rate_limited(papi: Api, policy_
             s.get(Job, job_id).valid_until = gw.clock() - timedelta(seconds=1)
     with gw.transaction() as s:
         assert sorted(retention.auto_offline(gw, s, gw.clock())) == sorted(ids)
+
+
+# -- break-glass ------------------------------------------------------------------------------------------
+
+GRANT = {
+    "projects": ["vision"],
+    "actions": ["job.stop", "job.view"],
+    "duration_minutes": 30,
+    "max_uses": 2,
+    "reason": "node 7 wedged, stopping jobs by hand",
+    "ticket": "INC-4242",
+}
+
+
+def grant(api: Api, **overrides: object) -> dict:
+    r = api.post("/v1/break-glass", "dave", json={**GRANT, **overrides})
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def with_credential(credential: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {credential}"}
+
+
+def uses_in_ledger(api: Api, grant_id: str) -> list[dict]:
+    """Every call made with the grant's credential, as the ledger shows it."""
+    return [
+        e["body"]
+        for e in ledger(api)
+        if e["kind"] == "break_glass" and e["body"].get("grant_id") == grant_id and e["body"].get("result") == "used"
+    ]
+
+
+def test_every_call_with_a_break_glass_credential_is_in_the_ledger_even_a_read(api: Api) -> None:
+    g = grant(api)
+    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    r = api.client.get(f"/v1/jobs/{job_id}", headers=with_credential(g["credential"]))
+    assert r.status_code == 200, r.text
+    shown = next(x for x in api.get("/v1/break-glass", "dave").json()["grants"] if x["id"] == g["id"])
+    assert shown["uses"] == 1
+    used = uses_in_ledger(api, g["id"])
+    assert [(b["use"], b["holder"], b["bypass"]) for b in used] == [(1, "dave", True)], used
+
+
+def test_a_refused_call_still_spends_a_use_and_is_ledgered(api: Api) -> None:
+    g = grant(api, max_uses=1)
+    job_id = api.post("/v1/jobs", "mallory", json=job_spec(project="speech")).json()["id"]
+    r = api.client.post(
+        f"/v1/jobs/{job_id}/stop", json={"reason": "outside scope"}, headers=with_credential(g["credential"])
+    )
+    assert r.status_code == 403, r.text
+    assert len(uses_in_ledger(api, g["id"])) == 1
+    mine = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    r = api.client.post(
+        f"/v1/jobs/{mine}/stop", json={"reason": "second try"}, headers=with_credential(g["credential"])
+    )
+    assert r.status_code == 401, r.text
+
+
+def test_concurrent_calls_never_use_a_credential_more_often_than_allowed(api: Api) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    g = grant(api, max_uses=2)
+    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+
+    def call(_: int) -> int:
+        return api.client.get(f"/v1/jobs/{job_id}", headers=with_credential(g["credential"])).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = sorted(pool.map(call, range(16)))
+    assert codes == [200, 200] + [401] * 14, codes
+    assert len(uses_in_ledger(api, g["id"])) == 2
