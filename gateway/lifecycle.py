@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from gateway import housekeeping, retention, stops
+from gateway import housekeeping, priority_history, retention, stops
 from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.commands import enqueue
@@ -28,8 +28,10 @@ from gateway.pipeline import Recorded, decide, record_outcome
 from gateway.stop_tables import CheckpointRetention, JobDeletion
 
 RECOVERY_WINDOW = timedelta(days=7)
-# P2 as the scheduler applies it to a resumed job: original priority and submit time (wait keeps accruing).
-RESUME_PRIORITY_RULE = {"rule": "P2.keep_priority_and_wait", "version": "1"}
+# P2 as the scheduler applies it to a resumed job: its priority and the wait it had in the queue are kept, as for a
+# preempted job; time running or paused is not waiting. Version 1 kept the first queue entry time, so the hours
+# a job ran before its pause aged it as if it had been queued all along.
+RESUME_PRIORITY_RULE = {"rule": "P2.keep_priority_and_wait", "version": "2"}
 DELETABLE_STATES = ("stopped", "paused", "succeeded", "failed")
 
 
@@ -126,6 +128,10 @@ def _resume(gw: Gateway, session: Session, job: Job, *, by: str, reason: str | N
     retention = session.get(CheckpointRetention, job.id)
     if retention is not None and retention.state == "kept":
         retention.state = "in_use"  # the resumed job reads it; cleanup must not remove it now
+    # The wait of the last stint ended when the job started, or when it was paused while still queued.
+    row = priority_history.ensure(session, job)
+    started = job.started_at if job.started_at is not None and job.started_at >= row.queued_at else None
+    priority_history.carry_wait(row, started or job.ended_at or now, now)
     job.placement, job.outcome, job.ended_at, job.exit_code = [], None, None, None
     job.stop_request = {}
     stops.ledger_transition(gw, job, "pending", now, by=by, reason=reason or "resumed", request_id=request_id,

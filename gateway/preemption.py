@@ -207,11 +207,8 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_
     outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
     outcome = "forced" if "forced" in outcomes else "graceful"
     checkpoints = [c for ev in evidence.values() for c in (ev.get("checkpoints") or [])]
-    started = job.started_at or row.queued_at
-    waited = max(0.0, (started - row.queued_at).total_seconds())
     before = row.priority
-    row.wait_credit_s += waited
-    row.queued_at = now
+    priority_history.carry_wait(row, job.started_at or row.queued_at, now)
     row.compensation += config.preemption_compensation
     row.preemptions += 1
     parts_now = {**(row.parts or {}), "compensation": row.compensation}

@@ -48,6 +48,13 @@ def ensure(session: Session, job: Job) -> SchedJob:
     return row
 
 
+def carry_wait(row: SchedJob, wait_ended: datetime, now: datetime) -> None:
+    """P2: the job's stint in the queue (row.queued_at → wait_ended) is kept as wait credit and a new stint
+    starts now. Time between the two (running, stopping, paused) is not waiting and does not age the job."""
+    row.wait_credit_s += max(0.0, (wait_ended - row.queued_at).total_seconds())
+    row.queued_at = now
+
+
 def record(session: Session, job_id: str, at: datetime, basis: str, before: float | None,
            parts: dict[str, Any], note: str = "") -> None:
     session.add(change(job_id, at, basis, before, parts, note))

@@ -42,3 +42,22 @@ def test_a_job_declared_not_stoppable_is_never_chosen_as_a_preemption_victim(api
     run_once(api.gateway)
     assert job(api, blind)["state"] == "running"
     assert job(api, other)["state"] == "stop_requested"
+
+
+def test_a_resumed_job_ages_by_its_time_in_the_queue_not_by_its_time_running(api: Api) -> None:
+    """Q3, P2: aging rewards waiting. A job that ran ten hours, was paused and resumed had those hours of
+    running counted as wait (its queue entry time was kept), so it came back aged as if it had queued all
+    along, ahead of jobs that really waited."""
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    assert run_once(api.gateway) == 1
+    node = job(api, j)["placement"][0]["node"]
+    report(api, node, j, "started", pid=1)
+    advance(api, 10 * 3600)
+    assert api.post(f"/v1/jobs/{j}/pause", "alice", json={"reason": "free the GPUs for a while"}).status_code == 202
+    report(api, node, j, "stopped", evidence={"outcome": "graceful", "exit_code": 0})
+    assert job(api, j)["state"] == "paused"
+    assert api.post(f"/v1/jobs/{j}/resume", "alice", json={"reason": "back to work"}).status_code == 200
+    assert run_once(api.gateway) == 1
+    parts = api.get(f"/v1/jobs/{j}/queue", "alice").json()["priority"]["parts"]  # as admitted again
+    assert parts["aging"] < 1.0, parts

@@ -56,7 +56,7 @@ def test_pause_keeps_checkpoint_and_resume_requeues_by_the_rule(api: Api, agent:
     resumed = r.json()["job"]
     assert resumed["state"] == "pending" and resumed["submitted_at"] == paused["submitted_at"]
     step = [e["body"] for e in ledger(api) if e["kind"] == "transition" and e["body"]["job_id"] == job_id][-1]
-    assert step["state_after"] == "pending" and step["resume_priority_rule"]["version"] == "1"
+    assert step["state_after"] == "pending" and step["resume_priority_rule"] == lifecycle.RESUME_PRIORITY_RULE
     run_once(api.gateway)  # placed again (a fresh allocation on the same node is fine)
     (start,) = [c for c in agent.take() if c["kind"] == "start"]
     agent.report(job_id, "started", start["nonce"], pid=5)
