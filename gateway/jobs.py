@@ -23,7 +23,7 @@ from gateway.pipeline import Recorded, decide, ledger_batch, record, record_outc
 from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
 from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
-from gateway.states import ENDED_STATES
+from gateway.states import ENDED_STATES, STOPPABLE_STATES, STOPPING_STATES
 from scheduler.admission import precheck
 
 
@@ -291,8 +291,8 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
     Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable.
     """
     job = load_job(session, job_id, for_update=True)
-    if job.state in ENDED_STATES:
-        refuse_in_state(gw, session, caller, job, f"job {job.id} already ended ({job.state})")
+    if job.state not in STOPPABLE_STATES + STOPPING_STATES:
+        refuse_in_state(gw, session, caller, job, _not_stoppable(job))
     rec = decide(gw, session, caller, "job.stop", targets=[job], project=job.project,
                  reason=req.reason, ticket=req.ticket, durable_by_commit=True)
     refuse_if_denied(rec)
@@ -309,12 +309,22 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
 @executor("job.stop")
 def _stop_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                          approver: Caller) -> dict[str, Any]:
-    for job in targets:
+    # A target paused or deleted while the request waited is left as it is, like one that ended (approve skips
+    # those); the others are stopped, or keep the stop already in progress.
+    stoppable = [j for j in targets if j.state in STOPPABLE_STATES + STOPPING_STATES]
+    for job in stoppable:
         execute_stop(gw, session, job, by=approval.requester, request_id=approval.id,
                      decision_seq=approval.decision_seq, reason=approval.reason or "", ticket=approval.ticket,
                      approved_by=[a["by"] for a in approval.approvals],
                      obligations=approval.resolution.get("obligations", ()))
-    return {"stopping": [j.id for j in targets]}
+    return {"stopping": [j.id for j in stoppable],
+            "not_stoppable": [{"id": j.id, "state": j.state} for j in targets if j not in stoppable]}
+
+
+def _not_stoppable(job: Job) -> str:
+    if job.state in ENDED_STATES:
+        return f"job {job.id} already ended ({job.state})"
+    return f"job {job.id} is {job.state}; only queued, running or lost jobs can be stopped"
 
 
 def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id: str, decision_seq: int,
@@ -326,10 +336,14 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
     before the stop goes out; the outcome entry records who was notified. Raises Conflict.
     """
     now = gw.clock()
-    if job.state in ENDED_STATES:
-        raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
+    if job.state not in STOPPABLE_STATES + STOPPING_STATES:
+        raise Conflict(_not_stoppable(job), state=job.state)
     before = job.state
     notified = notify_owners(gw, session, obligations, job=job, actor=by, action="job.stop", reason=reason)
+    if job.state in STOPPING_STATES:
+        _join_stop_in_progress(gw, session, job, by=by, request_id=request_id, decision_seq=decision_seq,
+                               reason=reason, notified=notified)
+        return
     job.stop_request = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(),
                         "request_id": request_id, "decision_seq": decision_seq, "approved_by": approved_by or []}
     from gateway.stops import ledger_transition  # late: stops builds on this module
@@ -348,3 +362,25 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
     record(gw, session, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
                                     "job_id": job.id, "result": job.state, "state_before": before,
                                     "state_after": job.state, "owner_notified": notified})
+
+
+def _join_stop_in_progress(gw: Gateway, session: Session, job: Job, *, by: str, request_id: str,
+                           decision_seq: int, reason: str, notified: list[dict[str, str]]) -> None:
+    """A stop of a job already stopping joins the stop in progress: its commands, when it was asked and its
+    grace window stand. A second stop command, and a new `at`, made the node's answer to the first look like
+    one to an earlier stop (stops.stale_report): it was dropped and the job never left `stopping`, and each
+    repeat pushed the escalation deadline out. The stop becomes final: a preemption or a pause in progress now
+    ends in `stopped`, neither requeued nor paused, as the person asked."""
+    from gateway.preemption import ended_before_stop  # late: preemption builds on this module
+
+    replaces = next((k for k in ("preemption", "pause") if job.stop_request.get(k)), None)
+    if replaces == "preemption":
+        ended_before_stop(job)  # its preemption record closes: the job does not go back to the queue
+    kept = {k: v for k, v in job.stop_request.items() if k not in ("preemption", "pause")}
+    joined = {"by": by, "reason": reason, "request_id": request_id, "decision_seq": decision_seq,
+              **({"replaces": replaces} if replaces else {})}
+    job.stop_request = {**kept, "joined": [*kept.get("joined", []), joined]}
+    record(gw, session, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
+                                    "job_id": job.id, "result": "already_stopping", "state_before": job.state,
+                                    "state_after": job.state, "stop_asked_at": kept.get("at"),
+                                    "replaces": replaces, "owner_notified": notified})
