@@ -21,7 +21,7 @@ from gateway.context import QUEUED_ENTRIES, Gateway, settle_queued_entries
 from gateway.errors import Forbidden, Invalid, LedgerUnavailable
 from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Job
-from gateway.policy.engine import Decision
+from gateway.policy.engine import BREAK_GLASS_RULE, Decision
 from gateway.queue_snapshot import snapshot_blob
 from ledger.errors import InvalidEntry, LedgerError
 
@@ -139,7 +139,7 @@ def decide(
         decision = replace(decision, effect="allow", approvals_required={},
                            reasons=(f"break-glass grant {caller.breakglass} stands in for the second person",
                                     *decision.reasons),
-                           rules=(*decision.rules, "F2.break_glass"))
+                           rules=(*decision.rules, BREAK_GLASS_RULE))
     DECISIONS.labels(action, decision.effect).inc()
     if not record:
         return Recorded(request_id, decision, -1, decision_input)

@@ -22,6 +22,8 @@ from gateway.policy.regoio import UndefinedResult, query_value, rego_input
 EFFECTS = frozenset({"allow", "deny", "needs_approval"})
 GLOBAL = "*"
 FAIL_CLOSED_RULE = "fail_closed"
+# The rule the gateway adds when a break-glass grant stands in for the second person (pipeline.decide).
+BREAK_GLASS_RULE = "F2.break_glass"
 _ENTRYPOINT = DECISION_ENTRYPOINT.encode()
 
 

@@ -165,3 +165,27 @@ def test_concurrent_calls_never_use_a_credential_more_often_than_allowed(api: Ap
         codes = sorted(pool.map(call, range(16)))
     assert codes == [200, 200] + [401] * 14, codes
     assert len(uses_in_ledger(api, g["id"])) == 2
+
+
+# -- what-if against the real path ------------------------------------------------------------------------
+
+
+def test_whatif_under_the_active_set_flips_nothing_a_break_glass_call_decided(api: Api) -> None:
+    from gateway.context import load_bindings
+    from gateway.models import Job
+    from gateway.policy.whatif import records_from_entries, replay
+
+    g = grant(api)
+    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    with api.gateway.db.transaction() as s:
+        job = s.get(Job, job_id)
+        job.state, job.placement = "running", [{"node": "demo-node-1", "gpus": [0, 1]}]
+    r = api.client.post(f"/v1/jobs/{job_id}/stop", json={"reason": "wedged"}, headers=with_credential(g["credential"]))
+    assert r.status_code == 202 and r.json()["decision"]["effect"] == "allow", r.text
+    with api.gateway.db.transaction() as s:
+        bindings = load_bindings(s)
+    report = replay(
+        api.settings.policies_dir, records_from_entries(ledger(api)), bindings, bindings_source="test", workers=1
+    )
+    assert report.replayed >= 2
+    assert report.flips == [], [f.to_json() for f in report.flips]
