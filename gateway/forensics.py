@@ -6,8 +6,8 @@ before the next one is read:
   2. the queue snapshots (the current one; those taken at each decision are already blobs of the range);
   3. the scheduler's job events (each job's state history and placements);
   4. the node-side process records and stop evidence (allocations, signed commands and their acks);
-  5. checkpoint integrity results (the evidence in the business DB against the ledger's evidence blobs,
-     and what retention or deletion did to each checkpoint).
+  5. checkpoint write times and integrity: every checkpoint the ledger or the business DB records, oldest
+     write first, whether the DB's evidence is what the ledger recorded, and what retention or deletion did.
 The file is a `jobgate-ledger-bundle/1` (ledger/bundle.py) covering the range plus those five entries, so
 `jobgate ledger verify --bundle FILE --public-key <data-dir>/keys/ledger.vkey` verifies all of it offline.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -111,36 +111,121 @@ def _node_records(session: Session, ids: list[str]) -> dict[str, Any]:
     }
 
 
-def _integrity(gw: Gateway, session: Session, jobs: list[Job], start: int) -> dict[str, Any]:
-    """Does the stop evidence the business DB shows match the evidence blob the ledger holds?"""
-    ledger = gw.ledger
-    ledgered: dict[str, str] = {}
-    seq, size = start, ledger.size()
+def _digest(data: Any) -> str:
+    return hashlib.sha256(rfc8785.dumps(data)).hexdigest()
+
+
+def _checkpoint_key(c: dict[str, Any]) -> str:
+    # Evidence is what a node reported: any JSON, so the key must not assume hashable or well-typed values.
+    return json.dumps([c.get("path"), c.get("size"), c.get("mtime"), c.get("sha256")], sort_keys=True, default=str)
+
+
+def _checkpoint_list(value: Any) -> list[dict[str, Any]]:
+    return [c for c in value if isinstance(c, dict)] if isinstance(value, list) else []
+
+
+def _mtime(c: dict[str, Any]) -> float | None:
+    """The checkpoint's write time on its node, if it is a plausible Unix time."""
+    m = c.get("mtime")
+    return float(m) if isinstance(m, int | float) and not isinstance(m, bool) and 0 <= m < 253402300800 else None
+
+
+class _Ledgered:
+    """What the whole ledger recorded about the jobs' runs: each node's evidence (digests) and every checkpoint
+    (with the seq that first recorded it). The whole ledger, not the exported range: evidence of a run before
+    `--since` is still what the business DB must match."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, str] = {}
+        self.node_evidence: dict[tuple[str, str], set[str]] = {}
+        self.checkpoints: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def add_evidence(self, job_id: str, node: str, ev: Any, seq: int) -> None:
+        if not isinstance(ev, dict):
+            return
+        self.node_evidence.setdefault((job_id, node), set()).add(_digest(ev))
+        self.add_checkpoints(job_id, node, ev.get("checkpoints"), seq)
+
+    def add_checkpoints(self, job_id: str, node: str | None, checkpoints: Any, seq: int) -> None:
+        for c in _checkpoint_list(checkpoints):
+            self.checkpoints.setdefault(job_id, {}).setdefault(_checkpoint_key(c), {**c, "node": node,
+                                                                                     "ledger_seq": seq})
+
+
+def _read_ledgered(gw: Gateway, ids: set[str]) -> _Ledgered:
+    ledger, out = gw.ledger, _Ledgered()
+    seq, size = 0, gw.ledger.size()
     while seq < size:
         batch = ledger.entries(seq, 1000)
         for e in batch:
             entry = json.loads(e.raw)
-            digest = (entry.get("blobs") or {}).get("evidence")
-            job_id = (entry.get("body") or {}).get("job_id")
-            if entry["kind"] == "outcome" and digest and job_id:
-                ledgered[job_id] = str(digest)
+            body = entry.get("body") or {}
+            job_id = body.get("job_id")
+            if job_id not in ids:
+                continue
+            if body.get("action") == "job.preempt" and body.get("result") == "requeued":
+                out.add_checkpoints(job_id, None, body.get("checkpoints"), e.seq)  # listed in the entry itself
+            digest = str((entry.get("blobs") or {}).get("evidence") or "")
+            blob = ledger.blob(digest.removeprefix("sha256:")) if digest else None
+            if blob is None:
+                continue
+            evidence = json.loads(blob)
+            if not isinstance(evidence, dict):
+                continue
+            if entry["kind"] == "outcome":  # a finished run: the job's evidence, every node's part in it
+                out.latest[job_id] = digest
+                nodes = evidence.get("nodes")
+                for node, ev in (nodes if isinstance(nodes, dict) else {}).items():
+                    out.add_evidence(job_id, str(node), ev, e.seq)
+            elif isinstance(body.get("node"), str):  # one node's report (a survivor, late evidence)
+                out.add_evidence(job_id, body["node"], evidence, e.seq)
         seq += len(batch) or 1
+    return out
+
+
+def _db_runs(job: Job) -> list[tuple[str, dict[str, Any]]]:
+    """Each node's evidence the business DB holds for the job: its last run, and the run a preemption ended."""
+    ev = job.evidence if isinstance(job.evidence, dict) else {}
+    preempted = ev.get("last_preemption")
+    if not isinstance(preempted, dict):
+        preempted = {}
+    return [(str(node), part) for source in (ev.get("nodes"), preempted.get("nodes")) if isinstance(source, dict)
+            for node, part in source.items() if isinstance(part, dict) and part]
+
+
+def _integrity(gw: Gateway, session: Session, jobs: list[Job]) -> dict[str, Any]:
+    """Checkpoint write times and integrity (F4): every checkpoint the ledger or the business DB records for each
+    job, oldest write first, and whether the DB's evidence is what the ledger recorded. The DB's evidence may
+    legitimately be newer than the last ledgered blob (a stop while queued, a confirmation by on-call), so each
+    node's evidence and each checkpoint is looked up among all the ledger holds, never only the latest."""
+    ledgered = _read_ledgered(gw, {j.id for j in jobs})
     out: dict[str, Any] = {}
     for job in jobs:
         retention = session.get(CheckpointRetention, job.id)
         deletion = session.get(JobDeletion, job.id)
-        checkpoints = [c for ev in (job.evidence.get("nodes") or {}).values() if isinstance(ev, dict)
-                       for c in ev.get("checkpoints") or []]
-        db_digest = hashlib.sha256(rfc8785.dumps(job.evidence)).hexdigest() if job.evidence else None
-        led = ledgered.get(job.id)
+        status = ("deleted" if deletion is not None and deletion.state == "purged"
+                  else "cleaned" if retention is not None and retention.state == "cleaned" else "kept")
+        runs = _db_runs(job)
+        in_ledger = ledgered.checkpoints.get(job.id, {})
+        in_db = {_checkpoint_key(c): {**c, "node": node} for node, part in runs
+                 for c in _checkpoint_list(part.get("checkpoints"))}
+        evidence_ok = [_digest(part) in ledgered.node_evidence.get((job.id, node), set()) for node, part in runs]
+        checks = evidence_ok + [key in in_ledger for key in in_db]
+        listed = []
+        records = {**in_db, **in_ledger}
+        for key, c in sorted(records.items(), key=lambda kv: (_mtime(kv[1]) or 0.0, kv[0])):
+            written = _mtime(c)
+            listed.append({"node": c.get("node"), "path": c.get("path"), "sha256": c.get("sha256"),
+                           "size": c.get("size"), "mtime": c.get("mtime"),
+                           "written_at": datetime.fromtimestamp(written, UTC).isoformat() if written else None,
+                           "ledger_seq": c.get("ledger_seq"), "in_ledger": key in in_ledger, "in_db": key in in_db,
+                           "status": status})
         out[job.id] = {
-            "evidence_in_ledger": led,
-            "evidence_in_db": db_digest,
-            "db_matches_ledger": None if led is None else led.removeprefix("sha256:") == db_digest,
-            "checkpoints": [{"path": c.get("path"), "sha256": c.get("sha256"), "size": c.get("size"),
-                             "status": "deleted" if deletion is not None and deletion.state == "purged"
-                             else "cleaned" if retention is not None and retention.state == "cleaned" else "kept"}
-                            for c in checkpoints],
+            "evidence_in_ledger": ledgered.latest.get(job.id),
+            "evidence_in_db": _digest(job.evidence) if job.evidence else None,
+            # None: the DB holds no run evidence to compare (e.g. cancelled while queued).
+            "db_matches_ledger": all(checks) if checks else None,
+            "checkpoints": listed,
             "retention": {"tier": retention.tier, "state": retention.state} if retention else None,
         }
     return out
@@ -166,7 +251,7 @@ def export(gw: Gateway, session: Session, caller: Caller, *, job_id: str | None,
         _section(gw, "queue_snapshots", {"at_export": queue_snapshot(session)}, ids),
         _section(gw, "scheduler_job_events", _job_events(session, jobs), ids),
         _section(gw, "node_process_records", _node_records(session, ids), ids),
-        _section(gw, "checkpoint_integrity", _integrity(gw, session, jobs, start), ids),
+        _section(gw, "checkpoint_integrity", _integrity(gw, session, jobs), ids),
     ]
     store = open_store(gw.settings.resolved_ledger_url(), create=False)
     try:
