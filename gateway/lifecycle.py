@@ -80,7 +80,10 @@ def pause(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: st
           ticket: str | None) -> tuple[Job, Recorded]:
     """Graceful stop ending in `paused`. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
-    rec = decide(gw, session, caller, "job.pause", targets=[job], project=job.project, reason=reason, ticket=ticket)
+    # A5: the pause's own entry states what the paused job is promised (its checkpoint, its way back).
+    params = {"checkpoint_retention": retention.stated(job), "resume_priority_rule": RESUME_PRIORITY_RULE}
+    rec = decide(gw, session, caller, "job.pause", targets=[job], project=job.project, reason=reason, ticket=ticket,
+                 params=params)
     refuse_unless_allowed(rec, f"pausing job {job.id}")
     now = gw.clock()
     told = _notify_owner(session, rec, job, caller, "job_paused", reason, now)

@@ -54,6 +54,20 @@ def keep_until(job: Job, tier: str, now: datetime) -> datetime | None:
     return None
 
 
+def stated(job: Job) -> dict[str, str]:
+    """The retention the job's checkpoints will get when it stops, in words (A5: stated when it is paused)."""
+    tier = tier_of(job)
+    if tier == "important":
+        return {"tier": tier, "keep": f"{IMPORTANT_RETENTION_DAYS} days after the job stops"}
+    if tier == "external":
+        confirmed = job.labels.get("rights_confirmed_until")
+        if confirmed:
+            return {"tier": tier, "keep": f"until {confirmed}, as the rights holder confirmed"}
+        until = job.valid_until.isoformat() if job.valid_until else "the job stops"
+        return {"tier": tier, "keep": f"until {until} (the job's validity; no confirmation by the rights holder)"}
+    return {"tier": tier, "keep": f"until the next job on quota {job.project} starts"}
+
+
 def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
     """Put a stopped or paused job's checkpoints under its tier's retention (ledgered)."""
     from sqlalchemy.orm import object_session

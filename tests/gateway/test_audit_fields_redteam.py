@@ -33,3 +33,23 @@ def test_stopping_a_job_a_pipeline_started_records_the_pipeline_and_its_submitte
     assert (target["creator"], target["creator_kind"]) == ("ci-bot", "service")
     assert target["submitted_via"] == {"trigger": "ci/nightly#7", "responsible": "alice"}
     assert stop["source"]["script"] is True and stop["actor"]["real_identity"] == "dave"
+
+
+def test_a_pause_records_the_checkpoint_retention_and_the_resume_priority_rule(api: Api) -> None:
+    """A5: the entry of a pause must state how long the checkpoint it keeps is retained and which version of the
+    resume-priority algorithm the job will come back under. The pause decision carried neither: the retention
+    was ledgered only once the node's evidence came back (never, if it did not), and the rule only at resume."""
+    from gateway import lifecycle
+
+    job_id = api.post("/v1/jobs", "alice", json=job_spec(labels={"retention": "important"})).json()["id"]
+    with api.gateway.db.transaction() as s:
+        job = s.get(Job, job_id)
+        job.state, job.placement = "running", [{"node": "demo-node-1", "gpus": [0, 1]}]
+    r = api.post(f"/v1/jobs/{job_id}/pause", "dave", json={"reason": "node maintenance"})
+    assert r.status_code == 202, r.text
+    decisions = [e["body"] for e in _entries(api, job=job_id, kind="decision")]
+    (pause,) = [d for d in decisions if d["input"]["action"] == "job.pause"]
+    params = pause["input"]["params"]
+    assert params["resume_priority_rule"] == lifecycle.RESUME_PRIORITY_RULE
+    assert params["checkpoint_retention"] == {
+        "tier": "important", "keep": f"{lifecycle.retention.IMPORTANT_RETENTION_DAYS} days after the job stops"}
