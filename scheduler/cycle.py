@@ -83,8 +83,10 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        A job that needs more than the alive nodes could ever offer is skipped (it blocks nobody).
     3. Head of line: the first job that does not fit gets the pool's one reservation: the earliest
        time running jobs free enough GPUs (started_at + runtime_limit_s, this cycle's admits
-       included), and the GPUs it will take then are held. It is made only when that time is within
-       reservation_window_s; a job whose GPUs are held by jobs without a runtime limit gets none.
+       included), and the GPUs it will take then are held. It is made when that time is within
+       reservation_window_s, or once the job has waited that long: without the second rule, backfilled jobs
+       whose limits run past the window keep pushing a large gang's start out of it, and it never gets
+       one. A job whose GPUs are held by jobs without a runtime limit gets none.
        Later jobs backfill onto unheld GPUs, or onto held ones only if their runtime limit ends
        by the reservation's start (Slurm's rule); a job without a runtime limit never uses held GPUs.
        At most backfill_depth jobs behind the head are tried; once no node could fit the smallest
@@ -211,7 +213,8 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             plan = earliest_start(index, releases, g, n)
             if plan is None:
                 why[job.id] = reasons.start_unknown(n, g, fitting)
-            elif plan.start > now + timedelta(seconds=config.reservation_window_s):
+            elif (plan.start > now + timedelta(seconds=config.reservation_window_s)
+                  and _waited_s(job, now) < config.reservation_window_s):
                 why[job.id] = reasons.beyond_window(n, g, fitting, plan.start, config.reservation_window_s)
             else:
                 index.hold(plan.gpus_by_rank)
@@ -238,6 +241,11 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             blocked.append(Blocked(job_id=job.id, reason=why[job.id], position=position[job.queue]))
     return CycleResult(admits=tuple(admits), reservations=() if reservation is None else (reservation,),
                        blocked=tuple(blocked), preemptions=tuple(preemptions), priorities=parts)
+
+
+def _waited_s(job: PendingJob, now: datetime) -> float:
+    """Seconds the job has waited in the queue, earlier stints included (as aging counts them)."""
+    return max(0.0, (now - job.submitted_at).total_seconds()) + job.wait_credit_s
 
 
 def _expected_end(job: RunningJob) -> datetime:

@@ -167,8 +167,9 @@ class Quotas:
 class SchedulerConfig:
     """Numbers the scheduler runs on. Mappings are keyed by queue name and must cover every queue.
 
-    reservation_window_s: a blocked head job gets GPUs held for it only when it is expected to start
-    within this window, so the pool never sits idle-held for longer (Q6 "bounded window").
+    reservation_window_s: a blocked head job gets GPUs held for it when it is expected to start within this
+    window, so the pool seldom sits idle-held for longer (Q6 "bounded window"), or once it has waited this
+    long, so backfill cannot delay it for ever.
     backfill_depth: how many waiting jobs behind the first blocked one are tried per cycle (Slurm's
     bf_max_job_test); the rest wait for a later cycle.
     """

@@ -8,6 +8,7 @@ from scheduler_builders import NOW, JobBuilder, admitted, at, job, node, reasons
 
 from scheduler.cycle import Reserve, run_cycle
 from scheduler.model import JobId, NodeId, NodeState, RunningJob, SchedulerConfig, Snapshot
+from scheduler.sim import SimCluster, TraceJob, simulate
 
 # Nodes a and b, 8 GPUs each. `r1` holds all of a until NOW+1h. The urgent head wants both whole nodes,
 # so it is blocked now and expected to start at NOW+1h on a and b; b's free GPUs are held for it.
@@ -174,3 +175,24 @@ def test_backfill_depth_bounds_the_jobs_tried_behind_the_head() -> None:
     assert list(admitted(result)) == ["s0", "s1"]
     assert reasons(result)["s2"] == ("needs 1 node with 1 free GPU; 1 node has them now; not tried this cycle: "
                                      "only 2 waiting jobs behind job head are tried per cycle")
+
+
+def test_a_head_that_waited_a_whole_window_gets_its_hold_even_beyond_the_window() -> None:
+    """Q6: the same case as above once the head has waited an hour: its GPUs are held, and `open` (no limit)
+    may not take them, or the next such job would push the head's start out of the window again."""
+    far = [running("r1", {"a": range(8)}, started=at(-0.5), limit_h=2.5, queue="urgent")]
+    head = job("head").gpus(8).nodes(2).queue("urgent").waited(1)
+    result = run_cycle(snap(NODES, [head, job("open").gpus(4)], far), now=NOW)
+    assert result.reservations == (Reserve(JobId("head"), at(2), (NodeId("a"), NodeId("b"))),)
+    assert admitted(result) == {}
+
+
+def test_a_stream_of_small_jobs_with_limits_past_the_window_does_not_starve_a_whole_cluster_gang() -> None:
+    """Q6: 1-GPU jobs with 2 h limits arrive as fast as GPUs free, for three days. The gang that needs the whole
+    cluster was never held for (its start was always about 2 h away, past the 1 h window) and waited until the
+    stream ended; now it waits at most the window plus one small job's limit."""
+    small = [TraceJob(f"s{i:04d}", i * 450.0, "small", "s", "normal", 1, 1, 7200.0, 7200.0) for i in range(576)]
+    gang = TraceJob("gang", 60.0, "big", "b", "normal", 8, 2, 3600.0, 3600.0)
+    report = simulate([*small, gang], cluster=SimCluster(nodes=2, gpus_per_node=8),
+                      config=SchedulerConfig(fairshare_weight=0))
+    assert report.wait_s["tenant:big"]["mean"] <= 3600 + 7200 + 120  # window + a limit + two 60 s ticks
