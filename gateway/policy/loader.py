@@ -67,6 +67,13 @@ REQUIRED_NUMBERS: tuple[tuple[str, ...], ...] = (
     ("stop", "grace_window_seconds"),
     ("breakglass", "max_seconds"),
     ("breakglass", "second_oncall_approvals"),
+    # A count Rego cannot do arithmetic with drops the need for a second person instead of failing (a text
+    # "1" let a workload-level emergency stop run on one person's word), and a ceiling it cannot compare
+    # with never refuses: each is checked here.
+    ("emergency", "max_targets"),
+    ("emergency", "approvals", "job"),
+    ("emergency", "approvals", "workload"),
+    ("emergency", "approvals", "scope"),
 )
 # Numbers the gateway reads itself (the rate limiter, gateway/ratelimit.py), with defaults when absent; when
 # present they are checked like the required ones, so a typo is refused at load instead of being loaded and
@@ -234,14 +241,21 @@ def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
             continue
         # bool is an int subclass; `true` is never a valid limit.
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            line = _line_of_key(text, path[-1])
+            line = _line_of_key(text, path)
             problems.append(PolicyProblem(DATA_FILE, line, f"{'.'.join(path)} must be a non-negative integer"))
     return data, problems
 
 
-def _line_of_key(text: str, key: str) -> int:
-    index = text.find(f'"{key}"')
-    return text.count("\n", 0, index) + 1 if index >= 0 else 0
+def _line_of_key(text: str, path: tuple[str, ...]) -> int:
+    """The line of the last key of `path`, looked for after its parents' (`workload` is a key of
+    `confirmations` and of `emergency.approvals`); 0 when it is not written."""
+    index = 0
+    for key in path:
+        found = text.find(f'"{key}"', index)
+        if found < 0:
+            return 0
+        index = found
+    return text.count("\n", 0, index) + 1
 
 
 def compile_rego(modules: dict[str, str], data: dict[str, Any],

@@ -189,3 +189,67 @@ def test_whatif_under_the_active_set_flips_nothing_a_break_glass_call_decided(ap
     )
     assert report.replayed >= 2
     assert report.flips == [], [f.to_json() for f in report.flips]
+
+
+# -- data.json values the Rego rules read -----------------------------------------------------------------
+
+
+def set_data(policy_dir: Path, path: tuple[str, ...], value: object) -> None:
+    file = policy_dir / "data.json"
+    data = json.loads(file.read_text())
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    if value is _MISSING:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    file.write_text(json.dumps(data, indent=2))
+
+
+_MISSING = object()
+
+
+def test_an_emergency_approval_count_given_as_text_does_not_let_a_workload_stop_run_alone(
+    papi: Api, policy_dir: Path
+) -> None:
+    set_data(policy_dir, ("emergency", "approvals", "workload"), "1")
+    papi.post("/v1/policy/reload", "sam")
+    for _ in range(2):
+        papi.post("/v1/jobs", "alice", json=job_spec(workload="sweep-7"))
+    body = {"scope": {"kind": "workload", "value": "sweep-7"}, "trigger": "safety", "reason": "bad sweep"}
+    r = papi.post("/v1/emergency-stops", "dave", json=body)
+    assert r.status_code in (202, 403), r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("emergency", "max_targets"), "5000"),
+        (("emergency", "max_targets"), _MISSING),
+        (("emergency", "approvals", "workload"), "1"),
+        (("emergency", "approvals", "scope"), True),
+        (("emergency", "approvals"), _MISSING),
+    ],
+    ids=["ceiling-text", "ceiling-missing", "workload-text", "scope-bool", "approvals-missing"],
+)
+def test_emergency_numbers_that_are_not_counts_are_refused_at_reload(
+    papi: Api, policy_dir: Path, path: tuple[str, ...], value: object
+) -> None:
+    old = papi.get("/v1/policy", "sam").json()["policy_hash"]
+    set_data(policy_dir, path, value)
+    r = papi.post("/v1/policy/reload", "sam")
+    assert r.status_code == 422, r.text
+    assert any(e.startswith("data.json:") and "emergency." in e for e in r.json()["errors"]), r.json()["errors"]
+    assert papi.get("/v1/policy", "sam").json()["policy_hash"] == old
+
+
+def test_a_bad_nested_number_is_reported_on_its_own_line(tmp_path: Path) -> None:
+    from gateway.policy.loader import parse_data
+    from gateway.settings import REPO_POLICIES
+
+    data = json.loads((REPO_POLICIES / "data.json").read_text())
+    data["emergency"]["approvals"]["workload"] = "1"
+    text = json.dumps(data, indent=2)
+    (problem,) = parse_data(text)[1]
+    assert text.splitlines()[problem.line - 1].strip().startswith('"workload": "1"'), problem
