@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.context import Gateway
@@ -38,3 +39,11 @@ def enqueue(gw: Gateway, session: Session, node: str, job_id: str, kind: str, pa
     )
     session.info.setdefault("notify_nodes", set()).add(node)
     return command.nonce
+
+
+def nodes_with_files(session: Session, job_id: str, placement: list[Any]) -> list[str]:
+    """Nodes that may hold the job's files (checkpoints, logs): its placement and every node a start command of
+    it went to. A requeue or a resume empties the placement, but the earlier run's files stay on its node."""
+    started = session.scalars(select(NodeCommand.node).where(NodeCommand.job_id == job_id,
+                                                             NodeCommand.kind == "start")).all()
+    return sorted({str(p["node"]) for p in placement} | set(started))

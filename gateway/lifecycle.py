@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from gateway import housekeeping, priority_history, retention, stops
 from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
-from gateway.commands import enqueue
+from gateway.commands import enqueue, nodes_with_files
 from gateway.context import Gateway
 from gateway.errors import Conflict
 from gateway.jobs import load_job, refuse_if_denied, refuse_in_state, refuse_unless_allowed
@@ -245,7 +245,7 @@ def purge_due(gw: Gateway, session: Session, now: datetime) -> list[str]:
         if job is None:
             continue
         row.state = "purging"
-        nodes = sorted({p["node"] for p in job.placement})
+        nodes = nodes_with_files(session, job.id, job.placement)
         for node in nodes:
             enqueue(gw, session, node, job.id, "delete_artifacts", {"what": "all", "reason": f"delete: {row.reason}"})
         record_outcome(gw, "deletion", {"job_id": job.id, "action": "purge", "nodes": nodes, "at": now.isoformat()})
@@ -267,7 +267,7 @@ def purge_reported(gw: Gateway, session: Session, job_id: str, node: str, object
         return
     job = session.get(Job, job_id)
     answered = {str(o.get("node")) for o in row.objects if not o.get("incomplete")}
-    if job is None or {p["node"] for p in job.placement} <= answered:
+    if job is None or set(nodes_with_files(session, job.id, job.placement)) <= answered:
         row.state, row.purged_at = "purged", now
         record_outcome(gw, "deletion", {"job_id": job_id, "action": "purged", "at": now.isoformat(),
                                         "objects": sum(len(o["files"]) for o in row.objects)})

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.auth import Caller
-from gateway.commands import enqueue
+from gateway.commands import enqueue, nodes_with_files
 from gateway.context import Gateway
 from gateway.models import Job
 from gateway.notifications import notify
@@ -109,8 +109,9 @@ def cleanup(gw: Gateway, session: Session, now: datetime) -> list[str]:
         if why is None or job is None:
             continue
         row.state = "cleaning"
-        nonces = [enqueue(gw, session, p["node"], job.id, "delete_artifacts",
-                          {"what": "checkpoints", "reason": f"retention: {why}"}) for p in job.placement]
+        nonces = [enqueue(gw, session, node, job.id, "delete_artifacts",
+                          {"what": "checkpoints", "reason": f"retention: {why}"})
+                  for node in nodes_with_files(session, job.id, job.placement)]
         record_outcome(gw, "retention", {"job_id": job.id, "action": "cleanup", "tier": row.tier, "why": why,
                                          "nonces": nonces, "at": now.isoformat()})
         cleaning.append(job.id)

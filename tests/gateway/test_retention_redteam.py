@@ -1,0 +1,82 @@
+"""Red team: checkpoint retention (P1) and deletion with a recovery window (A6): files go where they are."""
+
+from __future__ import annotations
+
+import pytest
+from gateway_testkit import Api
+from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
+
+from gateway import lifecycle
+from gateway.policy.engine import RoleBinding
+from gateway.scheduling import run_once
+from gateway.stop_tables import JobDeletion
+
+CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]
+
+
+@pytest.fixture
+def agent(api: Api) -> FakeAgent:
+    a = FakeAgent(api, "demo-node-1")
+    a.beat()
+    a.take()
+    return a
+
+
+def _paused_resumed_and_cancelled(api: Api, agent: FakeAgent) -> str:
+    """A job paused on demo-node-1 (its checkpoint stays there), resumed, then stopped while still queued."""
+    job_id, _ = running_job(api, agent)
+    assert api.post(f"/v1/jobs/{job_id}/pause", "alice", json={"reason": "make room"}).status_code == 202
+    (stop,) = [c for c in agent.take() if c["kind"] == "stop"]
+    agent.report(job_id, "stopped", stop["nonce"], evidence=stopped_evidence(checkpoints=CKPT))
+    assert api.post(f"/v1/jobs/{job_id}/resume", "alice", json={"reason": "back"}).status_code == 200
+    assert api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "not needed"}).status_code == 202
+    assert api.get(f"/v1/jobs/{job_id}", "alice").json()["state"] == "stopped"
+    return job_id
+
+
+def test_a_purge_reaches_the_node_that_holds_the_files_of_an_earlier_run(api: Api, agent: FakeAgent) -> None:
+    """The purge asked the nodes of the job's current placement, which a resume (or a requeue after preemption)
+    empties. A job stopped while queued again had none: after the recovery window it was marked purged with no
+    command sent and no object deleted, while its checkpoint stayed on the node of its paused run."""
+    api.gateway.policy.grant(RoleBinding(principal="carol", role="queue_admin", project="acme"))
+    job_id = _paused_resumed_and_cancelled(api, agent)
+    r = api.client.request("DELETE", f"/v1/jobs/{job_id}", headers=api.headers("alice"), json={"reason": "gone"})
+    assert api.post(f"/v1/approvals/{r.json()['approval_id']}/approve", "carol").status_code == 200
+    shift_clock(api, lifecycle.RECOVERY_WINDOW.total_seconds() + 1)
+    lifecycle.run_chores(api.gateway)
+    (purge,) = [c for c in agent.take() if c["kind"] == "delete_artifacts"]
+    assert purge["job_id"] == job_id and purge["params"]["what"] == "all"
+    with api.gateway.db.transaction() as s:
+        assert s.get(JobDeletion, job_id).state == "purging"
+    agent.report(job_id, "deleted", purge["nonce"], evidence={"deleted": CKPT, "what": "all",
+                                                               "reason": purge["params"]["reason"]})
+    with api.gateway.db.transaction() as s:
+        assert s.get(JobDeletion, job_id).state == "purged"
+    purged = [e["body"] for e in ledger(api) if e["kind"] == "deletion" and e["body"].get("action") == "purged"]
+    assert [p["objects"] for p in purged] == [1]
+
+
+def test_retention_cleanup_reaches_the_node_of_a_paused_run_the_job_left(api: Api, agent: FakeAgent) -> None:
+    """P1: a job paused on one node and resumed on another keeps a checkpoint on each; when its retention ends
+    (here: the next job on its quota starts), cleanup asked only the node of its last run."""
+    paused, _ = running_job(api, agent, gpus_per_node=8)
+    assert api.post(f"/v1/jobs/{paused}/pause", "alice", json={"reason": "make room"}).status_code == 202
+    (stop,) = [c for c in agent.take() if c["kind"] == "stop"]
+    agent.report(paused, "stopped", stop["nonce"], evidence=stopped_evidence(checkpoints=CKPT))
+    running_job(api, agent, gpus_per_node=8)  # demo-node-1 is full now
+    second = FakeAgent(api, "demo-node-2")
+    second.beat()
+    second.take()
+    assert api.post(f"/v1/jobs/{paused}/resume", "alice", json={"reason": "back"}).status_code == 200
+    run_once(api.gateway)
+    (start,) = [c for c in second.take() if c["kind"] == "start"]
+    second.report(paused, "started", start["nonce"], pid=9)
+    assert api.post(f"/v1/jobs/{paused}/stop", "alice", json={"reason": "enough"}).status_code == 202
+    (stop,) = [c for c in second.take() if c["kind"] == "stop"]
+    second.report(paused, "stopped", stop["nonce"], evidence=stopped_evidence(checkpoints=CKPT))
+    assert api.get(f"/v1/jobs/{paused}", "alice").json()["state"] == "stopped"
+    running_job(api, second, gpus_per_node=8)  # the next job on quota vision starts
+    lifecycle.run_chores(api.gateway)
+    cleanups = [c for a in (agent, second) for c in a.take() if c["kind"] == "delete_artifacts"]
+    assert sorted(c["node"] for c in cleanups) == ["demo-node-1", "demo-node-2"]
+    assert {c["job_id"] for c in cleanups} == {paused} and {c["params"]["what"] for c in cleanups} == {"checkpoints"}
