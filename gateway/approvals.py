@@ -163,12 +163,34 @@ def _requester(session: Session, approval: Approval) -> Caller:
                   token_actions=("*",), responsible=principal.responsible, trigger=approval.requester_trigger)
 
 
-def _check_open(gw: Gateway, approval: Approval, now: datetime) -> None:
-    if approval.state == "pending" and approval.expires_at <= now:
+def expire_due(gw: Gateway, session: Session, approval_id: str | None = None) -> list[str]:
+    """Close pending requests past their expiry as `expired`, each ledgered once, in the caller's transaction:
+    the one request about to be answered (settle_expiry) or, from housekeeping, all. Returns their ids."""
+    now = gw.clock()
+    stmt = select(Approval).where(Approval.state == "pending", Approval.expires_at <= now)
+    if approval_id is not None:
+        stmt = stmt.where(Approval.id == approval_id)
+    closed = []
+    for approval in session.scalars(stmt.order_by(Approval.id).with_for_update()).all():
         approval.state = "expired"
         approval.resolved_at = now
-        record_outcome(gw, "outcome", {"action": "approval.expire", "approval_id": approval.id,
-                                       "result": "expired"})
+        record_outcome(gw, "outcome", {"action": "approval.expire", "approval_id": approval.id, "result": "expired",
+                                       "expires_at": approval.expires_at.isoformat()})
+        closed.append(approval.id)
+    return closed
+
+
+def settle_expiry(gw: Gateway, approval_id: str) -> None:
+    """Before an approve or reject, in a transaction of its own: a request past its expiry is closed and
+    ledgered as expired. Done in the answer's transaction, the 409 that follows rolled it back, so the request
+    stayed pending while the ledger said, once per attempt, that it had expired."""
+    with gw.transaction() as session:
+        expire_due(gw, session, approval_id)
+
+
+def _check_open(gw: Gateway, approval: Approval, now: datetime) -> None:
+    if approval.state in ("pending", "expired") and approval.expires_at <= now:
+        # Closed by settle_expiry, or expired since it looked (then the next answer or housekeeping closes it).
         raise Conflict(f"approval {approval.id} expired at {approval.expires_at.isoformat()}", state="expired")
     if approval.state != "pending":
         raise Conflict(f"approval {approval.id} is already {approval.state}", state=approval.state)

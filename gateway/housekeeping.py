@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
+from gateway.approvals import expire_due
 from gateway.breakglass import sweep_expired
 from gateway.context import Gateway
 from gateway.obligations import sweep_timed_out_receipts
@@ -18,7 +19,8 @@ from gateway.obligations import sweep_timed_out_receipts
 log = logging.getLogger("jobgate.housekeeping")
 
 Task = Callable[[Gateway, Session], object]
-TASKS: list[tuple[str, Task]] = [("receipts", sweep_timed_out_receipts), ("break-glass expiry", sweep_expired)]
+TASKS: list[tuple[str, Task]] = [("receipts", sweep_timed_out_receipts), ("break-glass expiry", sweep_expired),
+                                 ("approval expiry", expire_due)]
 
 
 def register(name: str, task: Task) -> None:

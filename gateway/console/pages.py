@@ -232,6 +232,7 @@ def approve(request: Request, approval_id: str, csrf: Field_ = None, comment: Fi
     """approvals.approve in one transaction: re-decided with the recorded approvals, executed once."""
     view = need_view(request)
     view.require_csrf(csrf)
+    approvals.settle_expiry(view.gw, approval_id)
     with view.gw.transaction() as session:
         approvals.approve(view.gw, session, view.caller(session), approval_id, (comment or "").strip() or None)
     return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
@@ -245,6 +246,7 @@ def reject(request: Request, approval_id: str, csrf: Field_ = None, reason: Fiel
     text = (reason or "").strip()
     if len(text) < 3:
         raise Invalid("a rejection needs a written reason of at least 3 characters")
+    approvals.settle_expiry(view.gw, approval_id)
     with view.gw.transaction() as session:
         approvals.reject(view.gw, session, view.caller(session), approval_id, text)
     return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import select
 from test_approvals_api import ask_stop, job_state
 from test_sched_api import advance, bring_up_nodes, job, report
 
+from gateway.approvals import Approval
+from gateway.housekeeping import run_all
 from gateway.models import NodeCommand
 from gateway.scheduler_tables import PreemptionRow
 from gateway.scheduling import run_once
@@ -112,3 +116,43 @@ def test_an_approved_stop_of_a_job_paused_meanwhile_leaves_it_paused(api: Api) -
     assert r.status_code == 200, r.text
     assert r.json()["resolution"]["result"]["not_stoppable"] == [{"id": j, "state": "paused"}]
     assert job(api, j)["state"] == "paused" and _stop_nonces(api, j) == [pause_stop]
+
+
+def _expire(api: Api, approval_id: str) -> None:
+    with api.gateway.db.transaction() as s:
+        a = s.get(Approval, approval_id)
+        a.expires_at = a.created_at - timedelta(seconds=1)
+
+
+def test_an_expired_approval_stays_expired_and_its_expiry_is_ledgered_once(api: Api) -> None:
+    """The expiry was written in the transaction the 409 then rolled back: the request stayed pending in every
+    listing while the ledger said it expired, once more on every later attempt."""
+    j, _ = _running(api)
+    approval_id = ask_stop(api, "carol", j)["approval_id"]
+    _expire(api, approval_id)
+    for who in ("alice", "dave"):
+        r = api.post(f"/v1/approvals/{approval_id}/approve", who)
+        assert r.status_code == 409 and "expired" in r.json()["detail"], r.text
+    r = api.post(f"/v1/approvals/{approval_id}/reject", "carol", json={"reason": "withdrawn"})
+    assert r.status_code == 409, r.text
+    shown = api.get(f"/v1/approvals/{approval_id}", "alice").json()
+    assert shown["state"] == "expired" and shown["resolved_at"]
+    assert [a["id"] for a in api.get("/v1/approvals", "alice", params={"state": "pending"}).json()["approvals"]] == []
+    expired = [
+        e
+        for e in ledger_entries(api)
+        if e["body"].get("approval_id") == approval_id and e["body"].get("result") == "expired"
+    ]
+    assert len(expired) == 1
+    assert job_state(api, j) == "running"
+
+
+def test_an_approval_nobody_answers_expires_on_its_own(api: Api) -> None:
+    j, _ = _running(api)
+    approval_id = ask_stop(api, "carol", j)["approval_id"]
+    _expire(api, approval_id)
+    run_all(api.gateway)
+    assert api.get(f"/v1/approvals/{approval_id}", "alice").json()["state"] == "expired"
+    assert [e["body"]["result"] for e in ledger_entries(api) if e["body"].get("approval_id") == approval_id][
+        -1
+    ] == "expired"
