@@ -35,12 +35,12 @@ def load_quotas(session: Session, now: datetime) -> Quotas | None:
     if not rows:
         return None
     cluster = next((r for r in rows if r.project == CLUSTER), None)
-    tenants = {ProjectId(r.project): TenantQuota(gpus=r.gpus, borrow_limit=r.borrow_limit, lend_limit=r.lend_limit)
+    # A tenant's user limits bind within that tenant only ("per-user GPU limits within this tenant"); the
+    # cluster row's bind a user across every tenant.
+    tenants = {ProjectId(r.project): TenantQuota(gpus=r.gpus, borrow_limit=r.borrow_limit, lend_limit=r.lend_limit,
+                                                 users={u: int(v) for u, v in (r.users or {}).items()})
                for r in rows if r.project != CLUSTER}
-    users: dict[str, int] = {}
-    for r in rows:
-        for user, limit in (r.users or {}).items():
-            users[user] = min(int(limit), users.get(user, int(limit)))
+    users = {u: int(v) for u, v in ((cluster.users or {}) if cluster else {}).items()}
     return Quotas(cluster_gpus=cluster.gpus if cluster else None, tenants=tenants, users=users)
 
 

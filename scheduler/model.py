@@ -121,7 +121,8 @@ def _per_queue(**values: float) -> Mapping[str, float]:
 
 @dataclass(frozen=True)
 class TenantQuota:
-    """Q4/Q5 for one tenant (project): GPUs it owns, how many it may borrow, how many it lends at most.
+    """Q4/Q5 for one tenant (project): GPUs it owns, how many it may borrow, how many it lends at most, and
+    per-user limits on what each user holds within this tenant (their jobs in other tenants do not count).
 
     borrow_limit / lend_limit None means unlimited (lending is then bounded only by idle quota).
     """
@@ -129,12 +130,17 @@ class TenantQuota:
     gpus: int
     borrow_limit: int | None = 0
     lend_limit: int | None = None
+    users: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         for name in ("gpus", "borrow_limit", "lend_limit"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise InvalidRecord("quota", name, f"must not be negative, got {v}")
+        for user, limit in self.users.items():
+            if limit < 0:
+                raise InvalidRecord("quota", user, f"user limit must not be negative, got {limit}")
+        object.__setattr__(self, "users", MappingProxyType(dict(self.users)))
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,8 @@ class Quotas:
     """The three quota tiers (Q4). cluster_gpus None: the physical capacity is the only cluster limit.
 
     Tenants without an entry get `default_tenant`: by default they own nothing and may borrow idle GPUs.
-    Users without an entry are limited only by their tenant.
+    `users` limits what a user holds across all tenants; a tenant's own `users` limit them within it.
+    Users without an entry in either are limited only by their tenant.
     """
 
     cluster_gpus: int | None = None

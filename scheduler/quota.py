@@ -38,6 +38,8 @@ class QuotaUsage:
     owned: dict[ProjectId, int] = field(default_factory=lambda: defaultdict(int))
     borrowed: dict[ProjectId, int] = field(default_factory=lambda: defaultdict(int))
     users: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # GPUs each user holds within each tenant, for the tenants' own user limits.
+    tenant_users: dict[tuple[ProjectId, str], int] = field(default_factory=lambda: defaultdict(int))
     # Owned quota that waiting jobs of the tenant claim: not lendable, so reclaimed GPUs are not lent again.
     demand: dict[ProjectId, int] = field(default_factory=lambda: defaultdict(int))
     total: int = 0
@@ -80,6 +82,7 @@ class QuotaUsage:
         if borrowed:
             self.lent += gpus
         self.users[user] += gpus
+        self.tenant_users[project, user] += gpus
         self.total += gpus
         self._refresh(project)
 
@@ -109,6 +112,11 @@ class QuotaUsage:
                 f"user quota of {user}: {self.users.get(user, 0)} of {user_limit} GPUs in use, "
                 f"the job needs {gpus}"))
         q = self.quotas.tenant(project)
+        user_limit = q.users.get(user)
+        held = self.tenant_users.get((project, user), 0)
+        if user_limit is not None and held + gpus > user_limit:
+            return QuotaVerdict(False, tier="user", reason=(
+                f"user quota of {user} in tenant {project}: {held} of {user_limit} GPUs in use, the job needs {gpus}"))
         owned = self.owned.get(project, 0)
         if owned + gpus <= q.gpus:
             return QuotaVerdict(True, borrowed=False)
@@ -141,4 +149,8 @@ def hard_limit_problems(quotas: Quotas, project: ProjectId, user: str, gpus: int
     user_limit = quotas.users.get(user)
     if user_limit is not None and gpus > user_limit:
         problems.append(f"asks for {gpus} GPUs, more than the user quota of {user} ({user_limit})")
+    user_limit = q.users.get(user)
+    if user_limit is not None and gpus > user_limit:
+        problems.append(f"asks for {gpus} GPUs, more than the user quota of {user} in tenant {project} "
+                        f"({user_limit})")
     return problems

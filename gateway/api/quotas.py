@@ -29,7 +29,8 @@ class QuotaChangeBody(BaseModel):
     borrow_limit: GpuCount | None = Field(0, description="Most GPUs it may borrow from idle quota; null: no limit.")
     lend_limit: GpuCount | None = Field(None, description="Most of its idle GPUs it lends; null: all idle ones.")
     users: dict[Name, GpuCount] = Field(default_factory=dict, max_length=10000,
-                                        description="Per-user GPU limits within this tenant.")
+                                        description="Per-user GPU limits within this tenant (for '*': across all"
+                                                    " tenants).")
     effective_from: Timestamp | None = Field(None, description="When it starts to apply; default: once applied.")
     effective_until: Timestamp | None = Field(None, description="When it stops applying; default: never.")
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")

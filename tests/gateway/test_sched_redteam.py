@@ -6,8 +6,10 @@ from __future__ import annotations
 from datetime import datetime
 
 from gateway_testkit import Api, job_spec
-from test_sched_api import advance, bring_up_nodes, job, report
+from test_sched_api import advance, bring_up_nodes, job, report, set_quota
 
+from gateway.models import RoleBinding
+from gateway.policy.engine import RoleBinding as PolicyBinding
 from gateway.scheduler_tables import SchedJob
 from gateway.scheduling import run_once
 
@@ -61,3 +63,21 @@ def test_a_resumed_job_ages_by_its_time_in_the_queue_not_by_its_time_running(api
     assert run_once(api.gateway) == 1
     parts = api.get(f"/v1/jobs/{j}/queue", "alice").json()["priority"]["parts"]  # as admitted again
     assert parts["aging"] < 1.0, parts
+
+
+def test_a_user_limit_in_one_tenants_quota_binds_that_tenant_only(api: Api) -> None:
+    """Q4: a quota's `users` are 'per-user GPU limits within this tenant'. Alice, limited to 2 GPUs in vision,
+    also works in speech: her speech job was refused by vision's limit, and her speech GPUs used it up."""
+    bring_up_nodes(api)
+    with api.gateway.db.transaction() as s:
+        s.add(RoleBinding(principal_id="alice", role="researcher", project="speech", created_at=api.gateway.clock()))
+    api.gateway.policy.grant(PolicyBinding(principal="alice", role="researcher", project="speech"))
+    set_quota(api, "vision", 8, users={"alice": 2})
+    set_quota(api, "speech", 8)
+    r = api.post("/v1/jobs", "alice", json=job_spec(project="speech", gpus_per_node=4, name="speech"))
+    assert r.status_code == 201, r.text
+    mine = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=2, name="vision")).json()["id"]
+    assert run_once(api.gateway) == 2
+    assert job(api, mine)["state"] == "starting"
+    r = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=4, name="too-big"))
+    assert r.status_code == 422 and "user quota of alice" in r.json()["detail"]  # her vision limit still holds

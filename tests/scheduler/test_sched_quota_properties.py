@@ -36,7 +36,8 @@ LIMIT = st.one_of(st.none(), st.integers(0, 24))
 def worlds(draw: st.DrawFn) -> tuple[list[NodeState], Quotas, list[list[PendingJob]]]:
     nodes = [NodeState(NodeId(f"n{i}"), g, frozenset(range(g)))
              for i, g in enumerate(draw(st.lists(st.sampled_from([2, 4, 8]), min_size=1, max_size=6)))]
-    tenants = {t: TenantQuota(draw(st.integers(0, 16)), borrow_limit=draw(LIMIT), lend_limit=draw(LIMIT))
+    tenants = {t: TenantQuota(draw(st.integers(0, 16)), borrow_limit=draw(LIMIT), lend_limit=draw(LIMIT),
+                              users={u: draw(st.integers(0, 8)) for u in USERS if draw(st.booleans())})
                for t in TENANTS if draw(st.booleans())}
     users = {u: draw(st.integers(0, 16)) for u in USERS if draw(st.booleans())}
     quotas = Quotas(cluster_gpus=draw(st.one_of(st.none(), st.integers(0, 48))), tenants=tenants, users=users)
@@ -58,10 +59,12 @@ def _check(nodes: list[NodeState], quotas: Quotas, run: list[RunningJob]) -> Non
     owned: dict[str, int] = defaultdict(int)
     borrowed: dict[str, int] = defaultdict(int)
     users: dict[str, int] = defaultdict(int)
+    tenant_users: dict[tuple[str, str], int] = defaultdict(int)
     per_node: dict[str, set[int]] = defaultdict(set)
     for r in run:
         (borrowed if r.borrowed else owned)[r.project] += r.gpus
         users[r.user] += r.gpus
+        tenant_users[r.project, r.user] += r.gpus
         for p in r.placement:
             assert not per_node[p.node] & set(p.gpus), "a GPU given twice"
             per_node[p.node] |= set(p.gpus)
@@ -76,6 +79,8 @@ def _check(nodes: list[NodeState], quotas: Quotas, run: list[RunningJob]) -> Non
         assert owned[t] <= q.gpus
         if q.borrow_limit is not None:
             assert borrowed[t] <= q.borrow_limit
+        for u, limit in q.users.items():
+            assert tenant_users[t, u] <= limit
     for u, limit in quotas.users.items():
         assert users[u] <= limit
     # Borrowed GPUs come from idle owned quota within lend caps, or from capacity nobody owns.
