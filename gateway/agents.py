@@ -324,10 +324,12 @@ def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: da
     record(gw, object_session(job), "outcome",
                  {"action": action, "job_id": job.id, "result": state, "outcome": job.outcome,
                   "exit_code": job.exit_code, "stop_request": job.stop_request}, blobs={"evidence": blob})
-    if state in ("stopped", "paused"):
-        from gateway import retention  # imported late: retention imports the agent channel's helpers
+    from gateway import retention  # imported late: retention imports the agent channel's helpers
 
+    if state in ("stopped", "paused"):
         retention.keep_checkpoints(gw, job, now)
+    else:
+        retention.release(gw, job, now)
 
 
 def node_or_404(session: Session, node_id: str) -> Node:

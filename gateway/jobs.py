@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
+from gateway import retention
 from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.commands import enqueue
@@ -353,6 +354,7 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
         job.ended_at = now
         job.outcome = "cancelled"
         job.evidence = {"note": "stopped while queued; no process had started"}
+        retention.release(gw, job, now)  # a resumed job's kept checkpoint goes back under retention
     else:
         ledger_transition(gw, job, "stop_requested", now, by=by, reason=reason, request_id=request_id,
                           grace_seconds=job.grace_seconds)

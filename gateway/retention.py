@@ -88,6 +88,17 @@ def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
                                       + job.project + " starts"})
 
 
+def release(gw: Gateway, job: Job, now: datetime) -> None:
+    """A resumed job's run is over, or ended before it began: it no longer reads the checkpoint its pause kept,
+    which goes back under the tier's retention from now. Left `in_use`, no tier would ever clean it (P1)."""
+    from sqlalchemy.orm import object_session
+
+    session = object_session(job)
+    row = session.get(CheckpointRetention, job.id) if session is not None else None
+    if row is not None and row.state == "in_use":
+        keep_checkpoints(gw, job, now)
+
+
 def expired(session: Session, row: CheckpointRetention, now: datetime) -> str | None:
     """Why the row's checkpoints may go now, or None."""
     if row.state != "kept":

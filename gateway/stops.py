@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from gateway import preemption
+from gateway import preemption, retention
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
@@ -137,6 +137,7 @@ def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: 
         job.evidence = {"note": "stopped while queued; no process had started"}
         ledger_transition(gw, job, "paused" if pause else "stopped", now, by=by, reason=reason,
                           request_id=request_id, decision_seq=decision_seq, **extra)
+        retention.release(gw, job, now)
         return
     ledger_transition(gw, job, "stop_requested", now, by=by, reason=reason, request_id=request_id,
                       decision_seq=decision_seq, grace_seconds=grace, **extra)
@@ -316,6 +317,7 @@ def mark_confirmed_stopped(gw: Gateway, session: Session, job: Job, *, by: str, 
                     "nodes": {p.node: p.evidence for p in parts}}
     ledger_transition(gw, job, "stopped", now, by=by, reason=f"confirmed by on-call: {reason}",
                       request_id=request_id, decision_seq=decision_seq, gpus_released=withheld)
+    retention.release(gw, job, now)
     gw.scheduler_kick.set()
 
 

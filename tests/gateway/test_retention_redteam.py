@@ -9,7 +9,7 @@ from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_ev
 from gateway import lifecycle
 from gateway.policy.engine import RoleBinding
 from gateway.scheduling import run_once
-from gateway.stop_tables import JobDeletion
+from gateway.stop_tables import CheckpointRetention, JobDeletion
 
 CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]
 
@@ -80,3 +80,18 @@ def test_retention_cleanup_reaches_the_node_of_a_paused_run_the_job_left(api: Ap
     cleanups = [c for a in (agent, second) for c in a.take() if c["kind"] == "delete_artifacts"]
     assert sorted(c["node"] for c in cleanups) == ["demo-node-1", "demo-node-2"]
     assert {c["job_id"] for c in cleanups} == {paused} and {c["params"]["what"] for c in cleanups} == {"checkpoints"}
+
+
+def test_a_resumed_job_stopped_before_it_ran_again_puts_its_checkpoint_back_under_retention(api: Api,
+                                                                                           agent: FakeAgent) -> None:
+    """The resume marks the paused run's checkpoint in use (the new run reads it). Stopped while still queued, the
+    job never ran again, but the checkpoint stayed in use for ever: no retention tier ever cleaned it (P1)."""
+    job_id = _paused_resumed_and_cancelled(api, agent)
+    with api.gateway.db.transaction() as s:
+        assert s.get(CheckpointRetention, job_id).state == "kept"
+    kept = [e["body"] for e in ledger(api) if e["kind"] == "retention" and e["body"]["job_id"] == job_id]
+    assert len(kept) == 2 and kept[-1]["tier"] == "normal"
+    running_job(api, agent)  # the next job on quota vision starts
+    lifecycle.run_chores(api.gateway)
+    (cleanup,) = [c for c in agent.take() if c["kind"] == "delete_artifacts"]
+    assert cleanup["job_id"] == job_id and cleanup["params"]["what"] == "checkpoints"
