@@ -119,8 +119,12 @@ def load_policy_set(directory: Path) -> PolicySet:
     model_text = _read(directory, MODEL_FILE, problems)
     matrix_csv = _read(directory, MATRIX_FILE, problems)
     data_text = _read(directory, DATA_FILE, problems)
-    rego_modules = {p.name: p.read_text(encoding="utf-8") for p in sorted(directory.glob("*.rego"))}
-    if not rego_modules:
+    rego_modules: dict[str, str] = {}
+    for path in sorted(directory.glob("*.rego")):
+        source = _read(directory, path.name, problems)
+        if source is not None:
+            rego_modules[path.name] = source
+    if not rego_modules and not any(p.file.endswith(".rego") for p in problems):
         problems.append(PolicyProblem("*.rego", 0, "no Rego module found"))
 
     if model_text is not None:
@@ -170,10 +174,24 @@ def policy_hash(directory: Path) -> str:
 
 def _read(directory: Path, name: str, problems: list[PolicyProblem]) -> str | None:
     try:
-        return (directory / name).read_text(encoding="utf-8")
-    except OSError as e:
-        problems.append(PolicyProblem(name, 0, f"cannot read: {e.strerror or e}"))
+        return read_policy_text(directory / name, name)
+    except PolicyLoadError as e:
+        problems.extend(e.errors)
         return None
+
+
+def read_policy_text(path: Path, name: str) -> str:
+    """A policy file's text, UTF-8. Raises PolicyLoadError naming `name` (and the line of a byte that is not
+    UTF-8): a file that cannot be read refuses the set like any other problem, never as a crash."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise PolicyLoadError([PolicyProblem(name, 0, f"cannot read: {e.strerror or e}")]) from e
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise PolicyLoadError([PolicyProblem(name, line, f"not UTF-8 text: {e.reason} at byte {e.start}")]) from e
 
 
 def check_model(text: str) -> list[PolicyProblem]:

@@ -18,7 +18,15 @@ from regopy import Input, RegoError
 
 from gateway.policy.engine import Decision, EmbeddedEngine, RoleBinding
 from gateway.policy.errors import PolicyLoadError, PolicyProblem
-from gateway.policy.loader import DECISION_ENTRYPOINT, TESTS_DIR, PolicySet, compile_rego, first_value, rego_problems
+from gateway.policy.loader import (
+    DECISION_ENTRYPOINT,
+    TESTS_DIR,
+    PolicySet,
+    compile_rego,
+    first_value,
+    read_policy_text,
+    rego_problems,
+)
 
 BINDINGS_FILE = "bindings.csv"
 
@@ -91,7 +99,7 @@ def load_bindings(policy_dir: Path) -> list[RoleBinding]:
     bindings: list[RoleBinding] = []
     if not path.is_file():
         return bindings
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, raw in enumerate(read_policy_text(path, f"{TESTS_DIR}/{BINDINGS_FILE}").splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -109,7 +117,7 @@ def load_table_cases(policy_dir: Path) -> list[TableCase]:
     names: set[str] = set()
     for path in sorted((policy_dir / TESTS_DIR).glob("*.yaml")):
         rel = f"{TESTS_DIR}/{path.name}"
-        text = path.read_text(encoding="utf-8")
+        text = read_policy_text(path, rel)
         try:
             entries = yaml.safe_load(text) or []
         except yaml.YAMLError as e:
@@ -120,13 +128,36 @@ def load_table_cases(policy_dir: Path) -> list[TableCase]:
         for entry in entries:
             if not isinstance(entry, dict) or not {"name", "row", "input", "expect"} <= entry.keys():
                 raise PolicyLoadError([PolicyProblem(rel, 0, f"case needs name, row, input, expect: {entry!r}")])
-            if entry["name"] in names:
-                raise PolicyLoadError([PolicyProblem(rel, 0, f"duplicate case name {entry['name']!r}")])
-            names.add(entry["name"])
-            request = expand_input(entry["input"])
-            cases.append(TableCase(entry["name"], str(entry["row"]), request, entry["expect"], rel,
-                                   _line_of_case(text, str(entry["name"]))))
+            name = entry["name"]
+            if not isinstance(name, str):
+                raise PolicyLoadError([PolicyProblem(rel, 0, f"a case's name is text, not {name!r}")])
+            if name in names:
+                raise PolicyLoadError([PolicyProblem(rel, 0, f"duplicate case name {name!r}")])
+            names.add(name)
+            line = _line_of_case(text, name)
+            # A reviewer's malformed case refuses the set naming the case, never as a crash of the reload.
+            problem = _expect_problem(entry["expect"])
+            if problem is not None:
+                raise PolicyLoadError([PolicyProblem(rel, line, f"case {name!r}: {problem}")])
+            try:
+                request = expand_input(entry["input"])
+            except (TypeError, ValueError, KeyError, AttributeError) as e:
+                message = f"case {name!r}: malformed input ({type(e).__name__}: {e})"
+                raise PolicyLoadError([PolicyProblem(rel, line, message)]) from e
+            cases.append(TableCase(name, str(entry["row"]), request, entry["expect"], rel, line))
     return cases
+
+
+def _expect_problem(expect: Any) -> str | None:
+    """What is wrong with a case's `expect` (run_case reads it), or None."""
+    if not isinstance(expect, dict) or not isinstance(expect.get("effect"), str):
+        return "expect must be a mapping with an effect"
+    for key in ("rules", "obligations"):
+        if key in expect and not (isinstance(expect[key], list) and all(isinstance(v, str) for v in expect[key])):
+            return f"expect.{key} must be a list of names"
+    if "reason" in expect and not isinstance(expect["reason"], str):
+        return "expect.reason must be text"
+    return None
 
 
 def _line_of_case(text: str, name: str) -> int:
@@ -212,8 +243,8 @@ def run_rego_tests(policy_set: PolicySet) -> list[RegoTestResult]:
     modules = dict(policy_set.rego_modules)
     tests: list[tuple[str, str, str, int]] = []
     for path in sorted((policy_set.directory / TESTS_DIR).glob("*_test.rego")):
-        source = path.read_text(encoding="utf-8")
         rel = f"{TESTS_DIR}/{path.name}"
+        source = read_policy_text(path, rel)
         modules[rel] = source
         package = _PACKAGE.search(source)
         if package is None:

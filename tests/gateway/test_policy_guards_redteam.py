@@ -253,3 +253,61 @@ def test_a_bad_nested_number_is_reported_on_its_own_line(tmp_path: Path) -> None
     text = json.dumps(data, indent=2)
     (problem,) = parse_data(text)[1]
     assert text.splitlines()[problem.line - 1].strip().startswith('"workload": "1"'), problem
+
+
+# -- reloads of files that cannot be read -----------------------------------------------------------------
+
+
+def _bad_bytes(policy_dir: Path) -> str:
+    (policy_dir / "guards.rego").write_bytes((policy_dir / "guards.rego").read_bytes() + b"\n# caf\xe9\n")
+    return "guards.rego"
+
+
+def _bad_bytes_in_data(policy_dir: Path) -> str:
+    (policy_dir / "data.json").write_bytes(b'{"about": "\xff"}')
+    return "data.json"
+
+
+def _directory_named_rego(policy_dir: Path) -> str:
+    (policy_dir / "extra.rego").mkdir()
+    (policy_dir / "extra.rego" / "notes.txt").write_text("a reviewer's notes\n")  # the set's hash changes
+    return "extra.rego"
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [_bad_bytes, _bad_bytes_in_data, _directory_named_rego],
+    ids=["latin1-rego", "latin1-data", "dir-named-rego"],
+)
+def test_a_policy_file_that_cannot_be_read_is_refused_with_its_name_and_ledgered(
+    papi: Api, policy_dir: Path, spoil: object
+) -> None:
+    old = papi.get("/v1/policy", "sam").json()["policy_hash"]
+    name = spoil(policy_dir)  # type: ignore[operator]
+    r = papi.post("/v1/policy/reload", "sam")
+    assert r.status_code == 422, r.text
+    assert any(e.startswith(f"{name}:") for e in r.json()["errors"]), r.json()["errors"]
+    assert papi.get("/v1/policy", "sam").json()["policy_hash"] == old
+    assert [e["body"]["result"] for e in ledger(papi) if e["kind"] == "policy"] == ["loaded", "refused"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        '{name: odd input, row: A1, input: "oops", expect: {effect: allow}}',
+        "{name: odd target, row: A1, input: {action: job.view, actor: alice, targets: [7]}, expect: {effect: deny}}",
+        "{name: odd copies, row: A1, input: {action: job.view, actor: alice, targets: [{copies: many}]},"
+        " expect: {effect: deny}}",
+        "{name: odd expect, row: A1, input: {action: job.view, actor: alice}, expect: allow}",
+        "{name: odd rules, row: A1, input: {action: job.view, actor: alice}, expect: {effect: deny, rules: 5}}",
+        "{name: [a, list], row: A1, input: {action: job.view, actor: alice}, expect: {effect: deny}}",
+        "{name: odd approvals, row: A1, input: {action: job.view, actor: alice, approvals: [1]},"
+        " expect: {effect: deny}}",
+    ],
+    ids=["input", "target", "copies", "expect", "rules", "name", "approvals"],
+)
+def test_a_malformed_table_case_refuses_the_set_with_its_file(papi: Api, policy_dir: Path, case: str) -> None:
+    (policy_dir / "tests" / "extra.yaml").write_text(f"- {case}\n")
+    r = papi.post("/v1/policy/reload", "sam")
+    assert r.status_code == 422, r.text
+    assert any(e.startswith("tests/extra.yaml:") for e in r.json()["errors"]), r.json()["errors"]
