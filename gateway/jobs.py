@@ -341,21 +341,26 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
         raise Conflict(_not_stoppable(job), state=job.state)
     before = job.state
     notified = notify_owners(gw, session, obligations, job=job, actor=by, action="job.stop", reason=reason)
-    if job.state in STOPPING_STATES:
-        _join_stop_in_progress(gw, session, job, by=by, request_id=request_id, decision_seq=decision_seq,
-                               reason=reason, notified=notified)
-        return
-    job.stop_request = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(),
-                        "request_id": request_id, "decision_seq": decision_seq, "approved_by": approved_by or []}
-    from gateway.stops import ledger_transition  # late: stops builds on this module
+    from gateway.stops import ledger_transition, take_over_stop  # late: stops builds on this module
 
-    if job.state == "pending":
+    asked = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(), "request_id": request_id,
+             "decision_seq": decision_seq, "approved_by": approved_by or []}
+    if job.state in STOPPING_STATES:
+        # Already stopping: the stop in progress is taken over, not sent again. A second command and a new `at`
+        # made the node's answer to the first look like one to an earlier stop (stops.stale_report): it was
+        # dropped, the job never left `stopping`, and each repeat pushed escalation out. It now ends `stopped`,
+        # a preemption or pause in progress neither requeued nor paused, as the person asked.
+        take_over_stop(gw, session, job, now, by=by, reason=reason, request_id=request_id,
+                       decision_seq=decision_seq, approved_by=approved_by)
+    elif job.state == "pending":
+        job.stop_request = asked
         ledger_transition(gw, job, "stopped", now, by=by, reason=reason, request_id=request_id)
         job.ended_at = now
         job.outcome = "cancelled"
         job.evidence = {"note": "stopped while queued; no process had started"}
         retention.release(gw, job, now)  # a resumed job's kept checkpoint goes back under retention
     else:
+        job.stop_request = asked
         ledger_transition(gw, job, "stop_requested", now, by=by, reason=reason, request_id=request_id,
                           grace_seconds=job.grace_seconds)
         for part in job.placement:
@@ -363,26 +368,6 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
                     {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
     record(gw, session, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
                                     "job_id": job.id, "result": job.state, "state_before": before,
-                                    "state_after": job.state, "owner_notified": notified})
+                                    "state_after": job.state, "owner_notified": notified,
+                                    "took_over_stop": before in STOPPING_STATES})
 
-
-def _join_stop_in_progress(gw: Gateway, session: Session, job: Job, *, by: str, request_id: str,
-                           decision_seq: int, reason: str, notified: list[dict[str, str]]) -> None:
-    """A stop of a job already stopping joins the stop in progress: its commands, when it was asked and its
-    grace window stand. A second stop command, and a new `at`, made the node's answer to the first look like
-    one to an earlier stop (stops.stale_report): it was dropped and the job never left `stopping`, and each
-    repeat pushed the escalation deadline out. The stop becomes final: a preemption or a pause in progress now
-    ends in `stopped`, neither requeued nor paused, as the person asked."""
-    from gateway.preemption import ended_before_stop  # late: preemption builds on this module
-
-    replaces = next((k for k in ("preemption", "pause") if job.stop_request.get(k)), None)
-    if replaces == "preemption":
-        ended_before_stop(job)  # its preemption record closes: the job does not go back to the queue
-    kept = {k: v for k, v in job.stop_request.items() if k not in ("preemption", "pause")}
-    joined = {"by": by, "reason": reason, "request_id": request_id, "decision_seq": decision_seq,
-              **({"replaces": replaces} if replaces else {})}
-    job.stop_request = {**kept, "joined": [*kept.get("joined", []), joined]}
-    record(gw, session, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
-                                    "job_id": job.id, "result": "already_stopping", "state_before": job.state,
-                                    "state_after": job.state, "stop_asked_at": kept.get("at"),
-                                    "replaces": replaces, "owner_notified": notified})

@@ -55,7 +55,7 @@ def test_a_second_stop_of_a_stopping_job_does_not_restart_the_stop(api: Api) -> 
     assert _stop_nonces(api, j) == [first]
     assert job(api, j)["stop_request"]["at"] == asked
     outcome = ledger_entries(api)[-1]["body"]
-    assert (outcome["result"], outcome["decision_seq"]) == ("already_stopping", again.json()["decision"]["ledger_seq"])
+    assert outcome["took_over_stop"] and outcome["decision_seq"] == again.json()["decision"]["ledger_seq"]
     report(api, node, j, "stopping", nonce=first, pid=7)
     report(api, node, j, "stopped", nonce=first, pid=7, evidence={"outcome": "graceful", **DONE})
     assert job(api, j)["state"] == "stopped"
@@ -103,7 +103,7 @@ def test_a_persons_stop_of_a_job_being_preempted_ends_it_instead_of_requeueing_i
     report(api, node, j, "stopped", nonce=first, pid=7, evidence={"outcome": "graceful", **DONE})
     assert job(api, j)["state"] == "stopped" and _stop_nonces(api, j) == [first]
     with api.gateway.db.transaction() as s:
-        assert [r.state for r in s.scalars(select(PreemptionRow).where(PreemptionRow.victim == j))] == ["ended"]
+        assert [r.state for r in s.scalars(select(PreemptionRow).where(PreemptionRow.victim == j))] == ["superseded"]
 
 
 def test_an_approved_stop_of_a_job_paused_meanwhile_leaves_it_paused(api: Api) -> None:
