@@ -47,7 +47,13 @@ class Client:
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            r = self.http.request(method, path, **kwargs)
+            built = self.http.build_request(method, path, **kwargs)
+        except httpx.InvalidURL as e:  # a control character in an id, e.g. pasted from a log line
+            fail(f"cannot send this request: an id or name in it holds a character no URL can carry ({e})")
+        except ValueError as e:  # JSON has no NaN or infinity
+            fail(f"cannot send this request: a value in it cannot be written as JSON ({e})")
+        try:
+            r = self.http.send(built)
         except httpx.HTTPError as e:
             fail(f"cannot reach the gateway at {self.url} ({e.__class__.__name__}: {e})")
         if r.status_code >= 400:

@@ -1,0 +1,27 @@
+"""Red team: what on-call and the auditor type into the CLI in a hurry gets one line back, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from gateway.cli.main import cli
+
+NOBODY = "http://127.0.0.1:9"  # nothing is sent: these requests cannot even be built
+
+
+@pytest.mark.parametrize("args", [
+    ["emergency-stop", "show", "es-1\tx"],
+    ["job", "show", "j-1\nx"],
+    ["emergency-stop", "create", "--scope", "job=j-1", "--trigger", "safety", "--reason", "runaway", "--grace", "nan"],
+    ["job", "submit", "--name", "t", "--project", "vision", "--grace", "inf", "--", "true"],
+])
+def test_a_value_no_request_can_carry_is_one_line(args: list[str]) -> None:
+    """A control character in an id (pasted from a log) cannot go into a URL, and NaN or infinity cannot go into
+    JSON: httpx raised InvalidURL or ValueError, which escaped as a traceback."""
+    group, *rest = args
+    result = CliRunner().invoke(cli, [group, "--gateway", NOBODY, "--token", "jg_x", *rest])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("Error: cannot send this request: "), line
