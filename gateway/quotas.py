@@ -16,7 +16,7 @@ from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Invalid
-from gateway.models import Job, Node, Project
+from gateway.models import Allocation, Job, Node, Project
 from gateway.pipeline import Recorded, decide, record_outcome
 from gateway.scheduler_tables import CLUSTER, MountRow, QuotaChange, QuotaRow
 from gateway.states import ACTIVE_STATES, WITHHELD_STATES
@@ -66,6 +66,19 @@ def usage_by_tenant(session: Session) -> dict[str, dict[str, int]]:
         slot = out.setdefault(project, {"owned": 0, "borrowed": 0})
         slot["borrowed" if borrowed else "owned"] += g * n
     return out
+
+
+def alive_capacity(session: Session) -> dict[str, int]:
+    """GPUs of the alive nodes, how many of them are held (unreleased allocations) and how many are free.
+
+    GPUs withheld on a lost node are neither: they still count against their tenant's quota (usage_by_tenant),
+    but subtracting them from the alive nodes' capacity showed idle nodes as full.
+    """
+    alive = dict(session.execute(select(Node.id, Node.gpus).where(Node.state == "alive")).all())
+    held = sum(len(gpus) for node, gpus in session.execute(
+        select(Allocation.node, Allocation.gpus).where(Allocation.released.is_(False))).all() if node in alive)
+    total = sum(alive.values())
+    return {"gpus": total, "in_use": held, "free": max(0, total - held)}
 
 
 def list_quotas(session: Session) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from gateway import jobs, preemption, priority_history
 from gateway.api.deps import Ctx, JobId
 from gateway.errors import Invalid
-from gateway.models import Job, Node, Project
-from gateway.quotas import usage_by_tenant
+from gateway.models import Job, Project
+from gateway.quotas import alive_capacity, usage_by_tenant
 from gateway.scheduler_tables import SchedJob
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from scheduler.model import QUEUES
@@ -78,7 +78,8 @@ def job_queue(job_id: JobId, ctx: Ctx) -> dict[str, Any]:
 @router.get("/v1/queues", summary="Every queue: its waiting jobs' priorities, and cluster usage")
 def queues(ctx: Ctx) -> dict[str, Any]:
     """Per queue: waiting jobs in order with their effective priority (ids only for projects you may see);
-    cluster usage: GPUs in all, in use, per tenant owned and borrowed."""
+    cluster usage: GPUs of alive nodes, in use and free there, and per tenant owned and borrowed (GPUs
+    withheld on lost nodes included, as quotas count them)."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         visible = jobs.visible_projects(ctx.gw, session, caller, list(session.scalars(select(Project.id)).all()))
@@ -90,11 +91,7 @@ def queues(ctx: Ctx) -> dict[str, Any]:
                  "id": j.id if j.project in visible else None,
                  "project": j.project if j.project in visible else None,
                  "gpus": j.gpus_per_node * j.nodes} for i, (j, s) in enumerate(rows)]}
-        total = sum(session.scalars(select(Node.gpus).where(Node.state == "alive")).all())
-        by_tenant = usage_by_tenant(session)
-        in_use = sum(v["owned"] + v["borrowed"] for v in by_tenant.values())
-        return {"queues": out, "cluster": {"gpus": total, "in_use": in_use, "free": max(0, total - in_use),
-                                           "by_tenant": by_tenant}}
+        return {"queues": out, "cluster": {**alive_capacity(session), "by_tenant": usage_by_tenant(session)}}
 
 
 @router.get("/v1/stats/preemptions", summary="Preemptions per tenant by month or quarter (Q9)")

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.models import Allocation, Job, Node, Project
-from gateway.quotas import usage_by_tenant
+from gateway.quotas import alive_capacity, usage_by_tenant
 from gateway.scheduler_tables import QuotaRow, SchedJob
 from scheduler.model import QUEUES
 
@@ -37,14 +37,12 @@ WAIT_BUCKET_LABELS = (*(_label(b) for b in WAIT_BUCKETS_S), f">{_label(WAIT_BUCK
 
 def cluster_usage(session: Session, projects: set[str] | None = None) -> dict[str, Any]:
     """GPUs in all (alive nodes), in use, free, and per tenant owned/borrowed with its quota."""
-    total = sum(session.scalars(select(Node.gpus).where(Node.state == "alive")).all())
     by_tenant = usage_by_tenant(session)
-    in_use = sum(v["owned"] + v["borrowed"] for v in by_tenant.values())
     quotas = {q.project: q.gpus for q in session.scalars(select(QuotaRow)).all()}
     tenants = sorted((set(by_tenant) | set(quotas) | set(session.scalars(select(Project.id)).all())) - {"*"})
     rows = [{"tenant": t, "quota_gpus": quotas.get(t), **by_tenant.get(t, {"owned": 0, "borrowed": 0})}
             for t in tenants if projects is None or t in projects]
-    return {"gpus": total, "in_use": in_use, "free": max(0, total - in_use), "tenants": rows}
+    return {**alive_capacity(session), "tenants": rows}
 
 
 def _overlap_hours(start: datetime, end: datetime, lo: datetime, hi: datetime) -> float:

@@ -36,8 +36,9 @@ def test_heatmap_and_waits(console: Console) -> None:
     a = submit(console, gpus_per_node=4)
     b = submit(console, gpus_per_node=2)
     submit(console, gpus_per_node=1)  # still waiting
-    _run(console, a, started_ago=timedelta(hours=1), waited=timedelta(seconds=30))
-    _run(console, b, started_ago=timedelta(minutes=30), waited=timedelta(hours=2))
+    _run(console, a, started_ago=timedelta(hours=1), waited=timedelta(seconds=30), node="demo-node-1",
+         gpus=[0, 1, 2, 3])
+    _run(console, b, started_ago=timedelta(minutes=30), waited=timedelta(hours=2), node="demo-node-2", gpus=[0, 1])
     with gw.transaction(immediate=False) as session:
         heat = insights.heatmap(session, now, days=3)
         waits = insights.waits(session, now)

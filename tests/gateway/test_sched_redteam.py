@@ -3,10 +3,10 @@ jobs a preemption may take (R5, Q8), and how a job's wait ages across runs (Q3, 
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from gateway_testkit import Api, job_spec
-from test_sched_api import advance, bring_up_nodes, job, report, set_quota
+from test_sched_api import advance, bring_up_nodes, job, node_headers, report, set_quota
 
 from gateway.models import RoleBinding
 from gateway.policy.engine import RoleBinding as PolicyBinding
@@ -81,3 +81,25 @@ def test_a_user_limit_in_one_tenants_quota_binds_that_tenant_only(api: Api) -> N
     assert job(api, mine)["state"] == "starting"
     r = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=4, name="too-big"))
     assert r.status_code == 422 and "user quota of alice" in r.json()["detail"]  # her vision limit still holds
+
+
+def test_the_cluster_view_counts_free_gpus_on_alive_nodes_when_a_node_is_lost(api: Api) -> None:
+    """Q10: one node is lost with its 8-GPU job (GPUs withheld there); the other node is idle. The view counted
+    the lost node's GPUs in use against the alive nodes' capacity and said the cluster had nothing free."""
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    assert run_once(api.gateway) == 1
+    lost = job(api, j)["placement"][0]["node"]
+    report(api, lost, j, "started", pid=1)
+    base = api.gateway.clock()
+    api.gateway.clock = lambda: base + timedelta(seconds=api.settings.node_heartbeat_timeout_s + 1)
+    alive = next(n for n in ("demo-node-1", "demo-node-2") if n != lost)
+    r = api.client.post(
+        f"/v1/agents/{alive}/heartbeat", headers=node_headers(api, alive), json={"gpus": 8, "running": []}
+    )
+    assert r.status_code == 200, r.text
+    run_once(api.gateway)
+    assert job(api, j)["state"] == "lost"
+    cluster = api.get("/v1/queues", "alice").json()["cluster"]
+    assert (cluster["gpus"], cluster["in_use"], cluster["free"]) == (8, 0, 8), cluster
+    assert cluster["by_tenant"]["vision"]["owned"] == 8  # still counted against vision's quota
