@@ -6,8 +6,9 @@ records (unique ids, running GPUs not listed as free) are done by `run_cycle`, w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from types import MappingProxyType
 from typing import NewType
@@ -209,7 +210,9 @@ class SchedulerConfig:
     renewal_window_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        """Raises InvalidConfig for a missing or unknown queue, a negative rate or cap, or a bad limit."""
+        """Raises InvalidConfig for a missing or unknown queue, a negative rate or cap, a bad limit, a number
+        that is not finite, or a duration past MAX_DURATION_S."""
+        self._check_numbers()
         for name in ("queue_baseline", "aging_per_hour", "aging_cap", "min_runtime_s"):
             values: Mapping[str, float] = getattr(self, name)
             if set(values) != set(QUEUES):
@@ -240,6 +243,27 @@ class SchedulerConfig:
         if not self.default_runtime_s > 0:
             raise InvalidConfig("default_runtime_s", f"must be positive, got {self.default_runtime_s}")
 
+
+    def _check_numbers(self) -> None:
+        # A NaN compares false with everything, so it slips past every other check and makes priorities NaN;
+        # an infinite or huge duration overflows the first datetime it is added to, failing every cycle.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            items = value.items() if isinstance(value, Mapping) else [(None, value)]
+            for key, v in items:
+                if not isinstance(v, int | float) or isinstance(v, bool):
+                    continue
+                name = f.name if key is None else f"{f.name}.{key}"
+                if not math.isfinite(v):
+                    raise InvalidConfig(name, f"must be a finite number, got {v}")
+                if f.name in _DURATIONS and v > MAX_DURATION_S:
+                    raise InvalidConfig(name, f"must be at most {MAX_DURATION_S:g} s (ten years), got {v:g}")
+
+
+# Settings that are added to a datetime, and the most any of them may be.
+_DURATIONS = frozenset({"reservation_window_s", "min_runtime_s", "default_runtime_s", "fairshare_half_life_s",
+                        "max_occupancy_s", "renewal_window_s"})
+MAX_DURATION_S = 10 * 365 * 86400.0
 
 DEFAULT_CONFIG = SchedulerConfig()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from scheduler_builders import NOW, JobBuilder, admitted, at, job, node, snap
 
@@ -73,6 +75,15 @@ BAD_CONFIG = [
     ("negative rate", {"aging_per_hour": {"urgent": 0, "normal": -1, "batch": 1}}, "aging_per_hour"),
     ("zero window", {"reservation_window_s": 0}, "reservation_window_s"),
     ("negative depth", {"backfill_depth": -1}, "backfill_depth"),
+    ("NaN rate", {"aging_per_hour": {"urgent": 0, "normal": math.nan, "batch": 1}}, "aging_per_hour.normal"),
+    ("NaN baseline", {"queue_baseline": {"urgent": 1, "normal": math.nan, "batch": 1}}, "queue_baseline.normal"),
+    ("NaN compensation", {"preemption_compensation": math.nan}, "preemption_compensation"),
+    ("infinite fair share", {"fairshare_weight": math.inf}, "fairshare_weight"),
+    ("infinite window", {"reservation_window_s": math.inf}, "reservation_window_s"),
+    ("infinite default runtime", {"default_runtime_s": math.inf}, "default_runtime_s"),
+    ("a renewal window past any date", {"renewal_window_s": 1e300}, "renewal_window_s"),
+    ("a minimum runtime past any date", {"min_runtime_s": {"urgent": 1e300, "normal": 1, "batch": 1}},
+     "min_runtime_s.urgent"),
 ]
 
 
