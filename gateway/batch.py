@@ -18,12 +18,12 @@ from gateway.approvals import open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Invalid
-from gateway.jobs import decision_out, execute_stop, refuse_if_denied, visible_projects
+from gateway.jobs import decision_out, execute_stop, refuse_if_denied, refuse_in_state, visible_projects
 from gateway.models import Job, Project
 from gateway.pipeline import Recorded, decide, ledger_batch
 from gateway.priority import apply_priority
 from gateway.schemas import BatchPriorityRequest, BatchRequest, Selector
-from gateway.states import ACTIVE_STATES, PENDING_STATES
+from gateway.states import ACTIVE_STATES, ENDED_STATES, PENDING_STATES
 
 STOPPABLE_STATES = PENDING_STATES + ACTIVE_STATES
 
@@ -76,6 +76,12 @@ def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, 
     out: dict[str, Any] = {"dry_run": req.dry_run, "targets": ids, "blast_radius": radius}
     if not jobs:
         raise Invalid("the selection matches no job; nothing to do", **out)
+    # Like a single job's route: a job that already ended is a 409 before anything is decided (to those who
+    # may see it; for anyone else the decision below refuses). Decided, the batch would be ledgered as
+    # allowed and then fail on that job, leaving an allow without an outcome.
+    for job in jobs:
+        if job.state in ENDED_STATES:
+            refuse_in_state(gw, session, caller, job, f"job {job.id} already ended ({job.state}); nothing was done")
     project = jobs[0].project if len(radius["projects"]) == 1 else None
     granularity = "job" if len(jobs) == 1 else "workload"
     rec = decide(gw, session, caller, action, targets=jobs, project=project, reason=req.reason,

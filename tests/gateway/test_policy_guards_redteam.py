@@ -311,3 +311,30 @@ def test_a_malformed_table_case_refuses_the_set_with_its_file(papi: Api, policy_
     r = papi.post("/v1/policy/reload", "sam")
     assert r.status_code == 422, r.text
     assert any(e.startswith("tests/extra.yaml:") for e in r.json()["errors"]), r.json()["errors"]
+
+
+# -- batches naming a job that already ended ----------------------------------------------------------------
+
+
+def _one_pending_one_stopped(api: Api) -> tuple[str, str]:
+    pending = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    ended = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    assert api.post(f"/v1/jobs/{ended}/stop", "alice", json={"reason": "done"}).status_code == 202
+    return pending, ended
+
+
+@pytest.mark.parametrize(
+    ("route", "extra"), [("/v1/jobs:stop", {}), ("/v1/jobs:reprioritize", {"priority": 77})], ids=["stop", "priority"]
+)
+def test_a_batch_naming_an_ended_job_is_refused_before_it_is_decided_and_claims_nothing(
+    api: Api, route: str, extra: dict
+) -> None:
+    pending, ended = _one_pending_one_stopped(api)
+    before = len(ledger(api))
+    r = api.post(route, "alice", json={"ids": [pending, ended], "reason": "cleanup", **extra})
+    assert r.status_code == 409 and ended in r.json()["detail"], r.text
+    after = ledger(api)[before:]
+    assert [e["kind"] for e in after] == [], [(e["kind"], e["body"].get("result")) for e in after]
+    assert api.get(f"/v1/jobs/{pending}", "alice").json()["state"] == "pending"
+    dry = api.post(route, "alice", json={"ids": [pending, ended], "reason": "cleanup", "dry_run": True, **extra})
+    assert dry.status_code == 409, dry.text  # the dry run says what the real call would
