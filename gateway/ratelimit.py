@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from limits import RateLimitItemPerMinute, storage, strategies
+from limits.errors import StorageError
 
 DEFAULT_PER_PRINCIPAL = 60
 DEFAULT_PER_PROJECT = 300
@@ -29,9 +30,20 @@ class RateBreach:
                 f" this would be call {self.observed}")
 
 
+@dataclass(frozen=True)
+class CountsUnavailable:
+    """The shared counts (Redis) cannot be read: the call is refused, as if over the limit (fail closed)."""
+
+    error: str
+
+    def sentence(self) -> str:
+        return f"rate limit counts are unavailable ({self.error}); the call is refused until they are back"
+
+
 class RateLimiter:
     def __init__(self, uri: str, numbers: Mapping[str, Any]) -> None:
-        self._limiter = strategies.MovingWindowRateLimiter(storage.storage_from_string(uri))
+        # wrap_exceptions: every storage's failure (a Redis connection refused, a timeout) is one StorageError.
+        self._limiter = strategies.MovingWindowRateLimiter(storage.storage_from_string(uri, wrap_exceptions=True))
         self.configure(numbers)
 
     def configure(self, numbers: Mapping[str, Any]) -> None:
@@ -40,12 +52,17 @@ class RateLimiter:
         self.per_principal = int(numbers.get("calls_per_minute_per_principal", DEFAULT_PER_PRINCIPAL))
         self.per_project = int(numbers.get("calls_per_minute_per_project", DEFAULT_PER_PROJECT))
 
-    def hit(self, principal: str, projects: Iterable[str]) -> RateBreach | None:
-        """Count one mutating call; return the first limit it breaks (the call is then refused)."""
+    def hit(self, principal: str, projects: Iterable[str]) -> RateBreach | CountsUnavailable | None:
+        """Count one mutating call; return the first limit it breaks, or that the counts cannot be read (the call
+        is then refused)."""
         checks = [("calls_per_minute_per_principal", "principal", principal, self.per_principal)]
         checks += [("calls_per_minute_per_project", "project", p, self.per_project) for p in sorted(set(projects))]
         for name, kind, key, value in checks:
             item = RateLimitItemPerMinute(value)
-            if not self._limiter.hit(item, "jobgate", kind, key):
+            try:
+                allowed = self._limiter.hit(item, "jobgate", kind, key)
+            except StorageError as e:
+                return CountsUnavailable(f"{type(e.storage_error).__name__}: {e.storage_error}")
+            if not allowed:
                 return RateBreach(name, key, value, value + 1)
         return None

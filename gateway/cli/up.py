@@ -52,6 +52,29 @@ def _check_port_free(host: str, port: int) -> None:
             ) from e
 
 
+def _check_startable(policies_dir: Path, rate_limit_storage: str) -> None:
+    """Raises ClickException naming what the gateway could not start with: a policy set it refuses (each problem
+    as file:line) or a rate limit storage URI `limits` does not know. Checked before anything starts, so the
+    answer is one line rather than the traceback of a failed application start-up."""
+    from limits.errors import ConfigurationError
+    from limits.storage import storage_from_string
+
+    from gateway.policy.errors import PolicyError, PolicyLoadError
+    from gateway.policy.loader import load_policy_set
+
+    try:
+        load_policy_set(policies_dir)
+    except PolicyLoadError as e:
+        problems = "; ".join(str(p) for p in e.errors)
+        raise click.ClickException(f"policy set {policies_dir} refused: {problems}") from e
+    except PolicyError as e:
+        raise click.ClickException(f"policy set {policies_dir} refused: {e}") from e
+    try:
+        storage_from_string(rate_limit_storage)
+    except ConfigurationError as e:
+        raise click.ClickException(f"rate limit storage {rate_limit_storage!r} cannot be used: {e}") from e
+
+
 def _banner(url: str, data_dir: Path, demo: bool) -> str:
     lines = [
         "",
@@ -101,6 +124,7 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
         raise click.ClickException("--policy-engine opa needs --opa-url (or JOBGATE_OPA_URL)")
     _check_port_free(host, port)
     settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url)
+    _check_startable(settings.policies_dir, settings.rate_limit_storage)
     url = f"http://{host}:{port}"
     agents: list[subprocess.Popen[bytes]] = []
     if demo:

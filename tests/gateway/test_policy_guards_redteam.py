@@ -338,3 +338,131 @@ def test_a_batch_naming_an_ended_job_is_refused_before_it_is_decided_and_claims_
     assert api.get(f"/v1/jobs/{pending}", "alice").json()["state"] == "pending"
     dry = api.post(route, "alice", json={"ids": [pending, ended], "reason": "cleanup", "dry_run": True, **extra})
     assert dry.status_code == 409, dry.text  # the dry run says what the real call would
+
+
+def test_calls_racing_from_threads_never_pass_the_per_minute_limit(papi: Api, policy_dir: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    set_limit(policy_dir, "calls_per_minute_per_principal", 5)
+    assert papi.post("/v1/policy/reload", "sam").status_code == 200
+    job_id = papi.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+
+    def call(_: int) -> str:
+        r = papi.post(f"/v1/jobs/{job_id}/priority", "bob", json={"priority": 3, "reason": "race"})
+        return "rate" if "H2.rate_limit" in r.json().get("rules", []) else str(r.status_code)
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(call, range(20)))
+    assert outcomes.count("rate") == 15, outcomes
+
+
+def test_rate_limit_counts_that_cannot_be_read_refuse_the_call_in_the_ledger(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: Redis is down
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    settings = Settings(data_dir=tmp_path, rate_limit_storage=f"redis://127.0.0.1:{port}", policy_watch_interval_s=0)
+    for api in start_api(settings):
+        job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+        r = api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "done"})
+        assert r.status_code == 403 and r.headers["content-type"].startswith("application/problem+json"), r.text
+        assert r.json()["rules"] == ["H2.rate_limit"] and "counts are unavailable" in r.json()["detail"]
+        decision = next(e for e in ledger(api) if e["seq"] == r.json()["ledger_seq"])["body"]["decision"]
+        assert decision["effect"] == "deny"
+        assert api.get(f"/v1/jobs/{job_id}", "alice").json()["state"] == "pending"
+
+
+# -- jobgate up with a policy set or a limit storage it cannot use ------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"JOBGATE_RATE_LIMIT_STORAGE": "bogus://x"}, "rate limit storage"),
+        ({"JOBGATE_POLICIES_DIR": "{broken}"}, "guards.rego:"),
+    ],
+    ids=["storage", "policies"],
+)
+def test_up_refuses_in_one_line_what_it_cannot_start_with(tmp_path: Path, env: dict[str, str], says: str) -> None:
+    import shutil
+
+    from click.testing import CliRunner
+
+    from gateway.cli.main import cli
+    from gateway.settings import REPO_POLICIES
+
+    broken = tmp_path / "policies"
+    shutil.copytree(REPO_POLICIES, broken)
+    (broken / "guards.rego").write_text((broken / "guards.rego").read_text() + "\nbroken if {\n")
+    env = {k: v.format(broken=broken) for k, v in env.items()}
+    result = CliRunner().invoke(cli, ["up", "--data-dir", str(tmp_path / "var"), "--port", str(_free_port())], env=env)
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and says in errors[0], result.output
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    """A real redis-server of this test's own (skipped where none is installed)."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        client = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
+                time.sleep(0.05)
+        client.close()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_replicas_sharing_redis_count_a_principals_calls_together(redis_url: str) -> None:
+    from gateway.ratelimit import RateLimiter
+
+    numbers = {"calls_per_minute_per_principal": 3, "calls_per_minute_per_project": 100}
+    one, other = RateLimiter(redis_url, numbers), RateLimiter(redis_url, numbers)  # two gateway replicas
+    breaches = [limiter.hit("bob", ["vision"]) for limiter in (one, other, one, other)]
+    assert breaches[:3] == [None, None, None] and breaches[3] is not None, breaches
+    assert "principal bob may make 3 mutating calls per minute" in breaches[3].sentence()
