@@ -54,7 +54,7 @@ def approvals_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_approvals(gateway: str, token: str | None, trigger: str | None, state: str, as_json: bool) -> None:
     """Requests you made or could approve."""
-    found = _client(gateway, token, trigger).request("GET", "/v1/approvals", params={"state": state})["approvals"]
+    found = _client(gateway, token, trigger).request("GET", "approvals", params={"state": state})["approvals"]
     if as_json:
         emit_json(found)
         return
@@ -72,7 +72,7 @@ def approve(gateway: str, token: str | None, trigger: str | None, approval_id: s
             as_json: bool) -> None:
     """Approve APPROVAL_ID as the second person; it executes once enough approvals are recorded."""
     body = {"comment": comment} if comment else {}
-    result = _client(gateway, token, trigger).request("POST", f"/v1/approvals/{approval_id}/approve", json=body)
+    result = _client(gateway, token, trigger).request("POST", "approvals", approval_id, "approve", json=body)
     if as_json:
         emit_json(result)
     else:
@@ -87,7 +87,7 @@ def approve(gateway: str, token: str | None, trigger: str | None, approval_id: s
 def reject(gateway: str, token: str | None, trigger: str | None, approval_id: str, reason: str,
            as_json: bool) -> None:
     """Reject APPROVAL_ID (or withdraw your own request)."""
-    result = _client(gateway, token, trigger).request("POST", f"/v1/approvals/{approval_id}/reject",
+    result = _client(gateway, token, trigger).request("POST", "approvals", approval_id, "reject",
                                                       json={"reason": reason})
     if as_json:
         emit_json(result)

@@ -26,7 +26,7 @@ def request(gateway: str, token: str | None, trigger: str | None, projects: tupl
     """Ask for a grant. The credential is printed once; every use is ledgered and raises an alert."""
     body = {"projects": list(projects), "actions": list(actions), "duration_minutes": minutes, "max_uses": uses,
             "reason": reason, "ticket": ticket}
-    g = Client(gateway, token, trigger).request("POST", "/v1/break-glass", json=body)
+    g = Client(gateway, token, trigger).request("POST", "break-glass", json=body)
     if as_json:
         emit_json(g)
         return
@@ -43,7 +43,7 @@ def request(gateway: str, token: str | None, trigger: str | None, projects: tupl
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_grants(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """Your grants (auditors and reviewers see all)."""
-    rows = Client(gateway, token, trigger).request("GET", "/v1/break-glass")["grants"]
+    rows = Client(gateway, token, trigger).request("GET", "break-glass")["grants"]
     if as_json:
         emit_json(rows)
         return
@@ -57,5 +57,5 @@ def list_grants(gateway: str, token: str | None, trigger: str | None, as_json: b
 @click.argument("grant_id")
 def revoke(gateway: str, token: str | None, trigger: str | None, grant_id: str) -> None:
     """End GRANT_ID now."""
-    g = Client(gateway, token, trigger).request("POST", f"/v1/break-glass/{grant_id}/revoke")
+    g = Client(gateway, token, trigger).request("POST", "break-glass", grant_id, "revoke")
     click.echo(f"revoked {g['id']} at {g['revoked_at']}")

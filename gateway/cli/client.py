@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 import click
 import httpx
@@ -29,6 +30,20 @@ def _header_value(value: str, what: str) -> str:
     return value
 
 
+def api_path(*segments: str | int) -> str:
+    """`/v1/` and SEGMENTS, each percent-quoted whole, so that an id a user typed is one segment of the route its
+    command names. Unquoted, httpx resolved `..` and `.` segments and took `?` and `#` as the start of a query or
+    fragment: `jobgate emergency-stop show ../../v1/ledger/entries` read the ledger, and `jobgate reject
+    ../jobs/J/stop#` stopped job J. A segment of dots is written as %2E, which no resolver takes for a dot segment
+    and the gateway reads back as the dots. Raises ApiError for an empty segment (it would name the parent)."""
+    parts = []
+    for segment in map(str, segments):
+        if not segment:
+            fail("an id or name cannot be empty")
+        parts.append("%2E" * len(segment) if segment in (".", "..") else quote(segment, safe=""))
+    return "/v1/" + "/".join(parts)
+
+
 class Client:
     """Raises ApiError (one line, exit 1) for a token or trigger that cannot be sent, and from `request`."""
 
@@ -45,10 +60,12 @@ class Client:
         if ctx is not None:  # close the kept-alive connection when the command ends, not at interpreter exit
             ctx.call_on_close(self.http.close)
 
-    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def request(self, method: str, *segments: str | int, **kwargs: Any) -> Any:
+        """METHOD on the route `/v1/SEGMENTS` (see api_path: the path is only ever built from quoted segments, so
+        no command can put an id into it raw); the JSON answer, or the text of any other."""
         try:
-            built = self.http.build_request(method, path, **kwargs)
-        except httpx.InvalidURL as e:  # a control character in an id, e.g. pasted from a log line
+            built = self.http.build_request(method, api_path(*segments), **kwargs)
+        except httpx.InvalidURL as e:  # api_path quotes every id; kept so that nothing else can end in a traceback
             fail(f"cannot send this request: an id or name in it holds a character no URL can carry ({e})")
         except ValueError as e:  # JSON has no NaN or infinity
             fail(f"cannot send this request: a value in it cannot be written as JSON ({e})")

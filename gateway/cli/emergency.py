@@ -66,7 +66,7 @@ def _watch(client: Client, es_id: str, timeout: float, as_json: bool) -> dict[st
     deadline = time.monotonic() + timeout
     last = ""
     while True:
-        es = client.request("GET", f"/v1/emergency-stops/{es_id}")
+        es = client.request("GET", "emergency-stops", es_id)
         line = _summary_line(es)
         if line != last and not as_json:
             click.echo(("\r" if is_tty() else "") + line, nl=not is_tty())
@@ -109,7 +109,7 @@ def create(client: Client, scope: str, concern: str, reason: str, grace_seconds:
     --trigger safety --reason "unsafe outputs" --grace 0 --watch`."""
     body = {"scope": _parse_scope(scope), "trigger": concern, "reason": reason, "grace_seconds": grace_seconds,
             "ticket": ticket}
-    es = client.request("POST", "/v1/emergency-stops", json=body)
+    es = client.request("POST", "emergency-stops", json=body)
     if watch and es["state"] != "pending_approval":
         es = _watch(client, es["id"], timeout, as_json)
     if as_json:
@@ -127,7 +127,7 @@ def create(client: Client, scope: str, concern: str, reason: str, grace_seconds:
 def show(client: Client, emergency_id: str, watch: bool, timeout: float, as_json: bool) -> None:
     """Per-job state and the summary of one emergency stop."""
     es = _watch(client, emergency_id, timeout, as_json) if watch else client.request(
-        "GET", f"/v1/emergency-stops/{emergency_id}")
+        "GET", "emergency-stops", emergency_id)
     if as_json:
         emit_json(es)
     else:
@@ -139,7 +139,7 @@ def show(client: Client, emergency_id: str, watch: bool, timeout: float, as_json
 @click.pass_obj
 def list_cmd(client: Client, as_json: bool) -> None:
     """Emergency stops, newest first."""
-    data = client.request("GET", "/v1/emergency-stops")
+    data = client.request("GET", "emergency-stops")
     if as_json:
         emit_json(data)
         return

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import httpx
 
-from gateway.cli.client import Client, client_options, emit_json, fail
+from gateway.cli.client import Client, api_path, client_options, emit_json, fail
 
 
 @click.group("forensics")
@@ -42,7 +42,7 @@ def export_cmd(client: Client, job_id: str | None, since: str | None, out: Path,
         except ValueError:
             fail(f"--since {since!r} is not an ISO 8601 time")
     try:
-        r = client.http.post("/v1/forensics/exports", json=body)
+        r = client.http.post(api_path("forensics", "exports"), json=body)
     except httpx.HTTPError as e:
         fail(f"cannot reach the gateway at {client.url} ({e.__class__.__name__}: {e})")
     if r.status_code >= 400:

@@ -27,7 +27,7 @@ def create(gateway: str, token: str | None, trigger: str | None, principal: str 
     body = {"purpose": purpose, "projects": list(projects), "actions": list(actions), "expires_in_days": days}
     if principal:
         body["principal"] = principal
-    result = Client(gateway, token, trigger).request("POST", "/v1/tokens", json=body)
+    result = Client(gateway, token, trigger).request("POST", "tokens", json=body)
     if as_json:
         emit_json(result)
         return
@@ -41,7 +41,7 @@ def create(gateway: str, token: str | None, trigger: str | None, principal: str 
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_tokens(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """Tokens you manage."""
-    rows = Client(gateway, token, trigger).request("GET", "/v1/tokens")["tokens"]
+    rows = Client(gateway, token, trigger).request("GET", "tokens")["tokens"]
     if as_json:
         emit_json(rows)
         return
@@ -57,7 +57,7 @@ def list_tokens(gateway: str, token: str | None, trigger: str | None, as_json: b
 @click.option("--reason", required=True, help="Why; kept in the ledger.")
 def revoke(gateway: str, token: str | None, trigger: str | None, token_id: str, reason: str) -> None:
     """Revoke TOKEN_ID at once."""
-    result = Client(gateway, token, trigger).request("POST", f"/v1/tokens/{token_id}/revoke",
+    result = Client(gateway, token, trigger).request("POST", "tokens", token_id, "revoke",
                                                      json={"reason": reason})
     click.echo(f"revoked {result['id']} at {result['revoked_at']}")
 
@@ -76,7 +76,7 @@ def create_account(gateway: str, token: str | None, trigger: str | None, name: s
                    description: str) -> None:
     """Create service account NAME in PROJECT; you become its responsible person."""
     result = Client(gateway, token, trigger).request(
-        "POST", "/v1/service-accounts", json={"name": name, "project": project, "description": description})
+        "POST", "service-accounts", json={"name": name, "project": project, "description": description})
     click.echo(f"service account {result['id']} in {result['project']}, responsible: {result['responsible']}")
 
 
@@ -85,7 +85,7 @@ def create_account(gateway: str, token: str | None, trigger: str | None, name: s
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_accounts(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """Service accounts you answer for."""
-    rows = Client(gateway, token, trigger).request("GET", "/v1/service-accounts")["service_accounts"]
+    rows = Client(gateway, token, trigger).request("GET", "service-accounts")["service_accounts"]
     if as_json:
         emit_json(rows)
         return

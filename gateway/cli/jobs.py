@@ -73,7 +73,7 @@ def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: i
         body["mounts"] = list(mounts)
     if datasets:
         body["datasets"] = list(datasets)
-    job = client.request("POST", "/v1/jobs", json=body)
+    job = client.request("POST", "jobs", json=body)
     if as_json:
         emit_json(job)
     else:
@@ -88,7 +88,7 @@ def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: i
 def list_jobs(client: Client, project: str | None, state: str | None, as_json: bool) -> None:
     """List the jobs you may see, newest first."""
     params = {k: v for k, v in {"project": project, "state": state}.items() if v}
-    jobs = client.request("GET", "/v1/jobs", params=params)["jobs"]
+    jobs = client.request("GET", "jobs", params=params)["jobs"]
     if as_json:
         emit_json(jobs)
     else:
@@ -133,7 +133,7 @@ def _describe(job: dict[str, Any]) -> str:
 @click.pass_obj
 def show(client: Client, job_id: str, as_json: bool) -> None:
     """Show one job: state, placement, ownerships, stop evidence."""
-    job = client.request("GET", f"/v1/jobs/{job_id}")
+    job = client.request("GET", "jobs", job_id)
     if as_json:
         emit_json(job)
     else:
@@ -150,12 +150,12 @@ def show(client: Client, job_id: str, as_json: bool) -> None:
 def stop(client: Client, job_id: str, reason: str, ticket: str | None, wait_s: float, as_json: bool) -> None:
     """Stop a job: prepare signal, grace window, then SIGKILL. Decided by policy; recorded in the ledger."""
     body = {"reason": reason, **({"ticket": ticket} if ticket else {})}
-    result = client.request("POST", f"/v1/jobs/{job_id}/stop", json=body)
+    result = client.request("POST", "jobs", job_id, "stop", json=body)
     job, decision = result["job"], result["decision"]
     deadline = time.monotonic() + wait_s
     while wait_s and job["state"] in ("stop_requested", "stopping") and time.monotonic() < deadline:
         time.sleep(0.5)
-        job = client.request("GET", f"/v1/jobs/{job_id}")
+        job = client.request("GET", "jobs", job_id)
     if as_json:
         emit_json({"job": job, "decision": decision, "approval_id": result.get("approval_id")})
         return

@@ -54,7 +54,7 @@ def describe_why(q: dict[str, Any]) -> str:
 @click.pass_obj
 def why(client: Client, job_id: str, as_json: bool) -> None:
     """Why JOB_ID waits: queue position, priority and its parts, blocking reason, estimated start."""
-    q = client.request("GET", f"/v1/jobs/{job_id}/queue")
+    q = client.request("GET", "jobs", job_id, "queue")
     emit_json(q) if as_json else click.echo(describe_why(q))
 
 
@@ -66,7 +66,7 @@ def why(client: Client, job_id: str, as_json: bool) -> None:
 @click.pass_obj
 def renew(client: Client, job_id: str, progress: str, remaining_s: float, as_json: bool) -> None:
     """Renew a long job past its maximum continuous occupancy (P3); without it, it is stopped and requeued."""
-    r = client.request("POST", f"/v1/jobs/{job_id}/renew",
+    r = client.request("POST", "jobs", job_id, "renew",
                        json={"progress": progress, "expected_remaining_seconds": remaining_s})
     emit_json(r) if as_json else click.echo(f"{job_id}: renewed until {r['occupancy_until']}")
 
@@ -76,7 +76,7 @@ def renew(client: Client, job_id: str, progress: str, remaining_s: float, as_jso
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def queue_cmd(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """The queues: waiting jobs' priorities (ids only where you may see them) and cluster usage."""
-    data = Client(gateway, token, trigger).request("GET", "/v1/queues")
+    data = Client(gateway, token, trigger).request("GET", "queues")
     if as_json:
         emit_json(data)
         return
@@ -108,7 +108,7 @@ def stats_group(ctx: click.Context, gateway: str, token: str | None, trigger: st
 @click.pass_obj
 def preemption_stats(client: Client, by: str, period: str, as_json: bool) -> None:
     """Preemptions per tenant: count and GPU-hours lost (Q9)."""
-    data = client.request("GET", "/v1/stats/preemptions", params={"by": by, "period": period})
+    data = client.request("GET", "stats", "preemptions", params={"by": by, "period": period})
     if as_json:
         emit_json(data)
     else:
@@ -129,7 +129,7 @@ def quota_group(ctx: click.Context, gateway: str, token: str | None, trigger: st
 @click.pass_obj
 def quota_list(client: Client, as_json: bool) -> None:
     """Quota tiers and what each tenant uses now."""
-    data = client.request("GET", "/v1/quotas")
+    data = client.request("GET", "quotas")
     if as_json:
         emit_json(data)
         return
@@ -162,7 +162,7 @@ def quota_set(client: Client, project: str, gpus: int, borrow_limit: int, lend_l
     body: dict[str, Any] = {"gpus": gpus, "borrow_limit": None if borrow_limit < 0 else borrow_limit,
                             "lend_limit": lend_limit, "users": limits, "reason": reason,
                             "effective_from": effective_from, "effective_until": effective_until}
-    r = client.request("PUT", f"/v1/quotas/{project}", json=body)
+    r = client.request("PUT", "quotas", project, json=body)
     if as_json:
         emit_json(r)
     elif "approval_id" in r:

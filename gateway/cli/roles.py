@@ -39,7 +39,7 @@ def _print_change(result: dict[str, Any], as_json: bool) -> None:
 def grant(client: Client, principal: str, role: str, project: str, reason: str | None, as_json: bool) -> None:
     """Bind PRINCIPAL to ROLE in a project, e.g. `jobgate role grant bob queue_admin --project vision`."""
     body = {"principal": principal, "role": role, "project": project, "reason": reason}
-    _print_change(client.request("POST", "/v1/roles", json=body), as_json)
+    _print_change(client.request("POST", "roles", json=body), as_json)
 
 
 @role_group.command("revoke")
@@ -52,7 +52,7 @@ def grant(client: Client, principal: str, role: str, project: str, reason: str |
 def revoke(client: Client, principal: str, role: str, project: str, reason: str | None, as_json: bool) -> None:
     """Remove PRINCIPAL's ROLE binding in a project."""
     body = {"principal": principal, "role": role, "project": project, "reason": reason}
-    _print_change(client.request("POST", "/v1/roles:revoke", json=body), as_json)
+    _print_change(client.request("POST", "roles:revoke", json=body), as_json)
 
 
 @role_group.command("list")
@@ -63,7 +63,7 @@ def revoke(client: Client, principal: str, role: str, project: str, reason: str 
 def list_cmd(client: Client, principal: str | None, project: str | None, as_json: bool) -> None:
     """List role bindings."""
     params = {k: v for k, v in {"principal": principal, "project": project}.items() if v}
-    bindings = client.request("GET", "/v1/roles", params=params)["bindings"]
+    bindings = client.request("GET", "roles", params=params)["bindings"]
     if as_json:
         emit_json(bindings)
     else:

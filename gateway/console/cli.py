@@ -11,7 +11,7 @@ from typing import Any
 import click
 import httpx
 
-from gateway.cli.client import Client, client_options, emit_json, fail, table
+from gateway.cli.client import Client, api_path, client_options, emit_json, fail, table
 
 _json = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 
@@ -38,7 +38,7 @@ def _progress_done() -> None:
 @click.pass_obj
 def stats_usage(client: Client, days: int, as_json: bool) -> None:
     """Cluster usage now and quota utilisation per tenant and day (the console's heat map)."""
-    data = client.request("GET", "/v1/stats/usage", params={"days": days})
+    data = client.request("GET", "stats", "usage", params={"days": days})
     if as_json:
         emit_json(data)
         return
@@ -58,7 +58,7 @@ def stats_usage(client: Client, days: int, as_json: bool) -> None:
 @click.pass_obj
 def stats_waits(client: Client, as_json: bool) -> None:
     """Wait-time distribution per queue (submitted → started) and the jobs waiting now."""
-    data = client.request("GET", "/v1/stats/waits")
+    data = client.request("GET", "stats", "waits")
     if as_json:
         emit_json(data)
         return
@@ -74,7 +74,7 @@ def stats_waits(client: Client, as_json: bool) -> None:
 @click.pass_obj
 def stats_fragmentation(client: Client, as_json: bool) -> None:
     """Free GPUs per node and the fragmentation index (0: all free GPUs on one node)."""
-    data = client.request("GET", "/v1/stats/fragmentation")
+    data = client.request("GET", "stats", "fragmentation")
     if as_json:
         emit_json(data)
         return
@@ -89,7 +89,7 @@ def stats_fragmentation(client: Client, as_json: bool) -> None:
 @click.pass_obj
 def stats_suggestions(client: Client, as_json: bool) -> None:
     """Suggested adjustments: idle quota, stale reservations, starved tenants."""
-    data = client.request("GET", "/v1/stats/suggestions")
+    data = client.request("GET", "stats", "suggestions")
     if as_json:
         emit_json(data)
         return
@@ -124,10 +124,10 @@ def notifications_cmd(gateway: str, token: str | None, trigger: str | None, ack_
     your jobs, approval requests. `--ack ID` acknowledges one."""
     client = Client(gateway, token, trigger)
     if ack_id:
-        note = client.request("POST", f"/v1/notifications/{ack_id}/ack")
+        note = client.request("POST", "notifications", ack_id, "ack")
         emit_json(note) if as_json else click.echo(f"{ack_id}: {note['receipt']}")
         return
-    data = client.request("GET", "/v1/notifications")
+    data = client.request("GET", "notifications")
     if as_json:
         emit_json(data)
         return
@@ -168,7 +168,7 @@ def audit_entries(client: Client, job: str | None, actor: str | None, action: st
     found: list[dict[str, Any]] = []
     before: int | None = None
     while len(found) < limit:
-        page = client.request("GET", "/v1/audit/entries",
+        page = client.request("GET", "audit", "entries",
                               params={**params, "limit": min(500, limit - len(found)),
                                       **({"before": before} if before is not None else {})})
         found += page["entries"]
@@ -194,7 +194,7 @@ def audit_entries(client: Client, job: str | None, actor: str | None, action: st
 def audit_show(client: Client, seq: int, as_json: bool) -> None:
     """One entry with its inclusion proof, checked against the latest signed checkpoint. Exits 1 if the
     proof does not verify."""
-    d = client.request("GET", f"/v1/audit/entries/{seq}")
+    d = client.request("GET", "audit", "entries", seq)
     if as_json:
         emit_json(d)
     else:
@@ -219,7 +219,7 @@ def audit_export(client: Client, out: Path, as_json: bool) -> None:
     tmp = out.with_name(out.name + ".part")
     written = 0
     try:
-        with client.http.stream("GET", "/v1/audit/export") as r:
+        with client.http.stream("GET", api_path("audit", "export")) as r:
             if r.status_code >= 400:
                 r.read()
                 try:
@@ -255,7 +255,7 @@ def audit_export(client: Client, out: Path, as_json: bool) -> None:
 @_json
 def policy_show(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """The gateway's active policy set: its hash, engine, load time, and the reload history with errors."""
-    data = Client(gateway, token, trigger).request("GET", "/v1/policy")
+    data = Client(gateway, token, trigger).request("GET", "policy")
     if as_json:
         emit_json(data)
         return

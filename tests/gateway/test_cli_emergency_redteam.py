@@ -11,14 +11,12 @@ NOBODY = "http://127.0.0.1:9"  # nothing is sent: these requests cannot even be 
 
 
 @pytest.mark.parametrize("args", [
-    ["emergency-stop", "show", "es-1\tx"],
-    ["job", "show", "j-1\nx"],
     ["emergency-stop", "create", "--scope", "job=j-1", "--trigger", "safety", "--reason", "runaway", "--grace", "nan"],
     ["job", "submit", "--name", "t", "--project", "vision", "--grace", "inf", "--", "true"],
 ])
 def test_a_value_no_request_can_carry_is_one_line(args: list[str]) -> None:
-    """A control character in an id (pasted from a log) cannot go into a URL, and NaN or infinity cannot go into
-    JSON: httpx raised InvalidURL or ValueError, which escaped as a traceback."""
+    """NaN or infinity cannot go into JSON: httpx raised ValueError, which escaped as a traceback. (A control
+    character in an id, pasted from a log, is percent-quoted now and gets the route's 404: test_cli_paths_redteam.)"""
     group, *rest = args
     result = CliRunner().invoke(cli, [group, "--gateway", NOBODY, "--token", "jg_x", *rest])
     assert result.exit_code == 1, result.output
