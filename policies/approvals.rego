@@ -66,7 +66,9 @@ needs contains {
 	n := approval_need(f)
 }
 
-# Raise the rule's own need one notch per aggravating fact, then to the granularity floor (C2).
+# The rule's own need raised to the granularity floor (C2), then one notch per aggravating fact on top:
+# a notch is an approval *more* than the same request would need without it (R3, H2), so the floor must
+# not absorb it (a batch of two is already at the workload floor of 2; crossing projects makes it 3).
 # A finding that counts its own approvals (emergency stops, emergency.rego) is taken as is.
 own_required(f) := f.base if {
 	f.own_count == true
@@ -75,7 +77,7 @@ own_required(f) := f.base if {
 	# this request, and the rule asks for as many as the floor.
 	not notch_possible
 	f.base == confirmations_floor
-} else := max([(f.base + external_notch(f)) + cross_project_notch, confirmations_floor])
+} else := (max([f.base, confirmations_floor]) + external_notch(f)) + cross_project_notch
 
 # Whether a notch can apply to this request at all: an external-rights target (R3) or a cross-project
 # batch (H2). Cached, so the common request pays one test for both.

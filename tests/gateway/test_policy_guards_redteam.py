@@ -466,3 +466,19 @@ def test_replicas_sharing_redis_count_a_principals_calls_together(redis_url: str
     breaches = [limiter.hit("bob", ["vision"]) for limiter in (one, other, one, other)]
     assert breaches[:3] == [None, None, None] and breaches[3] is not None, breaches
     assert "principal bob may make 3 mutating calls per minute" in breaches[3].sentence()
+
+
+# -- H2: a cross-project batch needs one approval more than the same batch in one project -------------------
+
+
+def test_a_cross_project_batch_needs_one_approval_more_than_a_one_project_batch(api: Api) -> None:
+    vision = [api.post("/v1/jobs", "alice", json=job_spec()).json()["id"] for _ in range(3)]
+    speech = api.post("/v1/jobs", "mallory", json=job_spec(project="speech")).json()["id"]
+
+    def required(ids: list[str]) -> int:
+        r = api.post("/v1/jobs:stop", "dave", json={"ids": ids, "reason": "drain", "dry_run": True})
+        assert r.status_code == 202 and r.json()["decision"]["effect"] == "needs_approval", r.text
+        return int(r.json()["decision"]["approvals_required"]["count"])
+
+    assert required([vision[0], speech]) == required(vision[:2]) + 1
+    assert required([*vision[:2], speech]) == required(vision) + 1
