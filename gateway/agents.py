@@ -19,6 +19,7 @@ from gateway import stops
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Forbidden, NotFound
+from gateway.jobs import lock_jobs
 from gateway.models import Allocation, Job, Node, NodeCommand
 from gateway.pipeline import ledger_batch, record, record_outcome
 from gateway.schemas import AgentReport, Heartbeat
@@ -93,8 +94,9 @@ class _Batch:
             select(NodeCommand).where(NodeCommand.nonce.in_(nonces)))} if nonces else {}
         self.acked = set(session.scalars(select(CommandAck.nonce).where(CommandAck.nonce.in_(nonces)))) \
             if nonces else set()
-        # Loaded into the identity map, so session.get(Job, id) below costs no query.
-        self.jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(job_ids)))} if job_ids else {}
+        # Loaded into the identity map, so session.get(Job, id) below costs no query. Locked (PostgreSQL): a stop
+        # or the scheduler's preemption committed between this read and the write would otherwise be undone.
+        self.jobs = lock_jobs(session, job_ids)
         self.parts: dict[str, list[Allocation]] = {}
         if job_ids:
             for part in session.scalars(select(Allocation).where(Allocation.job_id.in_(job_ids))):

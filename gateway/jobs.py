@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -245,6 +245,18 @@ def load_job(session: Session, job_id: str, *, for_update: bool = False) -> Job:
     if job is None:
         raise NotFound(f"no job with id {job_id!r}")
     return job
+
+
+def lock_jobs(session: Session, job_ids: Iterable[str]) -> dict[str, Job]:
+    """Lock these jobs' rows (PostgreSQL FOR UPDATE, in id order so that two lockers never deadlock)
+    and read them again, also those this session already holds: a copy read earlier without the lock may be
+    stale, and writing it back would undo a change committed since (a stop, a node's report). SQLite has
+    nothing to lock: the transaction holds the write lock. Returns the jobs that exist, by id."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    stmt = select(Job).where(Job.id.in_(ids)).order_by(Job.id).with_for_update()
+    return {j.id: j for j in session.scalars(stmt, execution_options={"populate_existing": True})}
 
 
 def visible_projects(gw: Gateway, session: Session, caller: Caller, projects: list[str]) -> set[str]:

@@ -21,7 +21,7 @@ from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict, PolicyDenied
-from gateway.jobs import transition
+from gateway.jobs import lock_jobs, transition
 from gateway.models import Allocation, Job
 from gateway.notifications import notify
 from gateway.pipeline import decide, record_outcome
@@ -118,6 +118,13 @@ def check_occupancy(gw: Gateway, session: Session, now: datetime, config: Schedu
                                                        "how": f"jobgate job renew {job.id} --progress ... "
                                                               "--remaining SECONDS"}, now)
         elif verdict.state == "expired":
+            # Locked and read again before deciding (PostgreSQL): the owner may have renewed it, someone stopped
+            # it or its node reported it ended since the query above; writing the stale copy would undo that.
+            if lock_jobs(session, [job.id]).get(job.id) is None or job.state != "running":
+                continue
+            session.refresh(row)
+            if occupancy(occupancy_since(job, row), now, config).state != "expired":
+                continue
             request_id = "req-" + secrets.token_hex(8)
             reason = ("maximum continuous occupancy reached and not renewed in time; graceful stop, "
                       "then requeued")

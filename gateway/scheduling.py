@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from gateway import preemption, priority_history
 from gateway.commands import enqueue
 from gateway.context import Gateway
-from gateway.jobs import transition
+from gateway.jobs import lock_jobs, transition
 from gateway.models import Allocation, Job, Node
 from gateway.notifications import notify
 from gateway.pipeline import record_outcome
@@ -160,6 +160,11 @@ def run_once(gw: Gateway) -> int:
         preemption.check_occupancy(gw, session, now, config)  # P3
         snapshot = build_snapshot(session, now)
         result = run_cycle(snapshot, now=now, config=config)
+        # The plan was made from rows read without a lock: on PostgreSQL a stop or a node's report may have
+        # committed since. The jobs it changes are locked and read again, so _admit and preemption.execute skip
+        # one that is no longer waiting or running instead of writing their stale copy over the change.
+        lock_jobs(session, [a.job_id for a in result.admits]
+                  + [v.job_id for plan in result.preemptions for v in plan.victims])
         _admit(gw, session, result, now)
         for plan in result.preemptions:
             preemption.execute(gw, session, plan, snapshot, now)

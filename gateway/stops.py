@@ -25,7 +25,7 @@ from gateway import preemption, retention
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
-from gateway.jobs import transition
+from gateway.jobs import lock_jobs, transition
 from gateway.models import Allocation, Job, Node, NodeCommand, RoleBinding
 from gateway.notifications import notify
 from gateway.pipeline import record, record_outcome
@@ -92,13 +92,16 @@ def escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> 
     count = 0
     rows = session.execute(select(Job.id, Job.stop_request, Job.grace_seconds, Job.submitted_at)
                            .where(Job.state.in_(STOPPING_STATES))).all()
+    due = []
     for job_id, stop_request, grace_seconds, submitted_at in rows:
         asked = datetime.fromisoformat(stop_request["at"]) if stop_request.get("at") else submitted_at
         grace = float(stop_request.get("grace_seconds", grace_seconds))
-        if job_id not in on_lost and now - asked <= timedelta(seconds=grace + STOP_CONFIRM_MARGIN_S):
-            continue
-        job = session.get(Job, job_id)
-        if job is None:
+        if job_id in on_lost or now - asked > timedelta(seconds=grace + STOP_CONFIRM_MARGIN_S):
+            due.append(job_id)
+    # Locked and read again (PostgreSQL): the node's `stopped` may have committed since the query above, and
+    # stop_failed written over it would page on-call for a stop that succeeded.
+    for job in lock_jobs(session, due).values():
+        if job.state not in STOPPING_STATES:
             continue
         if job.id in on_lost:
             escalate(gw, session, job, now, f"node {', '.join(sorted(on_lost[job.id]))} is unreachable",
@@ -226,7 +229,8 @@ def mark_lost_nodes(gw: Gateway, session: Session, now: datetime) -> list[str]:
         seen = node.last_heartbeat.isoformat() if node.last_heartbeat else None
         record_outcome(gw, "node", {"node": node.id, "state_before": "alive", "state_after": "lost",
                                     "last_heartbeat": seen, "at": now.isoformat()})
-        jobs = jobs_on_node(session, node.id)
+        # Locked and read again (PostgreSQL): a stop committed since jobs_on_node read them must not be undone.
+        jobs = list(lock_jobs(session, [j.id for j in jobs_on_node(session, node.id)]).values())
         alert(gw, session, now, "node_lost", {"node": node.id, "last_heartbeat": seen,
                                               "jobs": [j.id for j in jobs]})
         for job in jobs:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
+from typing import Any
 
+import httpx
+import psycopg
+import pytest
 from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import select
 from test_approvals_api import ask_stop, job_state
@@ -11,9 +16,10 @@ from test_sched_api import advance, bring_up_nodes, job, report
 
 from gateway.approvals import Approval
 from gateway.housekeeping import run_all
-from gateway.models import NodeCommand
+from gateway.models import Allocation, NodeCommand
 from gateway.scheduler_tables import PreemptionRow
 from gateway.scheduling import run_once
+from gateway.stops import STOP_CONFIRM_MARGIN_S
 from scheduler.model import SchedulerConfig
 
 DONE = {"exit_code": 0, "process_group_gone": True}
@@ -156,3 +162,200 @@ def test_an_approval_nobody_answers_expires_on_its_own(api: Api) -> None:
     assert [e["body"]["result"] for e in ledger_entries(api) if e["body"].get("approval_id") == approval_id][
         -1
     ] == "expired"
+
+
+class _Interleave:
+    """Holds the scheduler's cycle just before it ledgers a step it decided from the queue as it read it (an
+    entry of `kind` whose body has `key` = `value`), until released. Real threads, the real cycle and ledger;
+    the pause is the only addition."""
+
+    def __init__(self, api: Api, kind: str, key: str, value: str) -> None:
+        self.api, self.kind, self.key, self.value = api, kind, key, value
+        self.append = api.gateway.ledger.append
+        self.held, self.go = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._cycle, name="cycle-under-test")
+        self.error: BaseException | None = None
+        api.gateway.ledger.append = self._append
+
+    def _append(self, kind: str, body: Any, **kw: Any) -> Any:
+        if threading.current_thread() is self.thread and kind == self.kind and _at(body, self.key) == self.value:
+            self.held.set()
+            self.go.wait(60)
+        return self.append(kind, body, **kw)
+
+    def _cycle(self) -> None:
+        try:
+            run_once(self.api.gateway)
+        except BaseException as e:  # reported by finish()
+            self.error = e
+
+    def start(self) -> None:
+        self.thread.start()
+        assert self.held.wait(60), f"the cycle never ledgered a {self.kind} with {self.key} {self.value}"
+
+    def finish(self) -> None:
+        self.go.set()
+        self.thread.join(60)
+        del self.api.gateway.ledger.append
+        assert self.error is None, repr(self.error)
+
+
+def _at(body: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        body = body.get(key) if isinstance(body, dict) else None
+    return body
+
+
+def _blocked_or_done(api: Api, call: threading.Thread) -> None:
+    """Wait until `call` has finished or waits for a row lock in the business database."""
+    url = api.settings.resolved_database_url()
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(6000):
+            if not call.is_alive():
+                return
+            waiting = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock'", (name,)
+            ).fetchone()
+            if waiting and waiting[0]:
+                return
+            call.join(0.01)
+    raise AssertionError("the call neither finished nor waited for a lock")
+
+
+def _commands(api: Api, job_id: str) -> list[str]:
+    with api.gateway.db.transaction() as s:
+        return list(
+            s.scalars(select(NodeCommand.kind).where(NodeCommand.job_id == job_id).order_by(NodeCommand.created_at))
+        )
+
+
+def _held_parts(api: Api, job_id: str) -> int:
+    with api.gateway.db.transaction() as s:
+        return len(
+            s.scalars(select(Allocation).where(Allocation.job_id == job_id, Allocation.released.is_(False))).all()
+        )
+
+
+def test_a_queued_job_cancelled_while_the_cycle_places_it_is_not_started(api: Api) -> None:
+    """PostgreSQL: the cycle read the job as pending, its owner cancelled it (row lock, committed), and the
+    cycle then wrote `starting` over `stopped` from its stale copy and sent the start command: a job its owner
+    had stopped ran, and its history lost the stop."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the cycle holds the write lock, the stop waits for it")
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    cycle = _Interleave(api, "schedule", "result", "admitted")
+    cycle.start()
+    answers: list[httpx.Response] = []
+    stop = threading.Thread(
+        target=lambda: answers.append(api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "wrong data"}))
+    )
+    stop.start()
+    _blocked_or_done(api, stop)
+    cycle.finish()
+    stop.join(60)
+    (answer,) = answers
+    assert answer.status_code == 202, answer.text
+    final = job(api, j)
+    if answer.json()["job"]["state"] == "stopped":  # cancelled before the cycle could start it
+        assert final["state"] == "stopped" and final["history"][-1]["to"] == "stopped", final["history"]
+        assert _commands(api, j) == [] and _held_parts(api, j) == 0
+    else:  # the cycle started it first; the stop then went to its node
+        assert final["state"] == "stop_requested" and _commands(api, j) == ["start", "stop"]
+
+
+def _occupancy_due(api: Api) -> tuple[str, str]:
+    """A running job (pid 7) past its maximum occupancy without renewal: the next cycle stops and requeues it."""
+    api.gateway.scheduler_config = SchedulerConfig(max_occupancy_s=3600, renewal_window_s=600)
+    j, node = _running(api)
+    advance(api, 3600 + 700)
+    return j, node
+
+
+def _in_thread(call: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(call()))
+    thread.start()
+    return thread, out
+
+
+def test_a_persons_stop_during_the_cycles_preemption_of_the_job_is_final(api: Api) -> None:
+    """PostgreSQL: the cycle read the job as running and decided to preempt it; the owner's stop committed
+    meanwhile; the cycle then wrote its preemption over the stop and sent a second stop command. The job went
+    back to the queue instead of ending, and the node's answer to the owner's stop was dropped as stale."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the cycle holds the write lock, the stop waits for it")
+    j, node = _occupancy_due(api)
+    cycle = _Interleave(api, "decision", "input.action", "job.preempt")
+    cycle.start()
+    stop, answers = _in_thread(lambda: api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "done with it"}))
+    _blocked_or_done(api, stop)
+    cycle.finish()
+    stop.join(60)
+    assert answers[0].status_code == 202, answers[0].text
+    (nonce,) = _stop_nonces(api, j)
+    report(api, node, j, "stopped", nonce=nonce, pid=7, evidence={"outcome": "graceful", **DONE})
+    assert job(api, j)["state"] == "stopped", job(api, j)["history"]
+
+
+def test_a_job_that_exits_while_the_cycle_preempts_it_ends_as_it_ran(api: Api) -> None:
+    """PostgreSQL: a node's report (read without a lock) and the cycle's preemption each wrote their own copy
+    of the job over the other's: a job that had exited was stopped and requeued to run again, or a preempted
+    job's history lost the stop while its preemption record stayed open for ever."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the cycle holds the write lock, the report waits for it")
+    j, node = _occupancy_due(api)
+    cycle = _Interleave(api, "decision", "input.action", "job.preempt")
+    cycle.start()
+    exited, _ = _in_thread(lambda: report(api, node, j, "exited", pid=7, evidence=DONE))
+    _blocked_or_done(api, exited)
+    cycle.finish()
+    exited.join(60)
+    final = job(api, j)
+    assert final["state"] == "succeeded", final["history"]
+    assert [h["to"] for h in final["history"]][-2:] in (["running", "succeeded"], ["stop_requested", "succeeded"])
+    with api.gateway.db.transaction() as s:
+        assert [r.state for r in s.scalars(select(PreemptionRow).where(PreemptionRow.victim == j))] in ([], ["ended"])
+
+
+def test_a_stop_confirmed_while_the_cycle_escalates_it_stays_stopped(api: Api) -> None:
+    """PostgreSQL: the cycle read the stop as unconfirmed past its deadline, the node's `stopped` committed
+    meanwhile, and the cycle wrote stop_failed over stopped: on-call was paged for a stop that had succeeded."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the cycle holds the write lock, the report waits for it")
+    j, node = _running(api)
+    assert api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "wrong config"}).status_code == 202
+    (nonce,) = _stop_nonces(api, j)
+    advance(api, 30 + STOP_CONFIRM_MARGIN_S + 5)
+    cycle = _Interleave(api, "transition", "state_after", "stop_failed")
+    cycle.start()
+    stopped, _ = _in_thread(
+        lambda: report(api, node, j, "stopped", nonce=nonce, pid=7, evidence={"outcome": "graceful", **DONE})
+    )
+    _blocked_or_done(api, stopped)
+    cycle.finish()
+    stopped.join(60)
+    final = job(api, j)
+    assert final["state"] == "stopped", final["history"]
+    assert [h["to"] for h in final["history"]][-1] == "stopped"
+
+
+def test_a_stop_while_the_cycle_marks_the_node_lost_is_not_undone(api: Api) -> None:
+    """PostgreSQL: the cycle read the job as running on a node gone silent, the owner's stop committed
+    meanwhile, and the cycle wrote `lost` over stop_requested: the stop vanished from the job's state."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the cycle holds the write lock, the stop waits for it")
+    j, _ = _running(api)
+    base = api.gateway.clock()
+    api.gateway.clock = lambda: base + timedelta(seconds=api.settings.node_heartbeat_timeout_s + 5)
+    cycle = _Interleave(api, "transition", "state_after", "lost")
+    cycle.start()
+    stop, answers = _in_thread(lambda: api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "done with it"}))
+    _blocked_or_done(api, stop)
+    cycle.finish()
+    stop.join(60)
+    assert answers[0].status_code == 202, answers[0].text
+    final = job(api, j)
+    assert final["state"] == "stop_requested", final["history"]
+    assert [h["to"] for h in final["history"]][-2:] == ["lost", "stop_requested"]
