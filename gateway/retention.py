@@ -23,7 +23,7 @@ from gateway.context import Gateway
 from gateway.models import Job
 from gateway.notifications import notify
 from gateway.pipeline import decide, record, record_outcome
-from gateway.stop_tables import CheckpointRetention
+from gateway.stop_tables import CheckpointRetention, RetentionCleanupNode
 
 IMPORTANT_RETENTION_DAYS = 14
 TIERS = ("normal", "important", "external")
@@ -120,24 +120,42 @@ def cleanup(gw: Gateway, session: Session, now: datetime) -> list[str]:
         if why is None or job is None:
             continue
         row.state = "cleaning"
-        nonces = [enqueue(gw, session, node, job.id, "delete_artifacts",
-                          {"what": "checkpoints", "reason": f"retention: {why}"})
-                  for node in nodes_with_files(session, job.id, job.placement)]
+        nonces = []
+        for node in nodes_with_files(session, job.id, job.placement):
+            nonces.append(enqueue(gw, session, node, job.id, "delete_artifacts",
+                                  {"what": "checkpoints", "reason": f"retention: {why}"}))
+            _sent_to(session, job.id, node, now)
         record_outcome(gw, "retention", {"job_id": job.id, "action": "cleanup", "tier": row.tier, "why": why,
                                          "nonces": nonces, "at": now.isoformat()})
         cleaning.append(job.id)
     return cleaning
 
 
+def _sent_to(session: Session, job_id: str, node: str, now: datetime) -> None:
+    part = session.get(RetentionCleanupNode, (job_id, node))
+    if part is None:
+        session.add(RetentionCleanupNode(job_id=job_id, node=node, state="sent", sent_at=now))
+    else:  # an earlier cleanup of this job (it ran again after it): this one starts over
+        part.state, part.sent_at, part.reported_at = "sent", now, None
+
+
 def record_deleted(gw: Gateway, session: Session, node: str, job_id: str, objects: list[dict[str, Any]],
                    reason: str, now: datetime, *, complete: bool = True) -> None:
-    """Ledger every object a node deleted (one entry per object), and close the retention row unless the node
-    left files behind."""
+    """Ledger every object a node deleted (one entry per object). The retention row is cleaned once every node
+    the cleanup went to has reported removing everything: a gang job's checkpoints are on each of its nodes, and
+    a node that left files behind keeps the cleanup open, for a person to finish."""
     for obj in objects:
         record_outcome(gw, "deletion", {"job_id": job_id, "node": node, "object": obj, "reason": reason,
                                         "at": now.isoformat()})
     row = session.get(CheckpointRetention, job_id)
-    if complete and row is not None and row.state == "cleaning" and reason.startswith("retention"):
+    if row is None or row.state != "cleaning" or not reason.startswith("retention"):
+        return
+    part = session.get(RetentionCleanupNode, (job_id, node))
+    if part is not None:
+        part.state, part.reported_at = ("removed" if complete else "incomplete"), now
+    parts = session.scalars(select(RetentionCleanupNode).where(RetentionCleanupNode.job_id == job_id)).all()
+    # No parts: a cleanup sent before nodes were tracked; its one report closes it, as it did then.
+    if complete and all(p.state == "removed" for p in parts):
         row.state, row.cleaned_at = "cleaned", now
 
 

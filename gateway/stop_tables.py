@@ -86,3 +86,16 @@ class CheckpointRetention(Base):
     keep_until: Mapped[datetime | None] = mapped_column(nullable=True)  # None: until the next job on the quota
     state: Mapped[str] = mapped_column(String(16), default="kept")  # kept | cleaning | cleaned
     cleaned_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class RetentionCleanupNode(Base):
+    """One node's part of a checkpoint cleanup (P1). A job run on several nodes keeps checkpoints on each, so its
+    retention is cleaned only once every node the cleanup went to has removed all of them, as a purge waits for
+    every node (JobDeletion.objects). A later cleanup of the same job sends again and starts the row over."""
+
+    __tablename__ = "retention_cleanup_nodes"
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    node: Mapped[str] = mapped_column(String(64), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))  # sent | removed | incomplete (files left: a person must look)
+    sent_at: Mapped[datetime]
+    reported_at: Mapped[datetime | None] = mapped_column(nullable=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from gateway_testkit import Api
+from gateway_testkit import Api, job_spec
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
 from gateway import lifecycle
@@ -95,3 +97,63 @@ def test_a_resumed_job_stopped_before_it_ran_again_puts_its_checkpoint_back_unde
     lifecycle.run_chores(api.gateway)
     (cleanup,) = [c for c in agent.take() if c["kind"] == "delete_artifacts"]
     assert cleanup["job_id"] == job_id and cleanup["params"]["what"] == "checkpoints"
+
+
+def _gang_cleanup(api: Api, agent: FakeAgent) -> tuple[str, dict[str, tuple[FakeAgent, dict[str, Any]]]]:
+    """A two-node job stopped with a checkpoint on each node, then the next job on its quota starts: its retention
+    cleanup is sent to both nodes. Returns the job id and, per node, its agent and the cleanup command."""
+    second = FakeAgent(api, "demo-node-2")
+    second.beat()
+    second.take()
+    agents = {"demo-node-1": agent, "demo-node-2": second}
+    r = api.post("/v1/jobs", "alice", json=job_spec(nodes=2, gpus_per_node=8))
+    job_id = r.json()["id"]
+    run_once(api.gateway)
+    for a in agents.values():
+        (start,) = [c for c in a.take() if c["kind"] == "start"]
+        a.report(job_id, "started", start["nonce"], pid=7)
+    assert api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "enough"}).status_code == 202
+    for a in agents.values():
+        (stop,) = [c for c in a.take() if c["kind"] == "stop"]
+        a.report(job_id, "stopped", stop["nonce"], evidence=stopped_evidence(checkpoints=CKPT))
+    assert api.get(f"/v1/jobs/{job_id}", "alice").json()["state"] == "stopped"
+    running_job(api, agent)  # the next job on quota vision starts
+    lifecycle.run_chores(api.gateway)
+    sent = {}
+    for node, a in agents.items():
+        (cleanup,) = [c for c in a.take() if c["kind"] == "delete_artifacts"]
+        assert cleanup["job_id"] == job_id and cleanup["params"]["what"] == "checkpoints"
+        sent[node] = (a, cleanup)
+    return job_id, sent
+
+
+def _retention_state(api: Api, job_id: str) -> str:
+    with api.gateway.db.transaction() as s:
+        return s.get(CheckpointRetention, job_id).state
+
+
+def _deleted(a: FakeAgent, job_id: str, cleanup: dict[str, Any], left: list[str] | None = None) -> None:
+    a.report(job_id, "deleted", cleanup["nonce"], evidence={"deleted": CKPT, "what": "checkpoints",
+                                                            "reason": cleanup["params"]["reason"],
+                                                            **({"left": left} if left else {})})
+
+
+def test_a_gang_jobs_cleanup_is_over_only_once_every_node_has_reported(api: Api, agent: FakeAgent) -> None:
+    """P1: the retention of a job run on several nodes was marked cleaned as soon as the first node reported,
+    while the other nodes' checkpoints were still there (or never removed). A purge waits for every node."""
+    job_id, sent = _gang_cleanup(api, agent)
+    assert _retention_state(api, job_id) == "cleaning"
+    _deleted(sent["demo-node-1"][0], job_id, sent["demo-node-1"][1])
+    assert _retention_state(api, job_id) == "cleaning"
+    _deleted(sent["demo-node-2"][0], job_id, sent["demo-node-2"][1])
+    assert _retention_state(api, job_id) == "cleaned"
+
+
+def test_a_gang_jobs_cleanup_stays_open_while_a_node_left_files_behind(api: Api, agent: FakeAgent) -> None:
+    """A node that could not remove everything keeps the cleanup open (a person must look), whichever node
+    reports last."""
+    job_id, sent = _gang_cleanup(api, agent)
+    _deleted(sent["demo-node-2"][0], job_id, sent["demo-node-2"][1], left=["checkpoints/step-9.ckpt"])
+    assert _retention_state(api, job_id) == "cleaning"
+    _deleted(sent["demo-node-1"][0], job_id, sent["demo-node-1"][1])
+    assert _retention_state(api, job_id) == "cleaning"
