@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import BaseRoute, Match
 
 PROBLEM_BASE = "https://jobgate.dev/problems/"
+log = logging.getLogger("jobgate.http")
 
 
 class GatewayError(Exception):
@@ -69,6 +72,29 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
         return problem(exc.status, exc.kind, exc.title, exc.detail, request.url.path, **exc.extra)
+
+    # The business database's own refusals reached the caller as a bare "Internal Server Error" page. Each
+    # comes out of the request's transaction, which rolled back: say so, as problem+json, without the SQL.
+    @app.exception_handler(IntegrityError)
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
+        # Two requests wrote the same record at once (two creations of one name): the later one loses.
+        log.warning("%s %s: integrity error, rolled back: %s", request.method, request.url.path, exc.orig)
+        return problem(409, "conflict", "Conflict", "another request wrote the same record at the same time;"
+                       " nothing was changed, try again", request.url.path)
+
+    @app.exception_handler(OperationalError)
+    async def _database_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
+        log.error("%s %s: business database unavailable: %s", request.method, request.url.path, exc.orig)
+        return problem(503, "database-unavailable", "Business database unavailable: request refused",
+                       "the business database could not be reached or refused the transaction; nothing was"
+                       " changed, try again later", request.url.path)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # The server still logs the traceback (Starlette re-raises after answering); the caller gets no trace.
+        return problem(500, "internal-error", "Internal error",
+                       f"the gateway failed unexpectedly ({exc.__class__.__name__}); its database changes were"
+                       " rolled back; the gateway log has the details", request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

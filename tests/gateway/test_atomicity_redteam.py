@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from gateway_testkit import Api, job_spec, ledger_entries
+from fastapi.testclient import TestClient
+from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 from test_approvals_api import ask_stop, job_state
 from test_sched_api import advance, bring_up_nodes, job, report
@@ -359,3 +361,46 @@ def test_a_stop_while_the_cycle_marks_the_node_lost_is_not_undone(api: Api) -> N
     final = job(api, j)
     assert final["state"] == "stop_requested", final["history"]
     assert [h["to"] for h in final["history"]][-2:] == ["lost", "stop_requested"]
+
+
+def test_two_creations_of_one_service_account_at_once_get_a_conflict_not_a_bare_500(api: Api) -> None:
+    """PostgreSQL: both requests found the name free; the later INSERT broke the primary key and the caller got
+    a bare 'Internal Server Error' instead of a problem saying what happened."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the creations run one after the other")
+    client = TestClient(api.client.app, raise_server_exceptions=False)
+    for i in range(5):
+        barrier = threading.Barrier(2)
+
+        def create(who: str, project: str, name: str = f"race-bot-{i}", barrier: threading.Barrier = barrier) -> Any:
+            barrier.wait()
+            body = {"name": name, "project": project, "description": "made twice at once"}
+            return client.post("/v1/service-accounts", headers=api.headers(who), json=body)
+
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(create, ["alice", "mallory"], ["vision", "speech"]))
+        assert sum(r.status_code == 201 for r in answers) == 1, [r.text for r in answers]
+        for r in answers:
+            if r.status_code != 201:
+                assert_problem(r, 409, "conflict")
+
+
+def test_a_stop_while_the_business_database_is_down_is_a_503_problem(api: Api) -> None:
+    if api.gateway.db.is_sqlite:
+        pytest.skip("a PostgreSQL outage: new connections are refused")
+    j, _ = _running(api)
+    size = api.gateway.ledger.size()
+    url = api.settings.resolved_database_url()
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        try:
+            client = TestClient(api.client.app, raise_server_exceptions=False)
+            r = client.post(f"/v1/jobs/{j}/stop", headers=api.headers("alice"), json={"reason": "db is down"})
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    assert_problem(r, 503, "database-unavailable", "nothing was changed")
+    assert "Traceback" not in r.text and "SELECT" not in r.text
+    assert api.gateway.ledger.size() == size
+    assert job(api, j)["state"] == "running"
