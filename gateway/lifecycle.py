@@ -27,12 +27,20 @@ from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, record_outcome
 from gateway.stop_tables import CheckpointRetention, JobDeletion
 
-RECOVERY_WINDOW = timedelta(days=7)
+DEFAULT_RECOVERY_WINDOW_DAYS = 7
 # P2 as the scheduler applies it to a resumed job: its priority and the wait it had in the queue are kept, as for a
 # preempted job; time running or paused is not waiting. Version 1 kept the first queue entry time, so the hours
 # a job ran before its pause aged it as if it had been queued all along.
 RESUME_PRIORITY_RULE = {"rule": "P2.keep_priority_and_wait", "version": "2"}
 DELETABLE_STATES = ("stopped", "paused", "succeeded", "failed")
+
+
+def recovery_window(gw: Gateway) -> timedelta:
+    """How long a deleted job can be undeleted before its files are purged (A6), from the active policy set
+    (`deletion.recovery_window_days`, checked at load by gateway/policy/loader.py). A deletion keeps the window
+    it was given: a reload changes only the deletions after it."""
+    days = gw.policy_set.data.get("deletion", {}).get("recovery_window_days", DEFAULT_RECOVERY_WINDOW_DAYS)
+    return timedelta(days=int(days))
 
 
 def _notify_owner(session: Session, rec: Recorded, job: Job, caller: Caller, what: str, reason: str,
@@ -81,7 +89,8 @@ def pause(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: st
     """Graceful stop ending in `paused`. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
     # A5: the pause's own entry states what the paused job is promised (its checkpoint, its way back).
-    params = {"checkpoint_retention": retention.stated(job), "resume_priority_rule": RESUME_PRIORITY_RULE}
+    params = {"checkpoint_retention": retention.stated(job, retention.important_days(gw)),
+              "resume_priority_rule": RESUME_PRIORITY_RULE}
     rec = decide(gw, session, caller, "job.pause", targets=[job], project=job.project, reason=reason, ticket=ticket,
                  params=params)
     refuse_unless_allowed(rec, f"pausing job {job.id}")
@@ -169,7 +178,7 @@ def _delete_after_approval(gw: Gateway, session: Session, approval: Approval, ta
     for job in targets:
         mark_deleted(gw, session, job, by=approval.requester_real, approvers=[a["by"] for a in approval.approvals],
                      reason=approval.reason or "", decision_seq=approval.decision_seq)
-    return {"deleted": [j.id for j in targets], "recovery_window_s": RECOVERY_WINDOW.total_seconds()}
+    return {"deleted": [j.id for j in targets], "recovery_window_s": recovery_window(gw).total_seconds()}
 
 
 def mark_deleted(gw: Gateway, session: Session, job: Job, *, by: str, approvers: list[str], reason: str,
@@ -179,7 +188,8 @@ def mark_deleted(gw: Gateway, session: Session, job: Job, *, by: str, approvers:
         raise Conflict(f"job {job.id} is {job.state}; it cannot be deleted now", state=job.state)
     now = gw.clock()
     row = session.get(JobDeletion, job.id)
-    purge_after = now + RECOVERY_WINDOW
+    window = recovery_window(gw)
+    purge_after = now + window
     if row is None:
         row = JobDeletion(job_id=job.id, state="pending", state_before=job.state, requested_by=by,
                           approvers=approvers, reason=reason, requested_at=now, purge_after=purge_after, objects=[])
@@ -188,7 +198,7 @@ def mark_deleted(gw: Gateway, session: Session, job: Job, *, by: str, approvers:
         row.state, row.state_before, row.requested_by, row.approvers = "pending", job.state, by, approvers
         row.reason, row.requested_at, row.purge_after = reason, now, purge_after
     stops.ledger_transition(gw, job, "deleted", now, by=by, reason=reason, decision_seq=decision_seq,
-                            approvers=approvers, recovery_window_s=RECOVERY_WINDOW.total_seconds(),
+                            approvers=approvers, recovery_window_s=window.total_seconds(),
                             purge_after=purge_after.isoformat())
     return row
 

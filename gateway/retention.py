@@ -2,7 +2,7 @@
 
 Tiers (the job's `retention` label, or `external` for external-rights data):
   normal     kept until the next job on the same quota (project) starts;
-  important  kept IMPORTANT_RETENTION_DAYS days;
+  important  kept `retention.important_days` days (policies/data.json; 14 when the policy set does not say);
   external   kept until the date the rights holder confirmed (label `rights_confirmed_until`, else valid_until).
 
 Cleanup never deletes on the gateway's side: it sends a signed `delete_artifacts` command to the node,
@@ -25,7 +25,7 @@ from gateway.notifications import notify
 from gateway.pipeline import decide, record, record_outcome
 from gateway.stop_tables import CheckpointRetention, RetentionCleanupNode
 
-IMPORTANT_RETENTION_DAYS = 14
+DEFAULT_IMPORTANT_DAYS = 14
 TIERS = ("normal", "important", "external")
 SYSTEM = Caller(id="system", kind="system", token_id="", token_projects=("*",), token_actions=("*",))
 
@@ -37,10 +37,17 @@ def tier_of(job: Job) -> str:
     return tier if tier in TIERS else "normal"
 
 
-def keep_until(job: Job, tier: str, now: datetime) -> datetime | None:
-    """None means: until the next job on the same quota starts (normal tier)."""
+def important_days(gw: Gateway) -> int:
+    """The important tier's retention in days, from the active policy set (P1: explicit configuration, checked
+    at load by gateway/policy/loader.py), so a reload changes it for every checkpoint kept from then on."""
+    return int(gw.policy_set.data.get("retention", {}).get("important_days", DEFAULT_IMPORTANT_DAYS))
+
+
+def keep_until(job: Job, tier: str, now: datetime, important: int) -> datetime | None:
+    """None means: until the next job on the same quota starts (normal tier). IMPORTANT: the important tier's
+    days."""
     if tier == "important":
-        return now + timedelta(days=IMPORTANT_RETENTION_DAYS)
+        return now + timedelta(days=important)
     if tier == "external":
         confirmed = job.labels.get("rights_confirmed_until")
         if confirmed:
@@ -54,11 +61,12 @@ def keep_until(job: Job, tier: str, now: datetime) -> datetime | None:
     return None
 
 
-def stated(job: Job) -> dict[str, str]:
-    """The retention the job's checkpoints will get when it stops, in words (A5: stated when it is paused)."""
+def stated(job: Job, important: int) -> dict[str, str]:
+    """The retention the job's checkpoints will get when it stops, in words (A5: stated when it is paused).
+    IMPORTANT: the important tier's days."""
     tier = tier_of(job)
     if tier == "important":
-        return {"tier": tier, "keep": f"{IMPORTANT_RETENTION_DAYS} days after the job stops"}
+        return {"tier": tier, "keep": f"{important} days after the job stops"}
     if tier == "external":
         confirmed = job.labels.get("rights_confirmed_until")
         if confirmed:
@@ -76,7 +84,7 @@ def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
     if session is None:
         return
     tier = tier_of(job)
-    until = keep_until(job, tier, now)
+    until = keep_until(job, tier, now, important_days(gw))
     row = session.get(CheckpointRetention, job.id)
     if row is None:
         row = CheckpointRetention(job_id=job.id, tier=tier, quota=job.project, kept_since=now, keep_until=until)

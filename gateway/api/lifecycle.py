@@ -85,7 +85,7 @@ def delete_job(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> d
             response.status_code = status.HTTP_202_ACCEPTED
         row = session.get(JobDeletion, job.id)
         return _out(job, rec, approval_id=approval.id if approval else None,
-                    recovery_window_s=lifecycle.RECOVERY_WINDOW.total_seconds(),
+                    recovery_window_s=lifecycle.recovery_window(ctx.gw).total_seconds(),
                     purge_after=row.purge_after.isoformat() if row else None)
 
 

@@ -83,6 +83,16 @@ OPTIONAL_NUMBERS: tuple[tuple[str, ...], ...] = (
     ("limits", "calls_per_minute_per_project"),
 )
 
+# Periods in whole days the gateway reads itself, with today's values as defaults when absent: the important
+# tier's checkpoint retention (P1, gateway/retention.py) and the recovery window of a deleted job (A6,
+# gateway/lifecycle.py). At least a day: zero keeps an important checkpoint less than a normal one, and leaves
+# no time to undelete. At most a century, so that the date they give is on the calendar.
+OPTIONAL_DAYS: tuple[tuple[str, ...], ...] = (
+    ("retention", "important_days"),
+    ("deletion", "recovery_window_days"),
+)
+MAX_DAYS = 36500
+
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -249,18 +259,22 @@ def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
     if not isinstance(data, dict):
         return {}, [PolicyProblem(DATA_FILE, 1, "top level must be an object")]
     problems = []
-    for path in (*REQUIRED_NUMBERS, *OPTIONAL_NUMBERS):
+    for path in (*REQUIRED_NUMBERS, *OPTIONAL_NUMBERS, *OPTIONAL_DAYS):
         value: Any = data
         present = True
         for key in path:
             present = present and isinstance(value, dict) and key in value
             value = value.get(key) if isinstance(value, dict) else None
-        if not present and path in OPTIONAL_NUMBERS:
+        if not present and path not in REQUIRED_NUMBERS:
             continue
+        if path in OPTIONAL_DAYS:
+            low, high, need = 1, MAX_DAYS, f"a whole number of days from 1 to {MAX_DAYS}"
+        else:
+            low, high, need = 0, None, "a non-negative integer"
         # bool is an int subclass; `true` is never a valid limit.
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
             line = _line_of_key(text, path)
-            problems.append(PolicyProblem(DATA_FILE, line, f"{'.'.join(path)} must be a non-negative integer"))
+            problems.append(PolicyProblem(DATA_FILE, line, f"{'.'.join(path)} must be {need}"))
     return data, problems
 
 

@@ -52,4 +52,4 @@ def test_a_pause_records_the_checkpoint_retention_and_the_resume_priority_rule(a
     params = pause["input"]["params"]
     assert params["resume_priority_rule"] == lifecycle.RESUME_PRIORITY_RULE
     assert params["checkpoint_retention"] == {
-        "tier": "important", "keep": f"{lifecycle.retention.IMPORTANT_RETENTION_DAYS} days after the job stops"}
+        "tier": "important", "keep": f"{lifecycle.retention.important_days(api.gateway)} days after the job stops"}

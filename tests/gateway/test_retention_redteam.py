@@ -44,7 +44,7 @@ def test_a_purge_reaches_the_node_that_holds_the_files_of_an_earlier_run(api: Ap
     job_id = _paused_resumed_and_cancelled(api, agent)
     r = api.client.request("DELETE", f"/v1/jobs/{job_id}", headers=api.headers("alice"), json={"reason": "gone"})
     assert api.post(f"/v1/approvals/{r.json()['approval_id']}/approve", "carol").status_code == 200
-    shift_clock(api, lifecycle.RECOVERY_WINDOW.total_seconds() + 1)
+    shift_clock(api, lifecycle.recovery_window(api.gateway).total_seconds() + 1)
     lifecycle.run_chores(api.gateway)
     (purge,) = [c for c in agent.take() if c["kind"] == "delete_artifacts"]
     assert purge["job_id"] == job_id and purge["params"]["what"] == "all"

@@ -93,7 +93,7 @@ def test_delete_after_consent_then_undelete_or_purge_through_the_agent(api: Api,
     r = api.client.request("DELETE", f"/v1/jobs/{job_id}", headers=api.headers("alice"),
                            json={"reason": "trained on the wrong data"})
     assert api.post(f"/v1/approvals/{r.json()['approval_id']}/approve", "carol").status_code == 200
-    shift_clock(api, lifecycle.RECOVERY_WINDOW.total_seconds() + 1)
+    shift_clock(api, lifecycle.recovery_window(api.gateway).total_seconds() + 1)
     assert api.post(f"/v1/jobs/{job_id}/undelete", "alice", json={"reason": "too late"}).status_code == 409
     lifecycle.run_chores(api.gateway)
     (purge,) = [c for c in agent.take() if c["kind"] == "delete_artifacts"]
@@ -117,7 +117,7 @@ def _deleted_and_due_for_purge(api: Api, agent: FakeAgent) -> tuple[str, dict[st
     finish_stop(agent, job_id)
     r = api.client.request("DELETE", f"/v1/jobs/{job_id}", headers=api.headers("alice"), json={"reason": "gone"})
     assert api.post(f"/v1/approvals/{r.json()['approval_id']}/approve", "carol").status_code == 200
-    shift_clock(api, lifecycle.RECOVERY_WINDOW.total_seconds() + 1)
+    shift_clock(api, lifecycle.recovery_window(api.gateway).total_seconds() + 1)
     lifecycle.run_chores(api.gateway)
     (purge,) = [c for c in agent.take() if c["kind"] == "delete_artifacts"]
     return job_id, purge
@@ -165,7 +165,7 @@ def test_important_tier_is_kept_n_days(api: Api, agent: FakeAgent) -> None:
     running_job(api, agent)
     lifecycle.run_chores(api.gateway)
     assert [c for c in agent.take() if c["kind"] == "delete_artifacts"] == []
-    shift_clock(api, timedelta(days=lifecycle.retention.IMPORTANT_RETENTION_DAYS).total_seconds() + 1)
+    shift_clock(api, timedelta(days=lifecycle.retention.important_days(api.gateway)).total_seconds() + 1)
     lifecycle.run_chores(api.gateway)
     assert [c["job_id"] for c in agent.take() if c["kind"] == "delete_artifacts"] == [first]
 

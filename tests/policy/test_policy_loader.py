@@ -95,3 +95,32 @@ def test_hash_covers_every_file(policy_dir: Path) -> None:
     test_file = policy_dir / "tests" / "matrix.yaml"
     test_file.write_text(test_file.read_text() + "\n")
     assert load_policy_set(policy_dir).hash != before
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['"14"', "0", "-1", "true", "1.5", "null", "1000000000"],
+    ids=["text", "zero", "negative", "bool", "fraction", "null", "past-any-calendar"],
+)
+@pytest.mark.parametrize("key", ["important_days", "recovery_window_days"])
+def test_a_retention_or_recovery_period_that_is_not_a_number_of_days_is_refused(
+    policy_dir: Path, key: str, value: str
+) -> None:
+    """P1, A6: the important tier's retention and the deletion recovery window are whole days, at least one
+    (zero keeps an important checkpoint less than a normal one, and leaves no time to undelete) and within a
+    calendar (a billion days is no timedelta, and would crash every stop of an important job)."""
+    path = policy_dir / "data.json"
+    text = path.read_text()
+    for number in ('"important_days": 14', '"recovery_window_days": 7'):
+        assert number in text
+    text = text.replace(f'"{key}": {14 if key == "important_days" else 7}', f'"{key}": {value}')
+    path.write_text(text)
+    line = next(n for n, row in enumerate(text.splitlines(), start=1) if f'"{key}": {value}' in row)
+    section = "retention" if key == "important_days" else "deletion"
+    assert f"data.json:{line}: {section}.{key} must be a whole number of days from 1 to 36500" in _problems(policy_dir)
+
+
+def test_the_shipped_retention_and_recovery_periods_are_todays() -> None:
+    data = load_policy_set(POLICIES).data
+    assert data["retention"]["important_days"] == 14
+    assert data["deletion"]["recovery_window_days"] == 7
