@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from gateway import priority_history
 from gateway.auth import Caller
 from gateway.context import QUEUED_ENTRIES, Gateway, settle_queued_entries
 from gateway.errors import Forbidden, Invalid, LedgerUnavailable
@@ -54,6 +55,15 @@ def target_facts(job: Job, now: datetime) -> dict[str, Any]:
         # A8: for a job a service account started, the pipeline run (trigger) and the person behind it.
         "submitted_via": dict(job.submitted_via),
     }
+
+
+def add_priority_facts(session: Session, facts: Sequence[dict[str, Any]]) -> None:
+    """A2: each target's effective priority now and its unadjusted priority (without the manual part), so the
+    policy can tell an owner giving way from one jumping the queue, job by job. Only decisions that set a
+    value load them (a renewal, P3, decides job.priority with none)."""
+    standing = priority_history.standing(session, [f["id"] for f in facts])
+    for f in facts:
+        f["priority"], f["unadjusted_priority"] = standing[f["id"]]
 
 
 def _refused(gw: Gateway, reason: str, rule: str) -> Decision:
@@ -103,6 +113,8 @@ def decide(
     now = gw.clock()
     request_id = new_request_id()
     facts = [target_facts(j, now) for j in targets]
+    if action == "job.priority" and facts and "priority" in (params or {}):
+        add_priority_facts(session, facts)
     decision_input: dict[str, Any] = {
         "action": action,
         "actor": {"id": caller.id, "kind": caller.kind, "responsible": caller.responsible, "trigger": caller.trigger},

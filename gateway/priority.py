@@ -35,7 +35,7 @@ def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by:
     now = gw.clock()
     row = priority_history.ensure(session, job)
     parts = dict(row.parts or {})
-    before = float(parts.get("total", row.priority or 0.0))
+    before = priority_history.effective(row)
     row.manual = float(row.manual or 0.0) + (value - before)
     parts.update({"manual": row.manual, "total": value})
     row.parts = parts

@@ -128,7 +128,9 @@ class BatchPriorityRequest(BatchRequest):
     """Set one priority on several jobs as one decision: ids or a selector, never both."""
 
     priority: float = Field(ge=-1_000_000, le=1_000_000, allow_inf_nan=False,
-                            description="The new effective priority of every selected job.")
+                            description="The new effective priority of every selected job. Your own jobs "
+                                        "alone: at most the higher of each one's priority now and its "
+                                        "unadjusted priority (A2).")
 
 
 class DecisionOut(BaseModel):

@@ -83,11 +83,51 @@ stop_any_projects contains p if {
 others_job_obligations(t) := [notify_owner(t)]
 
 # Priority / queue position (A2 own, A3 another's with a second person).
+# A2 lets an owner order her own work, not jump the queue: alone she may set her job at most to
+# max(its priority now, its unadjusted priority), the unadjusted one being what the scheduler alone gives it
+# (now minus the manual part). So she may lower it (give way) and take that lowering back, never push it
+# above what the scheduler computes; a value up to 1,000,000 would run before every waiting job, urgent
+# ones too, and never be picked as a preemption victim. Raising it higher is a change of the queue for
+# everyone else, so it goes the A3 way: an owner who is also a queue admin or on-call gives a written
+# reason and a second person confirms; any other owner is refused, told the most she may set herself.
+# The gateway puts `priority` and `unadjusted_priority` on each target when a value is asked
+# (input.params.priority); a renewal (P3, params.renew) asks none and is the owner's alone.
 priority_finding(t) := grant_alone(
 	"A2.own", sprintf("%s changes the priority of their own job %s", [actor, t.id]), t, [],
 ) if {
 	owns(t)
 	"job.priority.own" in granted[t.project]
+	own_priority_change(t)
+} else := refuse(
+	"A2.priority_unknown",
+	sprintf("the current priority of job %s is not known, so an owner's own change of it cannot be judged", [t.id]),
+	t.id,
+) if {
+	owns(t)
+	not own_priority_ceiling(t)
+} else := refuse(
+	"A2.raise_needs_admin",
+	sprintf("%s may set their own job %s at most to %v (its priority now, or what the scheduler alone gives it); a higher value puts it ahead of others' jobs and needs a queue admin or on-call of project %s, with a written reason and a second person", [actor, t.id, own_priority_ceiling(t), t.project]),
+	t.id,
+) if {
+	owns(t)
+	"job.priority.own" in granted[t.project]
+	not "job.priority.any" in granted[t.project]
+} else := refuse(
+	"A3.reason_required",
+	sprintf("raising your own job %s above %v puts it ahead of others' jobs: it needs a written reason", [t.id, own_priority_ceiling(t)]),
+	t.id,
+) if {
+	owns(t)
+	not reason_given
+	"job.priority.any" in granted[t.project]
+} else := grant(
+	"A3.own_raise",
+	sprintf("%s raises their own job %s above %v, the most an owner may set alone; a second person must confirm", [actor, t.id, own_priority_ceiling(t)]),
+	t, 1, second_person(t), [],
+) if {
+	owns(t)
+	"job.priority.any" in granted[t.project]
 } else := refuse(
 	"A3.reason_required",
 	sprintf("%s's job %s is not yours: changing its priority needs a written reason", [t.owner, t.id]), t.id,
@@ -100,6 +140,39 @@ priority_finding(t) := grant_alone(
 ) if {
 	"job.priority.any" in granted[t.project]
 } else := refuse("A3.no_capability", missing_capability(t.project, own_or_any(t)), t.id)
+
+# Whether an owner's change stays within A2: no value asked (a renewal), or one no higher than the job's
+# priority now, or than its unadjusted priority give or take own_priority_slack.
+own_priority_change(t) := true if {
+	not asks_priority_value
+} else := true if {
+	v := input.params.priority
+	is_number(v)
+	v <= t.priority
+} else := true if {
+	v := input.params.priority
+	is_number(v)
+	v <= t.unadjusted_priority + own_priority_slack
+}
+
+default asks_priority_value := false
+
+asks_priority_value if {
+	_ := input.params.priority
+}
+
+# The most an owner may set alone (for the sentences): the higher of now and unadjusted.
+own_priority_ceiling(t) := t.priority if {
+	t.priority >= t.unadjusted_priority
+} else := t.unadjusted_priority if {
+	is_number(t.unadjusted_priority)
+}
+
+# Taking a lowering back means setting the unadjusted value, which the gateway computes as now - manual:
+# in floating point that can come out an ulp below the value the owner read before lowering. A millionth
+# of a priority point absorbs it and cannot ratchet (it is added to the unadjusted value, which an owner's
+# own change never moves, not to the value now).
+own_priority_slack := 0.000001
 
 # Pause keeping a checkpoint (A5): own jobs freely; others' jobs by on-call, telling the owner.
 pause_finding(t) := grant_alone(

@@ -27,6 +27,9 @@ def stop_many(body: BatchRequest, ctx: Ctx) -> dict[str, Any]:
              summary="Set the priority of many jobs as one decision")
 def reprioritize_many(body: BatchPriorityRequest, ctx: Ctx) -> dict[str, Any]:
     """Same selection, dry run, blast radius and limits as `jobs:stop`; others' jobs need a second person
-    (A3), and the approval is bound to the exact id list and the new value."""
+    (A3), and the approval is bound to the exact id list and the new value. Each own job is judged on its own
+    (A2): alone you may set it at most to the higher of its priority now and its unadjusted priority (what
+    the scheduler alone gives it); one job the value would raise past that refuses the whole batch, naming
+    the job and its highest value, unless you are a queue admin or on-call, when it needs a second person."""
     with ctx.gw.transaction() as session:
         return batch.reprioritize_many(ctx.gw, session, ctx.caller(session), body)

@@ -1,5 +1,11 @@
 """POST /v1/jobs/{id}/priority: change a job's priority (A2 own job; A3 another's, with a second person).
 
+A2 is for ordering one's own work, not for jumping the queue: alone, an owner sets her job at most to the higher
+of its priority now and its unadjusted priority (now minus the `manual` part: what the scheduler alone gives it),
+so she may lower it and take the lowering back. Above that the policy (policies/jobs.rego, priority_finding)
+treats it as A3: a queue admin or on-call gives a written reason and a second person confirms; another owner
+is refused (A2.raise_needs_admin) and told the highest value she may set herself.
+
 Audit fields (REQUIREMENTS A2, A3): the value before and after, the queue snapshot at that moment (a
 blob of the decision and of the outcome entry), the operator, the affected owner and the written reason.
 The new value becomes the job's effective priority now (its `manual` part absorbs the difference, so
@@ -30,7 +36,9 @@ class PriorityRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     priority: float = Field(ge=-1_000_000, le=1_000_000, allow_inf_nan=False,
-                            description="The job's new effective priority (higher runs first).")
+                            description="The job's new effective priority (higher runs first). For your own job "
+                                        "alone, at most the higher of its priority now and its unadjusted "
+                                        "priority (A2); more needs a queue admin or on-call and a second person.")
     reason: str | None = Field(None, max_length=1000, description="Written reason; required for others' jobs (A3).")
     ticket: str | None = Field(None, max_length=200, description="Linked ticket or incident id.")
 
@@ -74,9 +82,14 @@ def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
     responses={202: {"description": "A second person must approve; `approval_id` is set"}},
 )
 def set_priority(job_id: JobId, body: PriorityRequest, ctx: Ctx, response: Response) -> PriorityResponse:
-    """Your own job (creator or owner): applied at once (A2). Another's job: queue admin of its project
-    or on-call, with a written reason and a second person (A3) — the answer is 202 with `approval_id`
-    and nothing changes until it is approved. Value before/after and a queue snapshot are recorded."""
+    """Your own job (creator or owner): applied at once (A2) when the new value is at most the higher of the
+    job's effective priority now and its unadjusted priority (now minus its manual part, i.e. what the
+    scheduler alone gives it): you may lower your job to give way, and take that lowering back, but not push
+    it above what the scheduler computes. A higher value for your own job is refused (403,
+    `A2.raise_needs_admin`, naming the highest value you may set) unless you are a queue admin of its project
+    or on-call, when it goes the A3 way. Another's job: queue admin of its project or on-call, with a written
+    reason and a second person (A3) — the answer is 202 with `approval_id` and nothing changes until it is
+    approved. Value before/after and a queue snapshot are recorded."""
     with ctx.gw.transaction() as session:
         out, waiting = change_priority(ctx.gw, session, ctx.caller(session), job_id, body)
     if waiting:
