@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +16,23 @@ from gateway.token_cache import TokenCache, TokenFacts
 from gateway.tokens import TOKEN_PATTERN, hash_token
 
 TRIGGER_HEADER = "X-Jobgate-Trigger"
+
+# The actions a token or break-glass grant may name ('*' stands for all): those the gateway decides on, and
+# approval.grant. Any other name is a typo that grants nothing: an on-call engineer's grant for "job.stpo"
+# would be approved and then stop no job. check_scope() refuses to check an action missing here.
+ACTIONS = frozenset({
+    "approval.grant", "breakglass.request", "emergency.stop", "job.confirm_stopped", "job.delete", "job.pause",
+    "job.priority", "job.resume", "job.stop", "job.submit", "job.undelete", "job.view", "ledger.read",
+    "policy.reload", "quota.change", "role.manage",
+})
+
+
+def refuse_unknown_actions(names: Iterable[str]) -> None:
+    """Raises Invalid naming each of `names` that is no action ('*' is all of them), and the actions there are."""
+    unknown = sorted(set(names) - ACTIONS - {"*"})
+    if unknown:
+        raise Invalid(f"unknown action(s): {', '.join(unknown)}; the actions are {', '.join(sorted(ACTIONS))}, or '*'",
+                      unknown=unknown)
 
 # Built once: composing a SQLAlchemy statement costs more than running this one (every request pays it).
 _BY_HASH = (
@@ -56,6 +74,8 @@ class Caller:
 
     def check_scope(self, action: str, projects: list[str]) -> None:
         """A token is usable only for its stated actions and projects (F1). Raises Forbidden naming the scope."""
+        if action not in ACTIONS:  # a new action must be listed, or no token could ever name it
+            raise LookupError(f"{action!r} is not in gateway.auth.ACTIONS")
         if "*" not in self.token_actions and action not in self.token_actions:
             raise Forbidden(
                 f"token {self.token_id} is scoped to actions {list(self.token_actions)}; {action} is outside it",

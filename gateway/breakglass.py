@@ -23,7 +23,7 @@ from sqlalchemy import JSON, ForeignKey, String, Text, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from gateway.approvals import Approval, executor, open_request
-from gateway.auth import Caller
+from gateway.auth import Caller, refuse_unknown_actions
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound, Unauthenticated
 from gateway.jobs import refuse_if_denied
@@ -80,6 +80,7 @@ def request_grant(gw: Gateway, session: Session, caller: Caller, *, projects: li
     unknown = sorted(p for p in projects if p != "*" and session.get(Project, p) is None)
     if unknown:
         raise Invalid(f"unknown project(s): {', '.join(unknown)}")
+    refuse_unknown_actions(actions)
     params = {"projects": sorted(projects), "actions": sorted(actions), "duration_seconds": duration.total_seconds(),
               "max_uses": max_uses}
     rec = decide(gw, session, caller, "breakglass.request", project=None, params=params, reason=reason,

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.auth import Caller
+from gateway.auth import Caller, refuse_unknown_actions
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
 from gateway.models import Principal, Project, RoleBinding, Token
@@ -91,6 +91,7 @@ def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id:
     unknown = sorted(p for p in projects if p != "*" and session.get(Project, p) is None)
     if unknown:
         raise Invalid(f"unknown project(s): {', '.join(unknown)}")
+    refuse_unknown_actions(actions)
     now = gw.clock()
     lifetime = timedelta(days=expires_in_days)
     if principal_id == caller.id and caller.token_expires_at is not None:

@@ -103,6 +103,14 @@ def test_bad_requests_are_refused(api: Api) -> None:
                            headers={"Authorization": "Bearer jgb_" + "x" * 43}).status_code == 401
 
 
+def test_a_grant_naming_an_action_that_does_not_exist_is_refused_before_anyone_approves_it(api: Api) -> None:
+    # A typo would be granted, and then the credential would stop nothing in the middle of an incident.
+    r = api.post("/v1/break-glass", "dave", json={**GRANT, "actions": ["job.stpo"]})
+    assert r.status_code == 422, r.text
+    assert "unknown action(s): job.stpo" in r.json()["detail"]
+    assert api.get("/v1/break-glass", "dave").json()["grants"] == []
+
+
 def test_holder_revokes_early_and_the_credential_stops_working(api: Api) -> None:
     g = grant(api)
     r = api.post(f"/v1/break-glass/{g['id']}/revoke", "dave")

@@ -46,6 +46,14 @@ def test_service_token_outside_its_project_or_actions_is_refused_naming_the_scop
     assert "scoped to projects" in r.json()["detail"] and "speech" in r.json()["detail"]
 
 
+def test_a_token_naming_an_action_that_does_not_exist_is_refused_naming_it(api: Api) -> None:
+    r = api.post("/v1/tokens", "alice", json={"principal": "ci-bot", "purpose": "ci runs", "projects": ["vision"],
+                                              "actions": ["job.submit", "job.stpo"], "expires_in_days": 10})
+    assert r.status_code == 422, r.text
+    assert "unknown action(s): job.stpo" in r.json()["detail"] and "job.stop" in r.json()["detail"]
+    assert not [t for t in api.get("/v1/tokens", "alice").json()["tokens"] if t["purpose"] == "ci runs"]
+
+
 def test_service_tokens_live_at_most_90_days_and_must_name_projects(api: Api) -> None:
     r = api.post("/v1/tokens", "alice", json={"principal": "ci-bot", "purpose": "ci runs", "projects": ["vision"],
                                               "actions": ["*"], "expires_in_days": 91})
