@@ -28,14 +28,22 @@ from gateway.states import ACTIVE_STATES, ENDED_STATES, PENDING_STATES
 STOPPABLE_STATES = PENDING_STATES + ACTIVE_STATES
 
 
+# The batch decides and writes from the rows it resolves: they are locked (PostgreSQL FOR UPDATE, in id order
+# like jobs.lock_jobs, so that two lockers never deadlock) and read afresh. Unlocked, a node's report or the
+# scheduler committing in between was undone: a job that had exited went back to stop_requested.
+_FRESH = {"populate_existing": True}
+
+
 def resolve(gw: Gateway, session: Session, caller: Caller, ids: Sequence[str] | None,
             selector: Selector | None) -> list[Job]:
-    """Explicit ids (all must exist) or a selector over the projects the caller may see. Raises Invalid."""
+    """Explicit ids (all must exist) or a selector over the projects the caller may see, locked (see _FRESH).
+    Raises Invalid."""
     if ids is not None:
         wanted = sorted(set(ids))
         if len(wanted) != len(ids):
             raise Invalid("the same job id is named more than once")
-        jobs = list(session.scalars(select(Job).where(Job.id.in_(wanted)).order_by(Job.id)).all())
+        jobs = list(session.scalars(select(Job).where(Job.id.in_(wanted)).order_by(Job.id).with_for_update(),
+                                    execution_options=_FRESH).all())
         missing = sorted(set(wanted) - {j.id for j in jobs})
         if missing:
             raise Invalid(f"no such job(s): {', '.join(missing)}", missing=missing)
@@ -49,7 +57,7 @@ def resolve(gw: Gateway, session: Session, caller: Caller, ids: Sequence[str] | 
                           ("workload", selector.workload), ("owner", selector.owner)):
         if value is not None:
             stmt = stmt.where(getattr(Job, column) == value)
-    jobs = list(session.scalars(stmt.order_by(Job.id)).all())
+    jobs = list(session.scalars(stmt.order_by(Job.id).with_for_update(), execution_options=_FRESH).all())
     # Labels are JSON; matching in Python keeps SQLite and PostgreSQL identical.
     return [j for j in jobs if all(j.labels.get(k) == v for k, v in selector.labels.items())]
 

@@ -404,3 +404,39 @@ def test_a_stop_while_the_business_database_is_down_is_a_503_problem(api: Api) -
     assert "Traceback" not in r.text and "SELECT" not in r.text
     assert api.gateway.ledger.size() == size
     assert job(api, j)["state"] == "running"
+
+
+def test_a_job_that_exits_while_a_batch_stop_is_decided_ends_as_it_ran(api: Api) -> None:
+    """PostgreSQL: the batch read its jobs without a lock and stopped them from that copy; a node's `exited`
+    committed between the read and the write was undone, and a finished job went back to stop_requested with a
+    stop command sent for a process that was gone."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the batch holds the write lock, the report waits for it")
+    j, node = _running(api)
+    engine = api.gateway.policy
+    decide, held, go = engine.decide, threading.Event(), threading.Event()
+
+    def hold(doc: dict[str, Any]) -> Any:  # the batch has read its jobs; it decides before it writes
+        if doc["action"] == "job.stop":
+            held.set()
+            go.wait(60)
+        return decide(doc)
+
+    engine.decide = hold  # type: ignore[method-assign]
+    try:
+        batch, answers = _in_thread(
+            lambda: api.post("/v1/jobs:stop", "alice", json={"ids": [j], "reason": "bad learning rate"})
+        )
+        assert held.wait(60)
+        exited, _ = _in_thread(lambda: report(api, node, j, "exited", pid=7, evidence=DONE))
+        _blocked_or_done(api, exited)
+        go.set()
+        batch.join(60)
+        exited.join(60)
+    finally:
+        del engine.decide
+    assert answers[0].status_code in (200, 202), answers[0].text
+    final = job(api, j)
+    # Either order is right: the exit first (the batch then skips a finished job) or the stop first (the exit
+    # then ends the stop). Never a finished job taken back to stop_requested.
+    assert final["state"] in ("succeeded", "stopped"), final["history"]
