@@ -60,7 +60,8 @@ def create_service_account(gw: Gateway, session: Session, caller: Caller, name: 
     session.flush()
     session.add(RoleBinding(principal_id=name, role="service", project=project, created_at=now))
     _ledger(gw, caller, "service_account.create", service_account=name, responsible=caller.id, project=project)
-    gw.policy.grant(EngineBinding(principal=name, role="service", project=project))
+    # Into the policy engine once committed: granted before, a commit that failed left the role in memory.
+    gw.after_commit(session, lambda: gw.policy.grant(EngineBinding(principal=name, role="service", project=project)))
     return account
 
 

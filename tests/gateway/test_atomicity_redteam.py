@@ -12,7 +12,8 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
-from sqlalchemy import select
+from sqlalchemy import event, select
+from sqlalchemy.orm import Session
 from test_approvals_api import ask_stop, job_state
 from test_sched_api import advance, bring_up_nodes, job, report
 
@@ -440,3 +441,21 @@ def test_a_job_that_exits_while_a_batch_stop_is_decided_ends_as_it_ran(api: Api)
     # Either order is right: the exit first (the batch then skips a finished job) or the stop first (the exit
     # then ends the stop). Never a finished job taken back to stop_requested.
     assert final["state"] in ("succeeded", "stopped"), final["history"]
+
+
+def test_a_service_account_whose_creation_does_not_commit_holds_no_role(api: Api) -> None:
+    """Its role was granted in the policy engine before the commit: when the commit failed, the account that
+    does not exist held the role in memory, and a later account of that name got it without being given it."""
+    client = TestClient(api.client.app, raise_server_exceptions=False)
+
+    def fail(session: Any) -> None:
+        raise RuntimeError("the business database refused the commit")
+
+    event.listen(Session, "before_commit", fail)
+    try:
+        body = {"name": "doomed-bot", "project": "vision", "description": "never committed"}
+        r = client.post("/v1/service-accounts", headers=api.headers("alice"), json=body)
+    finally:
+        event.remove(Session, "before_commit", fail)
+    assert r.status_code == 500, r.text
+    assert api.gateway.policy.roles_of("doomed-bot") == {}
