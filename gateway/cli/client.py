@@ -55,6 +55,12 @@ class Client:
             headers["X-Jobgate-Trigger"] = _header_value(trigger, "the trigger (--trigger or JOBGATE_TRIGGER)")
         self.has_token = bool(token)
         self.url = url.rstrip("/")
+        try:
+            parsed = httpx.URL(self.url)
+        except httpx.InvalidURL as e:  # e.g. an unclosed [ of an IPv6 address
+            fail(f"{url!r} is not a gateway URL (--gateway or JOBGATE_URL): {e}")
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            fail(f"{url!r} is not a gateway URL (--gateway or JOBGATE_URL): write it like http://HOST:PORT")
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
         ctx = click.get_current_context(silent=True)
         if ctx is not None:  # close the kept-alive connection when the command ends, not at interpreter exit

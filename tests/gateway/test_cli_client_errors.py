@@ -17,10 +17,12 @@ JOBGATE = [sys.executable, "-m", "gateway.cli"]
         (["job", "--gateway", "http://127.0.0.1:9", "list"], "cannot reach the gateway"),
         (["job", "submit", "--name", "x", "--project", "vision", "--label", "nolabel", "--", "true"],
          "must look like key=value"),
-        (["approve", "apr-1", "--gateway", "not a url"], "cannot reach the gateway"),
+        (["approve", "apr-1", "--gateway", "not a url"], "is not a gateway URL"),
+        (["job", "--gateway", "http://[::1", "list"], "is not a gateway URL"),
+        (["job", "--gateway", "localhost:8080", "list"], "like http://HOST:PORT"),
         (["job", "stop", "j-1"], "Missing option '--reason'"),
     ],
-    ids=["unreachable", "bad-label", "bad-url", "missing-reason"],
+    ids=["unreachable", "bad-label", "bad-url", "unparsable-url", "no-scheme", "missing-reason"],
 )
 def test_client_errors_are_one_line(args: list[str], contains: str) -> None:
     env = {**os.environ, "JOBGATE_URL": "http://127.0.0.1:9", "JOBGATE_TOKEN": "jg_" + "x" * 43}
