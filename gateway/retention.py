@@ -165,6 +165,9 @@ def record_deleted(gw: Gateway, session: Session, node: str, job_id: str, object
     # No parts: a cleanup sent before nodes were tracked; its one report closes it, as it did then.
     if complete and all(p.state == "removed" for p in parts):
         row.state, row.cleaned_at = "cleaned", now
+        # P1 asks for the cleanup itself to be audited: its start and each object removed are, and so is its end.
+        record_outcome(gw, "retention", {"job_id": job_id, "action": "cleaned", "tier": row.tier,
+                                         "nodes": sorted(p.node for p in parts) or [node], "at": now.isoformat()})
 
 
 def auto_offline(gw: Gateway, session: Session, now: datetime) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from gateway_testkit import Api, job_spec
+from gateway_testkit import Api, job_spec, ledger_entries
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
 from gateway import lifecycle
@@ -147,6 +147,10 @@ def test_a_gang_jobs_cleanup_is_over_only_once_every_node_has_reported(api: Api,
     assert _retention_state(api, job_id) == "cleaning"
     _deleted(sent["demo-node-2"][0], job_id, sent["demo-node-2"][1])
     assert _retention_state(api, job_id) == "cleaned"
+    # P1: the cleanup is audited to its end, not only its start and the objects each node removed.
+    kept = [e["body"] for e in ledger_entries(api) if e["kind"] == "retention" and e["body"].get("job_id") == job_id]
+    (done,) = [b for b in kept if b.get("action") == "cleaned"]
+    assert done["nodes"] == ["demo-node-1", "demo-node-2"] and done["tier"] == "normal", done
 
 
 def test_a_gang_jobs_cleanup_stays_open_while_a_node_left_files_behind(api: Api, agent: FakeAgent) -> None:
