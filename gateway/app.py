@@ -19,6 +19,7 @@ from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
 from gateway.policy_reload import PolicyReloader
+from gateway.reconcile import reconcile_at_startup
 from gateway.scheduling import SchedulerLoop
 from gateway.settings import Settings
 
@@ -67,6 +68,8 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
         app.state.long_poll_limiter = anyio.CapacityLimiter(LONG_POLL_THREADS)
         gw = open_gateway(settings)
         app.state.gateway = gw
+        # Before serving: an allowed decision the last run left without an outcome is closed with one.
+        reconcile_at_startup(gw)
         # Policy: ledger the start-up set, then watch the directory for reviewers' changes (issue 4).
         reloader = PolicyReloader(gw)
         app.state.policy_reloader = reloader

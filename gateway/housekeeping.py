@@ -1,4 +1,5 @@
-"""Periodic chores beside the scheduler loop: receipts that timed out, and whatever else registers.
+"""Periodic chores beside the scheduler loop: receipts that timed out, decisions left without an outcome by a
+transaction that raised (gateway/reconcile.py), and whatever else registers.
 
 Each task runs in its own transaction so one failing chore never blocks the others.
 """
@@ -15,12 +16,17 @@ from gateway.approvals import expire_due
 from gateway.breakglass import sweep_expired
 from gateway.context import Gateway
 from gateway.obligations import sweep_timed_out_receipts
+from gateway.reconcile import reconcile_task
 
 log = logging.getLogger("jobgate.housekeeping")
 
 Task = Callable[[Gateway, Session], object]
-TASKS: list[tuple[str, Task]] = [("receipts", sweep_timed_out_receipts), ("break-glass expiry", sweep_expired),
-                                 ("approval expiry", expire_due)]
+TASKS: list[tuple[str, Task]] = [
+    ("receipts", sweep_timed_out_receipts),
+    ("break-glass expiry", sweep_expired),
+    ("approval expiry", expire_due),
+    ("decisions without an outcome", reconcile_task),
+]
 
 
 def register(name: str, task: Task) -> None:

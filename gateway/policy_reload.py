@@ -104,8 +104,12 @@ class PolicyReloader:
 
     # -- reload --------------------------------------------------------------------------------
 
-    def reload(self, *, trigger: str, by: str) -> LoadAttempt:
-        """Load, test and activate the policy directory. Raises PolicyRefused (the old set stays)."""
+    def reload(self, *, trigger: str, by: str, decision_seq: int | None = None) -> LoadAttempt:
+        """Load, test and activate the policy directory. Raises PolicyRefused (the old set stays).
+
+        `decision_seq`, the allowed policy.reload decision of an API reload, is cited by the load's entry: it is
+        that decision's outcome (gateway/reconcile.py)."""
+        cite = {} if decision_seq is None else {"decision_seq": decision_seq}
         with self.gw.policy_lock:
             self._seen_stamps = _stamps(self.directory)
             previous = self.gw.policy.policy_hash
@@ -114,9 +118,9 @@ class PolicyReloader:
             except OSError as e:
                 candidate_hash = ""
                 errors = [str(PolicyProblem(str(self.directory), 0, f"cannot read: {e}"))]
-                return self._refuse(trigger, by, candidate_hash, errors, previous)
+                return self._refuse(trigger, by, candidate_hash, errors, previous, cite)
             if candidate_hash == previous:
-                return self._record(trigger, by, candidate_hash, "unchanged", [], previous)
+                return self._record(trigger, by, candidate_hash, "unchanged", [], previous, cite)
             try:
                 policy_set = load_policy_set(self.directory)
                 failures = run_suite(policy_set)
@@ -127,12 +131,12 @@ class PolicyReloader:
                 engine = make_engine(policy_set, bindings, kind=self.gw.settings.policy_engine,
                                      opa_url=self.gw.settings.opa_url, opa_timeout_s=self.gw.settings.opa_timeout_s)
             except PolicyLoadError as e:
-                return self._refuse(trigger, by, candidate_hash, [str(p) for p in e.errors], previous)
+                return self._refuse(trigger, by, candidate_hash, [str(p) for p in e.errors], previous, cite)
             except PolicyError as e:
-                return self._refuse(trigger, by, candidate_hash, [e.diagnostics()], previous)
+                return self._refuse(trigger, by, candidate_hash, [e.diagnostics()], previous, cite)
             # Record first: the load is durable in the ledger before the new set decides anything.
             try:
-                attempt = self._record(trigger, by, policy_set.hash, "loaded", [], previous, strict=True)
+                attempt = self._record(trigger, by, policy_set.hash, "loaded", [], previous, cite, strict=True)
             except LedgerError as e:
                 engine.close()
                 raise PolicyRefused(f"the load could not be recorded in the ledger ({e}); the previous set stays",
@@ -148,8 +152,9 @@ class PolicyReloader:
             log.info("policy set %s loaded (%s by %s)", policy_set.hash[:12], trigger, by)
             return attempt
 
-    def _refuse(self, trigger: str, by: str, candidate: str, errors: list[str], previous: str) -> LoadAttempt:
-        attempt = self._record(trigger, by, candidate, "refused", errors, previous)
+    def _refuse(self, trigger: str, by: str, candidate: str, errors: list[str], previous: str,
+                cite: dict[str, int]) -> LoadAttempt:
+        attempt = self._record(trigger, by, candidate, "refused", errors, previous, cite)
         self._refused_hash = candidate
         log.warning("policy set %s refused (%s by %s): %s", candidate[:12], trigger, by, "; ".join(errors))
         raise PolicyRefused(
@@ -162,12 +167,12 @@ class PolicyReloader:
         )
 
     def _record(self, trigger: str, by: str, candidate: str, result: str, errors: list[str],
-                previous: str | None, *, strict: bool = False) -> LoadAttempt:
+                previous: str | None, cite: dict[str, int] | None = None, *, strict: bool = False) -> LoadAttempt:
         """Append a `policy` ledger entry; with strict, a ledger failure raises LedgerError."""
         now = self.gw.clock()
         body = {"event": "policy.load", "trigger": trigger, "by": by, "result": result, "policy_hash": candidate,
                 "previous_hash": previous, "errors": errors, "directory": str(self.directory),
-                "engine": self.gw.settings.policy_engine}
+                "engine": self.gw.settings.policy_engine, **(cite or {})}
         seq: int | None = None
         try:
             seq = self.gw.ledger.append("policy", body).seq

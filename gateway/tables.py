@@ -9,6 +9,7 @@ import gateway.approvals
 import gateway.breakglass
 import gateway.models
 import gateway.notifications
+import gateway.reconcile
 import gateway.scheduler_tables
 import gateway.stop_tables
 from gateway.models import Base

@@ -45,5 +45,5 @@ def reload(ctx: Ctx, reloader: Reloader) -> dict[str, Any]:
         rec = decide(ctx.gw, session, caller, "policy.reload")
         refuse_unless_allowed(rec)
     # Outside the transaction: a reload reads the role bindings in a transaction of its own.
-    attempt = reloader.reload(trigger="api", by=caller.id)
+    attempt = reloader.reload(trigger="api", by=caller.id, decision_seq=rec.seq)
     return {"attempt": attempt.to_json(), "decision_seq": rec.seq, **reloader.status()}
