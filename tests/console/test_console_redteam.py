@@ -1,0 +1,128 @@
+"""Red-team tests of the console: what another site (or a string an attacker wrote) can make it do."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import uvicorn
+from console_browser_kit import browser
+from console_testkit import Console, submit
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def served(console: Console) -> Iterator[str]:
+    """The fixture's app (lifespan already running) behind a real uvicorn socket, for a real browser."""
+    server = uvicorn.Server(
+        uvicorn.Config(console.app, host="127.0.0.1", port=_free_port(), lifespan="off", log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def other_site() -> Iterator[tuple[str, dict[str, str]]]:
+    """Another web server on the same host (so the same site for cookies, another origin): it serves the
+    HTML put in the returned dict under its path."""
+    pages: dict[str, str] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = pages.get(self.path, "").encode()
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", pages
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+
+
+def _pending_approval(console: Console) -> str:
+    """carol files a stop of alice's job; alice is the second person who may approve it."""
+    job = submit(console)
+    carol, csrf = console.sign_in("carol")
+    r = carol.post(f"/ui/jobs/{job}/stop", data={"reason": "queue hog", "csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/approvals/apr-"), r.text
+    return str(r.headers["location"].rsplit("/", 1)[1])
+
+
+def test_console_pages_forbid_framing_and_scripts(console: Console) -> None:
+    approval = _pending_approval(console)
+    alice, _ = console.sign_in("alice")
+    anonymous = console.browser()
+    for client, path in (
+        (anonymous, "/ui/login"),
+        (alice, "/ui/"),
+        (alice, f"/ui/approvals/{approval}"),
+        (alice, "/ui/approvals/apr-none"),
+        (alice, "/ui/ledger"),
+    ):
+        r = client.get(path)
+        assert r.headers["content-type"].startswith("text/html"), path
+        csp = r.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in csp and "default-src 'none'" in csp and "script-src" not in csp, path
+        assert r.headers.get("x-frame-options") == "DENY" and r.headers.get("x-content-type-options") == "nosniff"
+        assert r.headers.get("cache-control") == "no-store", path
+
+
+@pytest.mark.parametrize("console", ["sqlite"], indirect=True)
+def test_another_site_cannot_frame_the_approve_button(
+    console: Console, served: str, other_site: tuple[str, dict[str, str]]
+) -> None:
+    """Clickjacking: a page on another port of the same host (same site, so the SameSite=Strict cookie
+    goes along) frames alice's approval under a decoy. Chromium must refuse to show the console inside."""
+    approval = _pending_approval(console)
+    site, pages = other_site
+    pages["/prize.html"] = (
+        f'<p>Click to win</p><iframe id="f" src="{served}/ui/approvals/{approval}"'
+        ' onload="document.title = \'framed\'" width="900" height="700"></iframe>'
+    )
+    with browser() as b:
+        page = b.new_page()  # type: ignore[attr-defined]
+        page.goto(served + "/ui/login")
+        page.fill("input[name=token]", console.tokens["alice"])
+        page.click("button[type=submit]")
+        page.wait_for_selector("#me")
+        assert page.locator(f"#{approval} button[name=approve]").count() == 0  # home page; then her inbox:
+        page.goto(f"{served}/ui/approvals/{approval}")
+        assert page.locator("button[name=approve]").count() == 1
+
+        page.goto(site + "/prize.html")
+        page.wait_for_function("document.title === 'framed'")
+        framed = page.frame_locator("#f")
+        assert framed.locator("button[name=approve]").count() == 0
+        assert framed.locator("#me").count() == 0
+    r = console.api("GET", f"/v1/approvals/{approval}", "alice")
+    assert r.json()["state"] == "pending"
