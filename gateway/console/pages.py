@@ -209,7 +209,13 @@ def _approval_view(gw: Gateway, session: Any, caller: Any, a: approvals.Approval
     mine = caller.real_identity == a.requester_real
     radius = {"jobs": len(targets), "gpus": sum(j.gpus_per_node * j.nodes for j in targets),
               "projects": sorted({j.project for j in targets}), "owners": sorted({j.owner for j in targets})}
-    return {"a": approvals.to_json(a), "targets": targets, "mine": mine, "radius": radius,
+    # An approval can span projects (a cross-project batch, asked of each target's owner): the details of a
+    # target are for those who may view its job (A1), as GET /v1/jobs/{id} decides; the others get its id
+    # and project, what GET /v1/approvals/{id} gives them too.
+    visible = jobs.visible_projects(gw, session, caller, sorted({j.project for j in targets}))
+    return {"a": approvals.to_json(a), "targets": [j for j in targets if j.project in visible],
+            "hidden": [(j.id, j.project) for j in targets if j.project not in visible], "mine": mine,
+            "radius": radius,
             "can_approve": a.state == "pending" and not mine and approvals.may_approve(gw, session, caller, a)}
 
 

@@ -126,3 +126,32 @@ def test_another_site_cannot_frame_the_approve_button(
         assert framed.locator("#me").count() == 0
     r = console.api("GET", f"/v1/approvals/{approval}", "alice")
     assert r.json()["state"] == "pending"
+
+
+def test_cross_project_approval_shows_each_approver_only_the_jobs_she_may_view(console: Console) -> None:
+    """dave stops a job of alice (vision) and one of mallory (speech) in one batch; each owner is asked.
+    mallory may not view vision's jobs (A1): the API gives her the other target's id only, and so must
+    the console, not its name, state or size."""
+    vision = submit(console, name="alice-secret-run")
+    speech = submit(console, "mallory", project="speech", name="mallory-run", gpus_per_node=3)
+    r = console.api("POST", "/v1/jobs:stop", "dave", json={"ids": [vision, speech], "reason": "incident 42"})
+    assert r.status_code == 202 and r.json()["decision"]["effect"] == "needs_approval", r.text
+    assert console.api("GET", f"/v1/jobs/{vision}", "mallory").status_code == 403
+    approval = console.api("GET", "/v1/approvals", "mallory").json()["approvals"][0]
+    assert "alice-secret-run" not in str(approval)
+
+    mallory, _ = console.sign_in("mallory")
+    for path in ("/ui/approvals", f"/ui/approvals/{approval['id']}"):
+        page = mallory.get(path).text
+        assert "mallory-run" in page and "alice-secret-run" not in page, path
+        assert f'href="/ui/jobs/{vision}"' not in page and vision in page, path
+        assert "a job of project vision, which you may not view" in page, path
+    # alice is a member of vision, not speech: the mirror image.
+    alice, _ = console.sign_in("alice")
+    page = alice.get(f"/ui/approvals/{approval['id']}").text
+    assert "alice-secret-run" in page and "mallory-run" not in page
+    # The auditor and dave, who may view both projects, see both.
+    for who in ("dave", "audrey"):
+        c, _ = console.sign_in(who)
+        page = c.get(f"/ui/approvals/{approval['id']}").text
+        assert "alice-secret-run" in page and "mallory-run" in page, who
