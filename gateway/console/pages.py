@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from sqlalchemy import or_, select
 
 from gateway import approvals, jobs, priority_history
+from gateway.api.approvals import ApproveBody, RejectBody
 from gateway.console import insights
 from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
 from gateway.console.web import ConsoleRoute, need_view, new_login_nonce, page, store, templates
@@ -171,7 +172,7 @@ def stop_job(request: Request, job_id: str, csrf: Field_ = None, reason: Field_ 
     try:
         body = StopRequest(reason=(reason or "").strip(), ticket=(ticket or "").strip() or None)
     except ValidationError as e:
-        raise Invalid("a stop needs a written reason of at least 3 characters") from e
+        raise Invalid("a stop needs a written reason of 3 to 2000 characters, and a ticket is at most 200") from e
     with view.gw.transaction() as session:
         _, _rec, approval = jobs.stop(view.gw, session, view.caller(session), job_id, body)
         approval_id = approval.id if approval is not None else None
@@ -238,9 +239,13 @@ def approve(request: Request, approval_id: str, csrf: Field_ = None, comment: Fi
     """approvals.approve in one transaction: re-decided with the recorded approvals, executed once."""
     view = need_view(request)
     view.require_csrf(csrf)
+    try:  # the API's bounds: what goes into the signed ledger is the same whichever way it came
+        body = ApproveBody(comment=(comment or "").strip() or None)
+    except ValidationError as e:
+        raise Invalid("an approval's comment is at most 2000 characters") from e
     approvals.settle_expiry(view.gw, approval_id)
     with view.gw.transaction() as session:
-        approvals.approve(view.gw, session, view.caller(session), approval_id, (comment or "").strip() or None)
+        approvals.approve(view.gw, session, view.caller(session), approval_id, body.comment)
     return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
 
 
@@ -249,11 +254,12 @@ def approve(request: Request, approval_id: str, csrf: Field_ = None, comment: Fi
 def reject(request: Request, approval_id: str, csrf: Field_ = None, reason: Field_ = None) -> Response:
     view = need_view(request)
     view.require_csrf(csrf)
-    text = (reason or "").strip()
-    if len(text) < 3:
-        raise Invalid("a rejection needs a written reason of at least 3 characters")
+    try:
+        body = RejectBody(reason=(reason or "").strip())
+    except ValidationError as e:
+        raise Invalid("a rejection needs a written reason of 3 to 2000 characters") from e
     approvals.settle_expiry(view.gw, approval_id)
     with view.gw.transaction() as session:
-        approvals.reject(view.gw, session, view.caller(session), approval_id, text)
+        approvals.reject(view.gw, session, view.caller(session), approval_id, body.reason)
     return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
 

@@ -155,3 +155,23 @@ def test_cross_project_approval_shows_each_approver_only_the_jobs_she_may_view(c
         c, _ = console.sign_in(who)
         page = c.get(f"/ui/approvals/{approval['id']}").text
         assert "alice-secret-run" in page and "mallory-run" in page, who
+
+
+def test_console_answers_are_bounded_like_the_apis(console: Console) -> None:
+    """The API takes an approval comment or a rejection reason of at most 2000 characters; the console's
+    forms wrote whatever came (up to the 1 MiB body limit) into the signed ledger for ever."""
+    approval = _pending_approval(console)
+    alice, csrf = console.sign_in("alice")
+    size = console.gateway.ledger.size()
+    huge = "x" * 5000
+    r = alice.post(f"/ui/approvals/{approval}/approve", data={"csrf": csrf, "comment": huge})
+    assert r.status_code == 422 and "2000" in r.text
+    r = alice.post(f"/ui/approvals/{approval}/reject", data={"csrf": csrf, "reason": huge})
+    assert r.status_code == 422 and "2000" in r.text
+    assert console.gateway.ledger.size() == size
+    assert console.api("GET", f"/v1/approvals/{approval}", "alice").json()["state"] == "pending"
+    r = console.api("POST", f"/v1/approvals/{approval}/approve", "alice", json={"comment": huge})
+    assert r.status_code == 422  # the same answer as the API's
+    r = alice.post(f"/ui/approvals/{approval}/reject", data={"csrf": csrf, "reason": "not now"}, follow_redirects=False)
+    assert r.status_code == 303
+    assert console.api("GET", f"/v1/approvals/{approval}", "alice").json()["state"] == "rejected"
