@@ -24,6 +24,9 @@ from gateway.tokens import TOKEN_PATTERN, hash_token
 COOKIE = "jg_session"
 LOGIN_COOKIE = "jg_login"  # pre-session CSRF value for the sign-in form (double submit)
 IDLE = timedelta(hours=8)
+# Sessions one token may hold at once (a person's browsers and tabs signed in anew). Without a cap, a token signing
+# in over and over grew the gateway's memory for as long as IDLE, since only a session's own cookie removed it.
+PER_TOKEN = 16
 
 
 @dataclass
@@ -44,8 +47,14 @@ class SessionStore:
         self._sessions: dict[str, ConsoleSession] = {}
 
     def create(self, token_hash: str, principal: str, now: datetime) -> ConsoleSession:
+        """A new session; idle ones go, and the token's least recently used ones beyond PER_TOKEN - 1."""
         s = ConsoleSession(secrets.token_urlsafe(32), token_hash, principal, secrets.token_urlsafe(32), now, now)
         with self._lock:
+            for old in [o for o in self._sessions.values() if now - o.last_seen > IDLE]:
+                del self._sessions[old.id]
+            same = sorted((o for o in self._sessions.values() if o.token_hash == token_hash), key=lambda o: o.last_seen)
+            for old in same[: max(0, len(same) - (PER_TOKEN - 1))]:
+                del self._sessions[old.id]
             self._sessions[s.id] = s
         return s
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from console_testkit import Console, csrf_of, submit
 from sqlalchemy import update
 
-from gateway.console.sessions import COOKIE
+from gateway.console.sessions import COOKIE, IDLE, PER_TOKEN, SessionStore
 from gateway.models import Token
 from gateway.tokens import hash_token
 
@@ -102,3 +102,17 @@ def test_revoked_or_expired_token_ends_the_session(console: Console) -> None:
         session.execute(update(Token).where(Token.token_hash == hash_token(console.tokens["bob"]))
                         .values(expires_at=gw.clock() - timedelta(seconds=1)))
     assert b.get("/ui/approvals", follow_redirects=False).headers["location"] == "/ui/login"
+
+
+def test_sessions_are_bounded_per_token_and_idle_ones_are_swept() -> None:
+    """Signing in over and over with one token grew the gateway's memory: only a session's own cookie removed it."""
+    store = SessionStore()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    first = store.create("hash-a", "alice", t0)
+    later = [store.create("hash-a", "alice", t0 + timedelta(seconds=i)) for i in range(1, 40)]
+    other = store.create("hash-b", "bob", t0 + timedelta(seconds=41))
+    assert len(store) == PER_TOKEN + 1  # alice's newest PER_TOKEN, and bob's
+    assert store.get(first.id, t0 + timedelta(seconds=42)) is None  # the least recently used went first
+    assert store.get(later[-1].id, t0 + timedelta(seconds=42)) is not None
+    store.create("hash-c", "carol", t0 + IDLE + timedelta(minutes=5))  # everyone else idle since
+    assert len(store) == 1 and store.get(other.id, t0 + IDLE + timedelta(minutes=5)) is None
