@@ -18,7 +18,7 @@ from gateway.approvals import open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Invalid
-from gateway.jobs import decision_out, execute_stop, refuse_if_denied, refuse_in_state, visible_projects
+from gateway.jobs import decision_out, execute_stop, not_stoppable, refuse_if_denied, refuse_in_state, visible_projects
 from gateway.models import Job, Project
 from gateway.pipeline import Recorded, decide, ledger_batch
 from gateway.priority import apply_priority
@@ -72,9 +72,11 @@ def blast_radius(jobs: Sequence[Job], now: datetime) -> dict[str, Any]:
 
 
 def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, *, action: str,
-              params: dict[str, Any], apply: Callable[[Job, Recorded], object]) -> dict[str, Any]:
+              params: dict[str, Any], apply: Callable[[Job, Recorded], object],
+              refusal: Callable[[Job], str | None]) -> dict[str, Any]:
     """Resolve, measure, decide once for the whole selection, then apply to each job or open one approval
     bound to the exact id list (executed later by the action's registered executor with `params`).
+    `refusal` says why the action cannot be applied to a job in its state (None: it can).
 
     Raises Invalid, PolicyDenied, LedgerUnavailable.
     """
@@ -84,12 +86,14 @@ def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, 
     out: dict[str, Any] = {"dry_run": req.dry_run, "targets": ids, "blast_radius": radius}
     if not jobs:
         raise Invalid("the selection matches no job; nothing to do", **out)
-    # Like a single job's route: a job that already ended is a 409 before anything is decided (to those who
-    # may see it; for anyone else the decision below refuses). Decided, the batch would be ledgered as
-    # allowed and then fail on that job, leaving an allow without an outcome.
+    # Like a single job's route: a job the action cannot apply to (one that ended; for a stop, one paused or
+    # deleted too) is a 409 before anything is decided (to those who may see it; for anyone else the decision
+    # below refuses). Decided, the batch would be ledgered as allowed and then fail on that job, leaving an
+    # allow without an outcome.
     for job in jobs:
-        if job.state in ENDED_STATES:
-            refuse_in_state(gw, session, caller, job, f"job {job.id} already ended ({job.state}); nothing was done")
+        why = refusal(job)
+        if why:
+            refuse_in_state(gw, session, caller, job, f"{why}; nothing was done")
     project = jobs[0].project if len(radius["projects"]) == 1 else None
     granularity = "job" if len(jobs) == 1 else "workload"
     rec = decide(gw, session, caller, action, targets=jobs, project=project, reason=req.reason,
@@ -119,7 +123,7 @@ def stop_many(gw: Gateway, session: Session, caller: Caller, req: BatchRequest) 
         execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
                      reason=req.reason, ticket=req.ticket, obligations=rec.decision.obligations)
 
-    return run_batch(gw, session, caller, req, action="job.stop", params={}, apply=apply)
+    return run_batch(gw, session, caller, req, action="job.stop", params={}, apply=apply, refusal=not_stoppable)
 
 
 def reprioritize_many(gw: Gateway, session: Session, caller: Caller, req: BatchPriorityRequest) -> dict[str, Any]:
@@ -128,5 +132,8 @@ def reprioritize_many(gw: Gateway, session: Session, caller: Caller, req: BatchP
         apply_priority(gw, session, job, req.priority, by=caller.id, request_id=rec.request_id,
                        decision_seq=rec.seq, reason=req.reason, approved_by=[], obligations=rec.decision.obligations)
 
+    def refusal(job: Job) -> str | None:
+        return f"job {job.id} already ended ({job.state})" if job.state in ENDED_STATES else None
+
     return run_batch(gw, session, caller, req, action="job.priority", params={"priority": req.priority},
-                     apply=apply)
+                     apply=apply, refusal=refusal)

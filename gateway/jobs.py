@@ -304,8 +304,9 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
     Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable.
     """
     job = load_job(session, job_id, for_update=True)
-    if job.state not in STOPPABLE_STATES + STOPPING_STATES:
-        refuse_in_state(gw, session, caller, job, _not_stoppable(job))
+    why = not_stoppable(job)
+    if why:
+        refuse_in_state(gw, session, caller, job, why)
     rec = decide(gw, session, caller, "job.stop", targets=[job], project=job.project,
                  reason=req.reason, ticket=req.ticket, durable_by_commit=True)
     refuse_if_denied(rec)
@@ -334,7 +335,11 @@ def _stop_after_approval(gw: Gateway, session: Session, approval: Approval, targ
             "not_stoppable": [{"id": j.id, "state": j.state} for j in targets if j not in stoppable]}
 
 
-def _not_stoppable(job: Job) -> str:
+def not_stoppable(job: Job) -> str | None:
+    """Why a stop of this job is refused, None if it may be stopped (a batch stop asks it of each target before
+    deciding, as stop does)."""
+    if job.state in STOPPABLE_STATES + STOPPING_STATES:
+        return None
     if job.state in ENDED_STATES:
         return f"job {job.id} already ended ({job.state})"
     return f"job {job.id} is {job.state}; only queued, running or lost jobs can be stopped"
@@ -349,8 +354,9 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
     before the stop goes out; the outcome entry records who was notified. Raises Conflict.
     """
     now = gw.clock()
-    if job.state not in STOPPABLE_STATES + STOPPING_STATES:
-        raise Conflict(_not_stoppable(job), state=job.state)
+    why = not_stoppable(job)
+    if why:
+        raise Conflict(why, state=job.state)
     before = job.state
     notified = notify_owners(gw, session, obligations, job=job, actor=by, action="job.stop", reason=reason)
     from gateway.stops import ledger_transition, take_over_stop  # late: stops builds on this module

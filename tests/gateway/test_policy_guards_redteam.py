@@ -482,3 +482,18 @@ def test_a_cross_project_batch_needs_one_approval_more_than_a_one_project_batch(
 
     assert required([vision[0], speech]) == required(vision[:2]) + 1
     assert required([*vision[:2], speech]) == required(vision) + 1
+
+
+def test_a_batch_stop_naming_a_paused_job_is_refused_before_it_is_decided(api: Api) -> None:
+    """A paused job is no more stoppable by a batch than by its own route (409): decided first, the batch was
+    ledgered as allowed and then failed on that job, an allow without an outcome."""
+    pending = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    paused = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    assert api.post(f"/v1/jobs/{paused}/pause", "alice", json={"reason": "later"}).status_code == 202
+    assert api.get(f"/v1/jobs/{paused}", "alice").json()["state"] == "paused"
+    before = len(ledger(api))
+    r = api.post("/v1/jobs:stop", "alice", json={"ids": [pending, paused], "reason": "cleanup"})
+    assert r.status_code == 409 and paused in r.json()["detail"], r.text
+    after = ledger(api)[before:]
+    assert [e["kind"] for e in after] == [], [(e["kind"], e["body"].get("result")) for e in after]
+    assert api.get(f"/v1/jobs/{pending}", "alice").json()["state"] == "pending"
