@@ -38,7 +38,8 @@ def _summary(a: dict[str, Any]) -> str:
     if a.get("blast_radius"):
         lines.append(f"  blast radius: {_radius(a['blast_radius'])}")
     if a.get("resolution", {}).get("skipped"):
-        lines.append(f"  skipped (ended meanwhile): {a['resolution']['skipped']}")
+        skipped = [f"{j['id']} ({j['state']})" if isinstance(j, dict) else str(j) for j in a["resolution"]["skipped"]]
+        lines.append(f"  skipped (ended meanwhile): {', '.join(skipped)}")
     return "\n".join(lines)
 
 

@@ -15,7 +15,8 @@ def break_glass_group() -> None:
 @break_glass_group.command("request")
 @client_options
 @click.option("--project", "projects", multiple=True, required=True, help="Project covered; repeatable.")
-@click.option("--action", "actions", multiple=True, required=True, help="Action covered (job.stop, ...).")
+@click.option("--action", "actions", multiple=True, required=True,
+              help="Action covered, e.g. job.stop or job.pause; repeatable. A misspelt one is refused with the list.")
 @click.option("--minutes", type=float, required=True, help="Lifetime, at most 240.")
 @click.option("--uses", type=int, default=1, show_default=True, help="Calls it may make.")
 @click.option("--reason", required=True, help="Why you need it; kept in the ledger.")

@@ -52,7 +52,9 @@ def _print(es: dict[str, Any]) -> None:
     else:
         click.echo(f"requested by {es['requested_by']}; decided by {', '.join(es['deciders'])}")
     if es.get("approval_id") and es["state"] == "pending_approval":
-        click.echo(f"waiting for approval {es['approval_id']} (jobgate approve {es['approval_id']})")
+        click.echo(f"waiting for approval {es['approval_id']}: nothing is stopped until a second person holding the"
+                   f" other of the on-call and security-reviewer roles runs `jobgate approve {es['approval_id']}`;"
+                   f" follow it with `jobgate emergency-stop show {es['id']} --watch`")
     rows = [{**j, "node": ",".join(j["nodes"]), "stop_latency_s": _seconds(j.get("stop_latency_s"))}
             for j in es.get("jobs", [])]
     click.echo(table(rows, JOB_COLUMNS))

@@ -23,11 +23,30 @@ def _row(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _who_confirms(required: dict[str, Any]) -> str:
+    """`alice, or someone holding oncall or queue_admin in vision or cluster-wide`: whom to hand the id to."""
+    projects = [p for p in required.get("projects") or [] if p != "*"]
+    roles = " or ".join(required.get("roles") or [])
+    where = f" in {', '.join(projects)}" if projects else ""
+    if "*" in (required.get("projects") or []):
+        where += " or cluster-wide" if where else " cluster-wide"
+    anyone = f"someone holding {roles}{where}" if roles else ""
+    return ", or ".join(x for x in (", ".join(required.get("principals") or []), anyone) if x)
+
+
+def approval_hint(approval_id: str, decision: dict[str, Any]) -> str:
+    """What to do with a 202: who may confirm, and the command they run."""
+    who = _who_confirms(decision.get("approvals_required") or {})
+    return (f"  approval {approval_id}: nothing changes until a second person"
+            + (f" ({who})" if who else "")
+            + f" runs `jobgate approve {approval_id}` (they see it in `jobgate approvals list`)")
+
+
 @click.group("job")
 @client_options
 @click.pass_context
 def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
-    """Submit, list, show and stop jobs."""
+    """Submit, list, show, stop, pause, resume and reprioritise jobs."""
     ctx.obj = Client(gateway, token, trigger)
 
 
@@ -44,6 +63,8 @@ def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str 
 @click.option("--owner", help="Responsible owner (default: you).")
 @click.option("--environment", type=click.Choice(["research", "staging", "production"]), default="research",
               show_default=True, help="Environment the job belongs to (policy and emergency stops select by it).")
+@click.option("--workload", help="Group this job with others of one goal (e.g. a sweep); an emergency stop can "
+                                 "target it with `--scope workload=NAME`.")
 @click.option("--label", "labels", multiple=True, help="key=value, repeatable.")
 @click.option("--runtime-limit", type=float, help="Declared runtime limit in seconds.")
 @click.option("--mount", "mounts", multiple=True, help="Storage mount the job needs (checked at submit); repeatable.")
@@ -52,7 +73,8 @@ def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str 
 @click.argument("command", nargs=-1, required=True)
 @click.pass_obj
 def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: int, nodes: int,
-           grace_seconds: float, stop_signal: str, owner: str | None, environment: str, labels: tuple[str, ...],
+           grace_seconds: float, stop_signal: str, owner: str | None, environment: str, workload: str | None,
+           labels: tuple[str, ...],
            runtime_limit: float | None, mounts: tuple[str, ...], datasets: tuple[str, ...], as_json: bool,
            command: tuple[str, ...]) -> None:
     """Submit COMMAND (after `--`) as a job, e.g. `jobgate job submit --name t --project vision -- python train.py`."""
@@ -67,6 +89,8 @@ def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: i
                             "stop_signal": stop_signal, "environment": environment, "labels": parsed}
     if owner:
         body["owner"] = owner
+    if workload:
+        body["workload"] = workload
     if runtime_limit:
         body["runtime_limit_seconds"] = runtime_limit
     if mounts:
@@ -162,8 +186,7 @@ def stop(client: Client, job_id: str, reason: str, ticket: str | None, wait_s: f
     if decision["effect"] == "needs_approval":
         click.echo(f"{job_id}: needs approval ({'; '.join(decision['reasons'])})")
         if result.get("approval_id"):
-            click.echo(f"  approval {result['approval_id']}: nothing changes until a second person runs"
-                       f" `jobgate approve {result['approval_id']}` (they see it in `jobgate approvals list`)")
+            click.echo(approval_hint(result["approval_id"], decision))
     else:
         click.echo(f"{job_id}: {job['state']}" + (f" ({job['outcome']})" if job.get("outcome") else "")
                    + f"  [decision recorded at ledger seq {decision['ledger_seq']}]")

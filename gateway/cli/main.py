@@ -10,6 +10,7 @@ from gateway.cli.emergency import emergency_group
 from gateway.cli.forensics import forensics_group
 from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
+from gateway.cli.lifecycle import priority as _registers_job_priority_pause_resume  # noqa: F401
 from gateway.cli.nodes import nodes_cmd
 from gateway.cli.policy import policy_group
 from gateway.cli.queue import queue_cmd, quota_group, stats_group
