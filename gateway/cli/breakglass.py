@@ -19,7 +19,7 @@ def break_glass_group() -> None:
               help="Action covered, e.g. job.stop or job.pause; repeatable. A misspelt one is refused with the list.")
 @click.option("--minutes", type=float, required=True, help="Lifetime, at most 240.")
 @click.option("--uses", type=int, default=1, show_default=True, help="Calls it may make.")
-@click.option("--reason", required=True, help="Why you need it; kept in the ledger.")
+@click.option("--reason", required=True, help="Why you need it (10 characters or more); kept in the ledger.")
 @click.option("--ticket", required=True, help="Incident ticket.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def request(gateway: str, token: str | None, trigger: str | None, projects: tuple[str, ...],

@@ -51,14 +51,15 @@ def priority(
     if value is None:
         effective, manual = _manual_part(client, job_id)
         unadjusted = effective - manual
+        manual = manual if abs(manual) >= 0.005 else 0.0  # what `jobgate job why` shows as no manual part
         if not restore:
             click.echo(
                 f"{job_id}: priority {effective:.1f}; the scheduler alone gives it {unadjusted:.1f}"
                 f" (manual part {manual:+.1f}). Set it with `jobgate job priority {job_id} VALUE`"
-                + (", or take the manual part back with --restore" if abs(manual) >= 0.005 else "")
+                + (", or take the manual part back with --restore" if manual else "")
             )
             return
-        if abs(manual) < 0.005:  # what `jobgate job why` shows as no manual part
+        if not manual:
             click.echo(f"{job_id}: nothing to restore (no manual change in force; priority {effective:.1f})")
             return
         # Rounded down so that aging between this read and the write cannot push it past the A2 limit.
