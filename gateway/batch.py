@@ -23,9 +23,10 @@ from gateway.models import Job, Project
 from gateway.pipeline import Recorded, decide, ledger_batch
 from gateway.priority import apply_priority
 from gateway.schemas import BatchPriorityRequest, BatchRequest, Selector
-from gateway.states import ACTIVE_STATES, ENDED_STATES, PENDING_STATES
+from gateway.states import ACTIVE_STATES, ENDED_STATES, STOPPABLE_STATES, STOPPING_STATES
 
-STOPPABLE_STATES = PENDING_STATES + ACTIVE_STATES
+# A selector without a state matches the jobs a stop can act on, as a single stop does (a lost job too).
+SELECTED_STATES = STOPPABLE_STATES + STOPPING_STATES
 
 
 # The batch decides and writes from the rows it resolves: they are locked (PostgreSQL FOR UPDATE, in id order
@@ -52,7 +53,7 @@ def resolve(gw: Gateway, session: Session, caller: Caller, ids: Sequence[str] | 
     projects = [selector.project] if selector.project else list(session.scalars(select(Project.id)).all())
     allowed = visible_projects(gw, session, caller, projects)
     stmt = select(Job).where(Job.project.in_(sorted(allowed)))
-    stmt = stmt.where(Job.state.in_([selector.state] if selector.state else STOPPABLE_STATES))
+    stmt = stmt.where(Job.state.in_([selector.state] if selector.state else SELECTED_STATES))
     for column, value in (("queue", selector.queue), ("environment", selector.environment),
                           ("workload", selector.workload), ("owner", selector.owner)):
         if value is not None:

@@ -23,10 +23,10 @@ from gateway.errors import Forbidden, Invalid, NotFound
 from gateway.jobs import refuse_if_denied
 from gateway.models import Job, Node
 from gateway.pipeline import Recorded, decide, ledger_batch, record_outcome
+from gateway.states import STOPPABLE_STATES
 from gateway.stop_tables import EmergencyStop
 
-# Jobs an emergency stop takes: queued ones are cancelled so they cannot start after it.
-STOPPABLE_STATES = ("pending", "starting", "running", "lost")
+# Jobs an emergency stop takes are those a stop can act on (queued ones are cancelled so they cannot start after it).
 # Jobs whose stop is already under way or failed are in scope too: their stop is taken over, so one being
 # preempted (or paused) ends stopped instead of going back to the queue after the emergency.
 SCOPE_STATES = STOPPABLE_STATES + stops.TAKEOVER_STATES

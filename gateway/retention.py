@@ -44,7 +44,7 @@ def important_days(gw: Gateway) -> int:
 
 
 def keep_until(job: Job, tier: str, now: datetime, important: int) -> datetime | None:
-    """None means: until the next job on the same quota starts (normal tier). IMPORTANT: the important tier's
+    """None means: until the next job on the same quota starts (normal tier). `important`: the important tier's
     days."""
     if tier == "important":
         return now + timedelta(days=important)
@@ -63,7 +63,7 @@ def keep_until(job: Job, tier: str, now: datetime, important: int) -> datetime |
 
 def stated(job: Job, important: int) -> dict[str, str]:
     """The retention the job's checkpoints will get when it stops, in words (A5: stated when it is paused).
-    IMPORTANT: the important tier's days."""
+    `important`: the important tier's days."""
     tier = tier_of(job)
     if tier == "important":
         return {"tier": tier, "keep": f"{important} days after the job stops"}

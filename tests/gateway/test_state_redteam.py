@@ -215,3 +215,20 @@ def test_a_queued_job_past_its_validity_with_auto_offline_is_not_started(api: Ap
     advance(api, 61)
     assert run_once(api.gateway) == 1
     assert job(api, expiring)["state"] == "pending" and job(api, keeps)["state"] == "starting"
+
+
+def test_a_selector_batch_stop_takes_a_lost_job_as_a_single_stop_does(api: Api) -> None:
+    """A job whose node went silent may still run: a single stop takes it (and the returning node is told to stop
+    it), but a batch stop by selector left lost jobs out of its matches, so 'stop my sweep' missed them."""
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, labels={"sweep": "lr"})).json()["id"]
+    assert run_once(api.gateway) == 1
+    node = job(api, j)["placement"][0]["node"]
+    report(api, node, j, "started", pid=7)
+    _lose_node(api, node)
+    run_once(api.gateway)
+    assert job(api, j)["state"] == "lost"
+    body = {"selector": {"labels": {"sweep": "lr"}}, "reason": "bad lr grid", "dry_run": True}
+    r = api.post("/v1/jobs:stop", "alice", json=body)
+    assert r.status_code == 202, r.text
+    assert r.json()["targets"] == [j], r.json()
