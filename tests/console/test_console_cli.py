@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 from console_testkit import Console, submit
+from served_app import served as serve_app
 
 # The CLI only speaks HTTP; which database is behind the app is covered by the other console tests.
 pytestmark = pytest.mark.parametrize("console", ["sqlite"], indirect=True)
@@ -22,23 +19,9 @@ pytestmark = pytest.mark.parametrize("console", ["sqlite"], indirect=True)
 
 @pytest.fixture
 def served(console: Console) -> Iterator[tuple[Console, str]]:
-    """The fixture's app (lifespan already running) behind a real uvicorn socket."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(console.app, host="127.0.0.1", port=port, lifespan="off",
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield console, f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    """The fixture's app behind a real uvicorn socket."""
+    with serve_app(console.app) as url:
+        yield console, url
 
 
 def run(url: str, con: Console, who: str, *args: str) -> tuple[int, str]:

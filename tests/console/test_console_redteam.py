@@ -2,42 +2,22 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-import uvicorn
 from console_browser_kit import browser
 from console_testkit import Console, submit
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from served_app import served as serve_app
 
 
 @pytest.fixture
 def served(console: Console) -> Iterator[str]:
-    """The fixture's app (lifespan already running) behind a real uvicorn socket, for a real browser."""
-    server = uvicorn.Server(
-        uvicorn.Config(console.app, host="127.0.0.1", port=_free_port(), lifespan="off", log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{server.config.port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    """The fixture's app behind a real uvicorn socket, for a real browser."""
+    with serve_app(console.app) as url:
+        yield url
 
 
 @pytest.fixture

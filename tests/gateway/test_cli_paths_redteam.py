@@ -8,15 +8,12 @@ x/../J` stopped job J. Each command here runs against a real gateway (uvicorn on
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from gateway_testkit import Api, job_spec, ledger_entries
+from served_app import served
 
 from gateway.cli.main import cli
 
@@ -26,24 +23,9 @@ pytestmark = pytest.mark.parametrize("settings", ["sqlite"], indirect=True)
 
 @pytest.fixture
 def url(api: Api) -> Iterator[str]:
-    """The fixture's app (lifespan already running) behind a real uvicorn socket."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(api.client.app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    """The fixture's app behind a real uvicorn socket."""
+    with served(api.client.app) as base:
+        yield base
 
 
 def jobgate(url: str, api: Api, who: str, group: str, *args: str) -> tuple[int, str]:
