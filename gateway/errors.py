@@ -68,6 +68,10 @@ def problem(status: int, kind: str, title: str, detail: str, instance: str, **ex
     return JSONResponse(body, status_code=status, media_type="application/problem+json")
 
 
+# SQLSTATEs of a transaction aborted in favour of another: deadlock detected, serialization failure.
+_ABORTED_FOR_ANOTHER = frozenset({"40P01", "40001"})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
@@ -84,6 +88,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def _database_unavailable(request: Request, exc: OperationalError) -> JSONResponse:
+        if getattr(exc.orig, "sqlstate", None) in _ABORTED_FOR_ANOTHER:
+            # PostgreSQL broke a deadlock, or a serialization conflict, by aborting this transaction: a
+            # concurrent request (or the scheduler's cycle) holds the same rows. The database is fine.
+            log.warning("%s %s: aborted for a concurrent transaction: %s", request.method, request.url.path, exc.orig)
+            return problem(409, "conflict", "Conflict", "a concurrent request changed the same records and the"
+                           " database aborted this one to settle it; nothing was changed, try again", request.url.path)
         log.error("%s %s: business database unavailable: %s", request.method, request.url.path, exc.orig)
         return problem(503, "database-unavailable", "Business database unavailable: request refused",
                        "the business database could not be reached or refused the transaction; nothing was"

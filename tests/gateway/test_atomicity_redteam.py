@@ -13,12 +13,14 @@ import pytest
 from fastapi.testclient import TestClient
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import event, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from test_approvals_api import ask_stop, job_state
 from test_sched_api import advance, bring_up_nodes, job, report
 
 from gateway.approvals import Approval
 from gateway.housekeeping import run_all
+from gateway.jobs import lock_jobs
 from gateway.models import Allocation, NodeCommand
 from gateway.scheduler_tables import PreemptionRow
 from gateway.scheduling import run_once
@@ -459,3 +461,36 @@ def test_a_service_account_whose_creation_does_not_commit_holds_no_role(api: Api
         event.remove(Session, "before_commit", fail)
     assert r.status_code == 500, r.text
     assert api.gateway.policy.roles_of("doomed-bot") == {}
+
+
+def test_a_request_the_database_aborts_to_break_a_deadlock_is_a_409_to_try_again(api: Api) -> None:
+    """PostgreSQL breaks a deadlock by aborting one of the transactions (SQLSTATE 40P01): the caller was told
+    the business database was unavailable (503), which sends on-call looking for an outage that is not there."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: one writer at a time, no deadlock")
+    ids = [api.post("/v1/jobs", "alice", json=job_spec(name=f"d{i}")).json()["id"] for i in range(2)]
+    barrier, aborted = threading.Barrier(2), []
+
+    def lock(first: str, then: str) -> None:  # the same two rows, in opposite orders
+        try:
+            with api.gateway.db.transaction() as s:
+                lock_jobs(s, [first])
+                barrier.wait(10)
+                lock_jobs(s, [then])
+        except OperationalError as e:
+            aborted.append(e)
+
+    threads = [threading.Thread(target=lock, args=pair) for pair in (ids, ids[::-1])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    (deadlock,) = aborted
+
+    def aborted_request() -> None:
+        raise deadlock
+
+    api.client.app.add_api_route("/test/aborted", aborted_request)
+    r = TestClient(api.client.app, raise_server_exceptions=False).get("/test/aborted", headers=api.headers("alice"))
+    assert_problem(r, 409, "conflict", "try again")
+    assert "Traceback" not in r.text and "SELECT" not in r.text
