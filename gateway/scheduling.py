@@ -24,7 +24,7 @@ from gateway.pipeline import record_outcome
 from gateway.quotas import load_quotas
 from gateway.scheduler_tables import SchedJob, TenantUsage
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
-from gateway.states import ACTIVE_STATES, WITHHELD_STATES
+from gateway.states import ACTIVE_STATES, ENDED_STATES, WITHHELD_STATES
 from gateway.stops import housekeeping
 from scheduler.config import config_from_mapping
 from scheduler.cycle import CycleResult, run_cycle
@@ -152,6 +152,12 @@ def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
 def run_once(gw: Gateway) -> int:
     """One scheduling cycle in one transaction. Returns the number of jobs admitted."""
     with gw.transaction() as session:
+        if not gw.db.is_sqlite:
+            # Every job the cycle may change, locked at once in id order (as a stop or a batch locks them): its
+            # steps used to lock theirs one round after another, holding some while waiting for others, which
+            # deadlocked with a request holding one of those and waiting for one the cycle held. SQLite's write
+            # lock already serialises the cycle with every request.
+            lock_jobs(session, session.scalars(select(Job.id).where(Job.state.not_in(ENDED_STATES))).all())
         now = gw.clock()
         housekeeping(gw, session, now)  # node health, stop escalation, retention, R4 (gateway/stops.py)
         break_partial_holds(gw, session)  # Q7

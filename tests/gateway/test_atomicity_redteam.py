@@ -494,3 +494,25 @@ def test_a_request_the_database_aborts_to_break_a_deadlock_is_a_409_to_try_again
     r = TestClient(api.client.app, raise_server_exceptions=False).get("/test/aborted", headers=api.headers("alice"))
     assert_problem(r, 409, "conflict", "try again")
     assert "Traceback" not in r.text and "SELECT" not in r.text
+
+
+def test_the_cycle_locks_every_job_it_may_change_before_it_changes_any(api: Api) -> None:
+    """PostgreSQL: the cycle locked its jobs one step after another (node health, stop escalation, the P3
+    occupancy stop, then admissions and victims), holding some while it waited for others; a request holding one
+    of those and waiting for one the cycle held (a batch stop locks its jobs in id order) deadlocked with it,
+    and PostgreSQL aborted one of them. Now a job the cycle has not reached yet is already locked: a stop of it
+    waits for the cycle instead of taking it first."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the cycle holds the write lock, the stop waits for it")
+    z, _ = _occupancy_due(api)  # running on one node, past its maximum occupancy
+    waiting = api.post("/v1/jobs", "alice", json=job_spec(nodes=2, gpus_per_node=8)).json()["id"]  # cannot fit
+    cycle = _Interleave(api, "decision", "input.action", "job.preempt")  # the cycle is at Z's occupancy stop
+    cycle.start()
+    stop, answers = _in_thread(lambda: api.post(f"/v1/jobs/{waiting}/stop", "alice", json={"reason": "not now"}))
+    _blocked_or_done(api, stop)
+    blocked = stop.is_alive()
+    cycle.finish()
+    stop.join(60)
+    assert blocked, "the stop of a job the cycle had not locked yet went first"
+    assert answers[0].status_code == 202, answers[0].text
+    assert job(api, waiting)["state"] == "stopped" and job(api, z)["state"] == "stop_requested"
