@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from gateway_testkit import Api
+from stop_helpers import FakeAgent
 
 from gateway.app import create_app
 from gateway.demo import prepare_demo
@@ -29,3 +30,12 @@ def api(settings: Settings) -> Iterator[Api]:
     tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
     with TestClient(create_app(settings, run_scheduler=False)) as client:
         yield Api(client, tokens, settings)
+
+
+@pytest.fixture
+def agent(api: Api) -> FakeAgent:
+    """demo-node-1's agent, beating, with nothing left to take (files that need it otherwise define their own)."""
+    a = FakeAgent(api, "demo-node-1")
+    a.beat()
+    a.take()
+    return a

@@ -6,21 +6,12 @@ import base64
 import json
 from typing import Any
 
-import pytest
 from gateway_testkit import Api
 from stop_helpers import FakeAgent, running_job, stopped_evidence
 
 from gateway.models import Job
 
 CKPT = [{"path": "checkpoints/step-100.ckpt", "size": 4096, "mtime": 1700000000.25, "sha256": "ab" * 32}]
-
-
-@pytest.fixture
-def agent(api: Api) -> FakeAgent:
-    a = FakeAgent(api, "demo-node-1")
-    a.beat()
-    a.take()
-    return a
 
 
 def section(api: Api, job_id: str, name: str) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from gateway_testkit import Api, job_spec, ledger_entries
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
@@ -14,14 +13,6 @@ from gateway.scheduling import run_once
 from gateway.stop_tables import CheckpointRetention, JobDeletion
 
 CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]
-
-
-@pytest.fixture
-def agent(api: Api) -> FakeAgent:
-    a = FakeAgent(api, "demo-node-1")
-    a.beat()
-    a.take()
-    return a
 
 
 def _paused_resumed_and_cancelled(api: Api, agent: FakeAgent) -> str:

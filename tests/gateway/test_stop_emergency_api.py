@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 from gateway_testkit import Api
 from stop_helpers import FakeAgent, ledger, running_job, stopped_evidence
 
 from gateway.scheduling import run_once
-
-
-@pytest.fixture
-def agent(api: Api) -> FakeAgent:
-    a = FakeAgent(api, "demo-node-1")
-    a.beat()
-    a.take()
-    return a
 
 
 def body(kind: str, value: object, **extra: object) -> dict[str, object]:
