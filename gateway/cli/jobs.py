@@ -34,12 +34,14 @@ def _who_confirms(required: dict[str, Any]) -> str:
     return ", or ".join(x for x in (", ".join(required.get("principals") or []), anyone) if x)
 
 
-def approval_hint(approval_id: str, decision: dict[str, Any]) -> str:
-    """What to do with a 202: who may confirm, and the command they run."""
-    who = _who_confirms(decision.get("approvals_required") or {})
-    return (f"  approval {approval_id}: nothing changes until a second person"
-            + (f" ({who})" if who else "")
-            + f" runs `jobgate approve {approval_id}` (they see it in `jobgate approvals list`)")
+def echo_needs_approval(job_id: str, decision: dict[str, Any], approval_id: str | None) -> None:
+    """What a 202 means for JOB_ID: why, who may confirm, and the command they run."""
+    click.echo(f"{job_id}: needs approval ({'; '.join(decision['reasons'])})")
+    if approval_id:
+        who = _who_confirms(decision.get("approvals_required") or {})
+        click.echo(f"  approval {approval_id}: nothing changes until a second person"
+                   + (f" ({who})" if who else "")
+                   + f" runs `jobgate approve {approval_id}` (they see it in `jobgate approvals list`)")
 
 
 @click.group("job")
@@ -184,9 +186,7 @@ def stop(client: Client, job_id: str, reason: str, ticket: str | None, wait_s: f
         emit_json({"job": job, "decision": decision, "approval_id": result.get("approval_id")})
         return
     if decision["effect"] == "needs_approval":
-        click.echo(f"{job_id}: needs approval ({'; '.join(decision['reasons'])})")
-        if result.get("approval_id"):
-            click.echo(approval_hint(result["approval_id"], decision))
+        echo_needs_approval(job_id, decision, result.get("approval_id"))
     else:
         click.echo(f"{job_id}: {job['state']}" + (f" ({job['outcome']})" if job.get("outcome") else "")
                    + f"  [decision recorded at ledger seq {decision['ledger_seq']}]")

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from gateway.cli.client import Client, emit_json
-from gateway.cli.jobs import approval_hint, job_group
+from gateway.cli.jobs import echo_needs_approval, job_group
 
 
 def _manual_part(client: Client, job_id: str) -> tuple[float, float]:
@@ -73,8 +73,7 @@ def priority(
     if as_json:
         emit_json(r)
     elif r.get("approval_id"):
-        click.echo(f"{job_id}: needs approval ({'; '.join(r['decision']['reasons'])})")
-        click.echo(approval_hint(r["approval_id"], r["decision"]))
+        echo_needs_approval(job_id, r["decision"], r["approval_id"])
     else:
         click.echo(
             f"{job_id}: priority {r['priority_before']:.1f} -> {r['priority_after']:.1f}"
@@ -114,8 +113,7 @@ def resume(client: Client, job_id: str, reason: str | None, as_json: bool) -> No
     if as_json:
         emit_json(r)
     elif r.get("approval_id"):
-        click.echo(f"{job_id}: needs approval ({'; '.join(r['decision']['reasons'])})")
-        click.echo(approval_hint(r["approval_id"], r["decision"]))
+        echo_needs_approval(job_id, r["decision"], r["approval_id"])
     else:
         click.echo(
             f"{job_id}: {r['job']['state']}  [decision recorded at ledger seq {r['decision']['ledger_seq']}];"
