@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
-from gateway_testkit import Api
+from gateway_testkit import Api, start_api
 from stop_helpers import FakeAgent
 
-from gateway.app import create_app
-from gateway.demo import prepare_demo
-from gateway.settings import Settings
+from gateway.settings import REPO_POLICIES, Settings
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -26,10 +23,21 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def api(settings: Settings) -> Iterator[Api]:
-    prepare_demo(settings)
-    tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
-    with TestClient(create_app(settings, run_scheduler=False)) as client:
-        yield Api(client, tokens, settings)
+    yield from start_api(settings)
+
+
+@pytest.fixture
+def policy_dir(tmp_path: Path) -> Path:
+    """A copy of the shipped policies, for a test to edit and reload."""
+    target = tmp_path / "candidate-policies"
+    shutil.copytree(REPO_POLICIES, target)
+    return target
+
+
+@pytest.fixture
+def papi(settings: Settings, policy_dir: Path) -> Iterator[Api]:
+    """The demo gateway deciding with that copy (no watcher: reloads only by API)."""
+    yield from start_api(settings.model_copy(update={"policies_dir": policy_dir, "policy_watch_interval_s": 0}))
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 
+from gateway.app import create_app
+from gateway.demo import prepare_demo
 from gateway.errors import leaf_routes
 from gateway.settings import Settings
 
@@ -36,6 +39,14 @@ class Api:
     @property
     def gateway(self) -> Any:
         return self.client.app.state.gateway  # type: ignore[attr-defined]
+
+
+def start_api(settings: Settings) -> Iterator[Api]:
+    """The demo gateway under `settings`, its lifespan running, as the demo cast calls it."""
+    prepare_demo(settings)
+    tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
+    with TestClient(create_app(settings, run_scheduler=False)) as client:
+        yield Api(client, tokens, settings)
 
 
 def job_spec(**overrides: Any) -> dict[str, Any]:

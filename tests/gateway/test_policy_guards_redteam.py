@@ -8,26 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gateway_testkit import Api, job_spec
-from test_policy_reload_api import ledger, start_api
+from gateway_testkit import Api, job_spec, start_api
+from test_policy_reload_api import ledger
 
 from gateway.settings import Settings
-
-
-@pytest.fixture
-def policy_dir(tmp_path: Path) -> Path:
-    import shutil
-
-    from gateway.settings import REPO_POLICIES
-
-    target = tmp_path / "candidate-policies"
-    shutil.copytree(REPO_POLICIES, target)
-    return target
-
-
-@pytest.fixture
-def papi(settings: Settings, policy_dir: Path) -> Iterator[Api]:
-    yield from start_api(settings.model_copy(update={"policies_dir": policy_dir, "policy_watch_interval_s": 0}))
 
 
 def set_limit(policy_dir: Path, name: str, value: object) -> None:

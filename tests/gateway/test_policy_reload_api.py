@@ -3,40 +3,14 @@ deciding; a fixed set becomes active; every attempt is in the ledger; the direct
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-from fastapi.testclient import TestClient
-from gateway_testkit import Api, job_spec
+from gateway_testkit import Api, job_spec, start_api
 
-from gateway.app import create_app
-from gateway.demo import prepare_demo
 from gateway.settings import REPO_POLICIES, Settings
-
-
-def start_api(settings: Settings) -> Iterator[Api]:
-    prepare_demo(settings)
-    tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
-    with TestClient(create_app(settings, run_scheduler=False)) as client:
-        yield Api(client, tokens, settings)
-
-
-@pytest.fixture
-def policy_dir(tmp_path: Path) -> Path:
-    target = tmp_path / "candidate-policies"
-    shutil.copytree(REPO_POLICIES, target)
-    return target
-
-
-@pytest.fixture
-def papi(settings: Settings, policy_dir: Path) -> Iterator[Api]:
-    """The demo gateway deciding with a copy of the policies (no watcher: reloads only by API)."""
-    yield from start_api(settings.model_copy(update={"policies_dir": policy_dir, "policy_watch_interval_s": 0}))
 
 
 def ledger(api: Api) -> list[dict[str, Any]]:

@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-from gateway_testkit import Api, job_spec
+from gateway_testkit import Api, job_spec, start_api
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
 from gateway import lifecycle
-from gateway.app import create_app
-from gateway.demo import prepare_demo
 from gateway.models import Job
 from gateway.policy.engine import RoleBinding
 from gateway.settings import REPO_POLICIES, Settings
@@ -41,10 +38,7 @@ def capi(settings: Settings, tmp_path: Path) -> Iterator[Api]:
     data["deletion"] = {"recovery_window_days": RECOVERY_DAYS}
     (policies / "data.json").write_text(json.dumps(data, indent=2))
     settings = settings.model_copy(update={"policies_dir": policies, "policy_watch_interval_s": 0})
-    prepare_demo(settings)
-    tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
-    with TestClient(create_app(settings, run_scheduler=False)) as client:
-        yield Api(client, tokens, settings)
+    yield from start_api(settings)
 
 
 @pytest.fixture
