@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -165,7 +166,7 @@ def _requester(session: Session, approval: Approval) -> Caller:
 
 def expire_due(gw: Gateway, session: Session, approval_id: str | None = None) -> list[str]:
     """Close pending requests past their expiry as `expired`, each ledgered once, in the caller's transaction:
-    the one request about to be answered (settle_expiry) or, from housekeeping, all. Returns their ids."""
+    the one request an answer found expired (answering) or, from housekeeping, all. Returns their ids."""
     now = gw.clock()
     stmt = select(Approval).where(Approval.state == "pending", Approval.expires_at <= now)
     if approval_id is not None:
@@ -180,17 +181,25 @@ def expire_due(gw: Gateway, session: Session, approval_id: str | None = None) ->
     return closed
 
 
-def settle_expiry(gw: Gateway, approval_id: str) -> None:
-    """Before an approve or reject, in a transaction of its own: a request past its expiry is closed and
-    ledgered as expired. Done in the answer's transaction, the 409 that follows rolled it back, so the request
-    stayed pending while the ledger said, once per attempt, that it had expired."""
-    with gw.transaction() as session:
-        expire_due(gw, session, approval_id)
+@contextmanager
+def answering(gw: Gateway, approval_id: str) -> Iterator[Session]:
+    """The transaction of an approve or reject. A request it finds past its expiry is closed and ledgered as
+    expired after that transaction's 409 has rolled back, in a transaction of its own: closed inside it, the
+    rollback undid the closing, so the request stayed pending while the ledger said, once per attempt, that it
+    had expired. An answer in time pays for no second transaction."""
+    try:
+        with gw.transaction() as session:
+            yield session
+    except Conflict as e:
+        if e.extra.get("state") == "expired":
+            with gw.transaction() as session:
+                expire_due(gw, session, approval_id)
+        raise
 
 
 def _check_open(gw: Gateway, approval: Approval, now: datetime) -> None:
     if approval.state in ("pending", "expired") and approval.expires_at <= now:
-        # Closed by settle_expiry, or expired since it looked (then the next answer or housekeeping closes it).
+        # `answering` closes it once this 409 has rolled back (or housekeeping does).
         raise Conflict(f"approval {approval.id} expired at {approval.expires_at.isoformat()}", state="expired")
     if approval.state != "pending":
         raise Conflict(f"approval {approval.id} is already {approval.state}", state=approval.state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,8 @@ from gateway.settings import Settings
 from gateway.token_cache import TokenCache
 from ledger.errors import LedgerError
 from ledger.service import Ledger, Ticket
+
+log = logging.getLogger("jobgate.ledger")
 
 
 def utcnow() -> datetime:
@@ -56,20 +59,44 @@ class Gateway:
         Immediate (the write lock up front on SQLite) unless the caller only reads. Ledger entries queued
         in it without waiting (pipeline.decide, pipeline.ledger_batch) are durable before it commits, and
         before an error leaves it; if one cannot be written, it rolls back with LedgerUnavailable."""
-        with self.db.transaction(immediate=immediate) as session:
-            session.info["notify_nodes"] = set()
-            session.info["after_commit"] = []
-            session.info[QUEUED_ENTRIES] = []
-            try:
-                yield session
-                session.flush()  # this transaction's writes overlap the ledger's fsync of the entries it queued
-            finally:
-                settle_queued_entries(session)
-            notify = session.info["notify_nodes"]
-            after = session.info["after_commit"]
+        reported: list[Ticket | int] = []
+        try:
+            with self.db.transaction(immediate=immediate) as session:
+                session.info["notify_nodes"] = set()
+                session.info["after_commit"] = []
+                session.info[QUEUED_ENTRIES] = []
+                session.info[REPORTED_ENTRIES] = reported
+                try:
+                    yield session
+                    session.flush()  # this transaction's writes overlap the ledger's fsync of the entries it queued
+                finally:
+                    settle_queued_entries(session)
+                notify = session.info["notify_nodes"]
+                after = session.info["after_commit"]
+        except Exception as e:
+            if reported:
+                self._retract(reported, e)
+            raise
         self.bus.notify(notify)
         for action in after:
             action()
+
+    def _retract(self, reported: list[Ticket | int], error: Exception) -> None:
+        """The transaction rolled back (an error after its outcomes were written, or a failed commit), so the
+        entries it wrote to say what it changed are untrue: one entry says so, naming them. Its decisions
+        stand as decided. If even that cannot be written, the log says which entries are untrue."""
+        # Every ticket was waited for before the error left the transaction; one not waited for is one that
+        # was never written (settle_queued_entries stops at the first that fails, and those behind it fail).
+        seqs = [e if isinstance(e, int) else e.seq for e in reported if isinstance(e, int) or e.waited]
+        if not seqs:
+            return
+        body = {"result": "rolled_back", "retracts": seqs, "error": type(error).__name__,
+                "why": "the business transaction these entries report on did not commit: nothing they say it "
+                       "changed was changed"}
+        try:
+            self.ledger.append("outcome", body)
+        except LedgerError as e:
+            log.error("ledger entries %s report a change that was rolled back; the retraction failed: %s", seqs, e)
 
     def close(self) -> None:
         self.ledger.close()
@@ -77,6 +104,9 @@ class Gateway:
 
 
 QUEUED_ENTRIES = "ledger_tickets"  # session.info key: entries queued for this transaction, not yet waited for
+# session.info key: the outcome and transition entries this transaction wrote (seqs, or tickets of queued ones),
+# which Gateway.transaction retracts if it rolls back. Decisions are not among them: they stand either way.
+REPORTED_ENTRIES = "ledger_reported"
 
 
 def settle_queued_entries(session: Session) -> None:

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from gateway import priority_history
 from gateway.auth import Caller
-from gateway.context import QUEUED_ENTRIES, Gateway, settle_queued_entries
+from gateway.context import QUEUED_ENTRIES, REPORTED_ENTRIES, Gateway, settle_queued_entries
 from gateway.errors import Forbidden, Invalid, LedgerUnavailable
 from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Job
@@ -223,7 +223,9 @@ def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
     try:
         if queued is not None:
             # Behind the decision they cite, without waiting for it: never written without it.
-            queued.extend(gw.ledger.enqueue_many(pending, after=queued))
+            tickets = gw.ledger.enqueue_many(pending, after=queued)
+            queued.extend(tickets)
+            session.info.get(REPORTED_ENTRIES, []).extend(tickets)
         else:
             gw.ledger.append_many(pending)
     except LedgerError as e:
@@ -235,8 +237,11 @@ def record(gw: Gateway, session: Session | None, kind: str, body: Mapping[str, A
     """Append to the ledger now, or at the end of the enclosing `ledger_batch` (then returns -1)."""
     batch = session.info.get(_LEDGER_BATCH) if session is not None else None
     if batch is None:
-        if session is not None:
-            settle_queued_entries(session)  # the decision this entry may cite is durable first
-        return record_outcome(gw, kind, body, blobs)
+        if session is None:
+            return record_outcome(gw, kind, body, blobs)
+        settle_queued_entries(session)  # the decision this entry may cite is durable first
+        seq = record_outcome(gw, kind, body, blobs)
+        session.info.get(REPORTED_ENTRIES, []).append(seq)
+        return seq
     batch.append((kind, dict(body), dict(blobs or {})))
     return -1

@@ -18,6 +18,9 @@ The rule (which decisions expect an outcome, and how one cites its decision):
   keeps one fsync); the job row, named by the decision's `job_id`, is its outcome. Only a submission whose row
   does not exist is open.
 
+A transaction that rolls back after its outcome entries were written retracts them in one `rolled_back` entry
+(Gateway.transaction); the decision they cite counts as closed by them, and the retraction says they are untrue.
+
 The pass runs at start-up before the API serves, and in housekeeping (a transaction that raised is closed
 without a restart). It resumes from a watermark in the business DB; a decision younger than the settle time
 may still be in flight and is left, with the watermark, for a later pass. The pass is idempotent: the entries

@@ -129,6 +129,11 @@ class Ticket:
         """The entry's seq, which it keeps if it is written; if the write fails, wait() raises."""
         return self._pending.seq
 
+    @property
+    def waited(self) -> bool:
+        """wait() has returned: the entry is durable. (Never call wait() again after it raised.)"""
+        return self._result is not None
+
     def wait(self) -> AppendResult:
         """Block until the entry is durable; raises LedgerUnavailable if it could not be written."""
         if self._result is None:

@@ -60,8 +60,7 @@ def approve(approval_id: ApprovalId, ctx: Ctx, body: ApproveBody | None = None) 
     them eligible; the requester and earlier approvers still enabled and eligible; not expired, digest
     unchanged. A refused attempt is ledgered. Targets that ended meanwhile are skipped and reported; the target
     set never widens."""
-    approvals.settle_expiry(ctx.gw, approval_id)
-    with ctx.gw.transaction() as session:
+    with approvals.answering(ctx.gw, approval_id) as session:
         caller = ctx.caller(session)
         done = approvals.approve(ctx.gw, session, caller, approval_id, body.comment if body else None)
         return approvals.to_json(done)
@@ -71,7 +70,6 @@ def approve(approval_id: ApprovalId, ctx: Ctx, body: ApproveBody | None = None) 
 def reject(approval_id: ApprovalId, body: RejectBody, ctx: Ctx) -> dict[str, Any]:
     """An eligible approver refuses, or the requester withdraws. Nothing is executed; the reason is ledgered
     and the requester is notified."""
-    approvals.settle_expiry(ctx.gw, approval_id)
-    with ctx.gw.transaction() as session:
+    with approvals.answering(ctx.gw, approval_id) as session:
         caller = ctx.caller(session)
         return approvals.to_json(approvals.reject(ctx.gw, session, caller, approval_id, body.reason))

@@ -243,8 +243,7 @@ def approve(request: Request, approval_id: str, csrf: Field_ = None, comment: Fi
         body = ApproveBody(comment=(comment or "").strip() or None)
     except ValidationError as e:
         raise Invalid("an approval's comment is at most 2000 characters") from e
-    approvals.settle_expiry(view.gw, approval_id)
-    with view.gw.transaction() as session:
+    with approvals.answering(view.gw, approval_id) as session:
         approvals.approve(view.gw, session, view.caller(session), approval_id, body.comment)
     return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
 
@@ -258,8 +257,7 @@ def reject(request: Request, approval_id: str, csrf: Field_ = None, reason: Fiel
         body = RejectBody(reason=(reason or "").strip())
     except ValidationError as e:
         raise Invalid("a rejection needs a written reason of 3 to 2000 characters") from e
-    approvals.settle_expiry(view.gw, approval_id)
-    with view.gw.transaction() as session:
+    with approvals.answering(view.gw, approval_id) as session:
         approvals.reject(view.gw, session, view.caller(session), approval_id, body.reason)
     return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
 

@@ -516,3 +516,37 @@ def test_the_cycle_locks_every_job_it_may_change_before_it_changes_any(api: Api)
     assert blocked, "the stop of a job the cycle had not locked yet went first"
     assert answers[0].status_code == 202, answers[0].text
     assert job(api, waiting)["state"] == "stopped" and job(api, z)["state"] == "stop_requested"
+
+
+def test_entries_reporting_a_change_that_did_not_commit_are_retracted_in_the_ledger(api: Api) -> None:
+    """A stop's outcome and transition entries are made durable just before its commit. When the commit then
+    failed, the ledger said the job was being stopped while the database had rolled the stop back, and nothing
+    ever said otherwise: one entry now retracts them. The decision stands as decided and is not retracted."""
+    j, _ = _running(api)
+    client = TestClient(api.client.app, raise_server_exceptions=False)
+
+    def fail(session: Any) -> None:
+        raise RuntimeError("the business database refused the commit")
+
+    before = len(ledger_entries(api))
+    event.listen(Session, "before_commit", fail)
+    try:
+        r = client.post(f"/v1/jobs/{j}/stop", headers=api.headers("alice"), json={"reason": "wrong config"})
+    finally:
+        event.remove(Session, "before_commit", fail)
+    assert r.status_code == 500, r.text
+    assert job(api, j)["state"] == "running"
+    written = ledger_entries(api)[before:]
+    decision = next(e for e in written if e["kind"] == "decision")
+    reports = [e["seq"] for e in written if e["kind"] in ("outcome", "transition") and "retracts" not in e["body"]]
+    assert reports, "the stop wrote no outcome before its commit: nothing to retract"
+    (retraction,) = [e["body"] for e in written if "retracts" in e["body"]]
+    assert retraction["result"] == "rolled_back" and retraction["error"] == "RuntimeError"
+    assert retraction["retracts"] == reports and decision["seq"] not in retraction["retracts"]
+
+
+def test_a_change_that_commits_retracts_nothing(api: Api) -> None:
+    j, _ = _running(api)
+    before = len(ledger_entries(api))
+    assert api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "wrong config"}).status_code == 202
+    assert not [e for e in ledger_entries(api)[before:] if "retracts" in e["body"]]
