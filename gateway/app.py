@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from gateway.api.routes import ROUTERS
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.bootstrap import open_gateway
+from gateway.console.web import ConsoleHeadersMiddleware
 from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
@@ -101,5 +102,6 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
     logging.getLogger("jobgate").setLevel(logging.INFO)
     configure_json_logging()
     app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(ConsoleHeadersMiddleware)
     app.add_middleware(RequestIdMiddleware)  # X-Request-Id on every response and log line (the outermost)
     return app

@@ -14,7 +14,7 @@ from starlette.background import BackgroundTask
 
 from gateway import emergency, preemption
 from gateway.console import insights, ledger_view
-from gateway.console.web import ADMIN_CAPABILITIES, ConsoleRoute, View, need_view, page
+from gateway.console.web import ADMIN_CAPABILITIES, View, need_view, page
 from gateway.context import load_bindings
 from gateway.errors import Forbidden, Invalid
 from gateway.jobs import refuse_unless_allowed
@@ -24,7 +24,7 @@ from gateway.policy import whatif
 from gateway.policy.errors import PolicyLoadError
 from gateway.stop_tables import AgentSession
 
-router = APIRouter(prefix="/ui", include_in_schema=False, route_class=ConsoleRoute)
+router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
 def require_admin(view: View) -> None:

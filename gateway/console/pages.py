@@ -13,7 +13,7 @@ from gateway import approvals, jobs, priority_history
 from gateway.api.approvals import ApproveBody, RejectBody
 from gateway.console import insights
 from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
-from gateway.console.web import ConsoleRoute, need_view, new_login_nonce, page, store, templates
+from gateway.console.web import need_view, new_login_nonce, page, store, templates
 from gateway.context import Gateway, load_bindings
 from gateway.errors import Forbidden, GatewayError, Invalid
 from gateway.models import Job, Project
@@ -23,7 +23,7 @@ from gateway.scheduler_tables import SchedJob
 from gateway.schemas import StopRequest
 from gateway.states import ENDED_STATES
 
-router = APIRouter(prefix="/ui", include_in_schema=False, route_class=ConsoleRoute)
+router = APIRouter(prefix="/ui", include_in_schema=False)
 Field_ = Annotated[str | None, Form()]
 
 

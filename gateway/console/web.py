@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 from sqlalchemy.orm import Session
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import Caller
 from gateway.console.sessions import COOKIE, ConsoleSession, SessionStore, caller_for, csrf_ok
@@ -49,19 +50,27 @@ SECURITY_HEADERS = {
 }
 
 
-class ConsoleRoute(APIRoute):
-    """The route class of the console's routers: adds SECURITY_HEADERS to whatever a page returns."""
+class ConsoleHeadersMiddleware:
+    """Adds SECURITY_HEADERS to every response under /ui: pages, redirects, and the errors and 404s that no
+    page handler returns (a route class would miss those)."""
 
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
-        async def with_headers(request: Request) -> Response:
-            response = await handler(request)
-            for name, value in SECURITY_HEADERS.items():
-                response.headers.setdefault(name, value)
-            return response
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path != "/ui" and not path.startswith("/ui/"):
+            await self.app(scope, receive, send)
+            return
 
-        return with_headers
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def store(request: Request) -> SessionStore:

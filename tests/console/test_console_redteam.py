@@ -77,6 +77,21 @@ def test_console_pages_forbid_framing_and_scripts(console: Console) -> None:
         assert r.headers.get("cache-control") == "no-store", path
 
 
+def test_console_errors_and_unknown_pages_forbid_framing_too(console: Console) -> None:
+    """The headers came from the pages' route class, so a 404 for a path no page serves, and an error a page
+    raised, went out without them: framable, and cached after sign-out."""
+    approval = _pending_approval(console)
+    alice, csrf = console.sign_in("alice")
+    for r in (
+        console.browser().get("/ui/no-such-page"),
+        alice.post(f"/ui/approvals/{approval}/reject", data={"reason": "x", "csrf": csrf}, follow_redirects=False),
+    ):
+        assert r.status_code in (404, 422), r.text
+        assert r.headers.get("x-frame-options") == "DENY", r.status_code
+        assert "frame-ancestors 'none'" in r.headers.get("content-security-policy", ""), r.status_code
+        assert r.headers.get("cache-control") == "no-store", r.status_code
+
+
 @pytest.mark.parametrize("console", ["sqlite"], indirect=True)
 def test_another_site_cannot_frame_the_approve_button(
     console: Console, served: str, other_site: tuple[str, dict[str, str]]
