@@ -14,10 +14,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnDefault, Engine, Insert, Table, create_engine, event
+from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
+
+# A connection execution option (SQLite): issue no BEGIN, so that each statement is a transaction of its own.
+SINGLE_STATEMENT = "jobgate_single_statement"
 
 
 def make_engine(url: str, *, immediate: bool = False) -> Engine:
@@ -37,7 +40,8 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            if not conn.get_execution_options().get(SINGLE_STATEMENT):
+                conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
     if url.startswith("postgresql://"):
@@ -60,22 +64,28 @@ def insert_new(session: Session, *objects: Any) -> None:
     conn = session.connection()
     for obj in objects:
         table: Table = obj.__table__
-        values: dict[str, Any] = {}
-        for col in table.columns:
-            value = getattr(obj, col.key)
-            if value is None:
-                default = col.default
-                if isinstance(default, ColumnDefault):
-                    # SQLAlchemy wraps a callable default (list, dict) to take an execution context.
-                    value = default.arg(None) if default.is_callable else default.arg
-                    setattr(obj, col.key, value)
-                elif col.primary_key and col.autoincrement:
-                    continue
-            values[col.key] = value
         statement = _INSERTS.get(table)
         if statement is None:
             statement = _INSERTS[table] = table.insert()
-        conn.execute(statement, values)
+        conn.execute(statement, row_values(obj))
+
+
+def row_values(obj: Any) -> dict[str, Any]:
+    """A new object's column values by key, its unset column defaults filled in (into the object too); an
+    unset autoincrement key is left out."""
+    values: dict[str, Any] = {}
+    for col in obj.__table__.columns:
+        value = getattr(obj, col.key)
+        if value is None:
+            default = col.default
+            if isinstance(default, ColumnDefault):
+                # SQLAlchemy wraps a callable default (list, dict) to take an execution context.
+                value = default.arg(None) if default.is_callable else default.arg
+                setattr(obj, col.key, value)
+            elif col.primary_key and col.autoincrement:
+                continue
+        values[col.key] = value
+    return values
 
 
 def create_schema(engine: Engine) -> None:
@@ -90,8 +100,10 @@ def create_schema(engine: Engine) -> None:
                 index.create(conn, checkfirst=True)
         if engine.dialect.name == "sqlite":
             from gateway.queue_snapshot import add_rendered_rows
+            from gateway.submission_rows import add_submission_view
 
             add_rendered_rows(conn)
+            add_submission_view(conn)
 
 
 class Database:
@@ -123,6 +135,14 @@ class Database:
         # handler, which sleeps in growing steps and turns contention into seconds of latency.
         with self._write_lock, self._immediate_sessions() as session, session.begin():
             yield session
+
+    @contextmanager
+    def single_statement(self) -> Iterator[Connection]:
+        """SQLite: a connection, under the write lock, on which each statement commits on its own (no BEGIN);
+        for a write done by one statement (gateway/submission_rows.py)."""
+        with self._write_lock, self._immediate_engine.connect() as connection:
+            yield connection.execution_options(**{SINGLE_STATEMENT: True})
+            connection.commit()  # nothing left to commit; ends SQLAlchemy's view of a transaction
 
     def close(self) -> None:
         if self._checkpointer is not None:

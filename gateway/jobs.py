@@ -16,7 +16,6 @@ from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
-from gateway.db import insert_new
 from gateway.errors import Conflict, Invalid, NotFound, PolicyDenied
 from gateway.models import Job, Node, Principal, Project
 from gateway.obligations import notify_owners
@@ -25,6 +24,7 @@ from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
 from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
 from gateway.states import ENDED_STATES, STOPPABLE_STATES, STOPPING_STATES
+from gateway.submission_rows import insert_submission
 from scheduler.admission import precheck
 
 
@@ -149,15 +149,14 @@ def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: JobSubm
     """Admit a job into its queue. Raises Invalid, PolicyDenied, LedgerUnavailable.
 
     Two transactions: the decision is made and made durable in the ledger while only reading (so
-    concurrent submissions share ledger commits instead of queueing behind one write lock); the job row
-    is then written in a short transaction of its own. Nothing about a job that does not exist yet can
-    change in between.
+    concurrent submissions share ledger commits instead of queueing behind one write lock); the job's rows
+    are then written in a short transaction of their own (one statement on SQLite, gateway/submission_rows.py).
+    Nothing about a job that does not exist yet can change in between.
     """
     with gw.transaction(immediate=False) as session:
         job, rec = _admit(gw, session, authenticate(session), spec)
     try:
-        with gw.transaction() as session:
-            insert_new(session, job, *on_submit(gw, job, mounts=spec.mounts, datasets=spec.datasets))  # Q3
+        insert_submission(gw.db, job, *on_submit(gw, job, mounts=spec.mounts, datasets=spec.datasets))  # Q3
     except Exception as e:
         record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq,
                                        "action": "job.submit", "job_id": job.id, "result": "failed",

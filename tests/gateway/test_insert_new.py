@@ -1,4 +1,5 @@
-"""db.insert_new: a submission's rows go in through Core, and the objects read as the stored rows do."""
+"""db.insert_new and submission_rows.insert_submission: a submission's rows go in through Core (on SQLite as one
+statement), and the objects read as the stored rows do."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from gateway.db import Database, insert_new
 from gateway.models import Job, Principal, Project
-from gateway.scheduler_tables import PriorityChange
+from gateway.scheduler_tables import PriorityChange, SchedJob
+from gateway.submission_rows import insert_submission
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -77,3 +80,49 @@ def test_nothing_stays_when_the_transaction_rolls_back(db: Database) -> None:
         raise RuntimeError("refused after the insert")
     with db.transaction(immediate=False) as session:
         assert session.scalars(select(Job)).all() == []
+
+
+def submission(job_id: str = "j-1") -> tuple[Job, SchedJob, PriorityChange]:
+    job = new_job()
+    job.id = job_id
+    return (job, SchedJob(job_id=job_id, queued_at=NOW, mounts=["/data"], priority=3.5, parts={"total": 3.5}),
+            PriorityChange(job_id=job_id, at=NOW, basis="submit", before=None, after=3.5, parts={"total": 3.5}))
+
+
+def test_a_submission_goes_in_whole_and_reads_as_stored(db: Database) -> None:
+    """SQLite writes the three rows with one statement, through a view whose trigger fans them out: every column
+    arrives converted as its own table's type would convert it, and the objects carry their defaults."""
+    job, sched, change = submission()
+    insert_submission(db, job, sched, change)
+    assert sched.borrowed is False and sched.renewals == [] and change.note == ""
+    with db.transaction(immediate=False) as session:
+        stored_job = session.get(Job, "j-1")
+        stored_sched = session.get(SchedJob, "j-1")
+        (stored_change,) = session.scalars(select(PriorityChange)).all()
+    assert stored_job is not None and stored_sched is not None
+    assert (stored_job.command, stored_job.env, stored_job.grace_seconds) == (["python", "train.py"], {}, 30.0)
+    assert stored_job.submitted_at.replace(tzinfo=None) == NOW.replace(tzinfo=None)
+    assert (stored_sched.mounts, stored_sched.priority, stored_sched.parts, stored_sched.borrowed) == (
+        ["/data"], 3.5, {"total": 3.5}, False)
+    assert (stored_change.basis, stored_change.after, stored_change.parts) == ("submit", 3.5, {"total": 3.5})
+    assert isinstance(stored_change.id, int)
+
+
+def test_a_submission_that_fails_leaves_none_of_its_rows(db: Database) -> None:
+    """All three rows or none: the job row of a second submission with the same id is refused, and its scheduling
+    row and priority entry, which would have gone in beside it, are not there either."""
+    insert_submission(db, *submission())
+    job, sched, change = submission()
+    change.after = 99.0
+    with pytest.raises(IntegrityError):
+        insert_submission(db, job, sched, change)
+    with db.transaction(immediate=False) as session:
+        assert [c.after for c in session.scalars(select(PriorityChange)).all()] == [3.5]
+        assert len(session.scalars(select(SchedJob)).all()) == 1
+
+
+def test_the_submission_view_follows_the_tables_when_the_schema_is_created_again(db: Database) -> None:
+    db.create_schema()  # every start-up does: the view is made again from the models' columns
+    insert_submission(db, *submission("j-2"))
+    with db.transaction(immediate=False) as session:
+        assert session.get(Job, "j-2") is not None
