@@ -13,7 +13,7 @@ column added to a model is written without touching this file.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Column, Insert, MetaData, Table
 from sqlalchemy.engine import Connection
@@ -23,7 +23,7 @@ from gateway.models import Job
 from gateway.scheduler_tables import PriorityChange, SchedJob
 
 VIEW = "submission_rows"
-_TABLES: tuple[Table, ...] = (Job.__table__, SchedJob.__table__, PriorityChange.__table__)  # type: ignore[assignment]  # parents first
+_TABLES = tuple(cast(Table, model.__table__) for model in (Job, SchedJob, PriorityChange))  # parents first
 
 
 def _written(table: Table) -> list[Column[Any]]:

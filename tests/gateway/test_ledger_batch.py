@@ -44,6 +44,7 @@ class Unwritten:
     """What Ledger.enqueue hands back for an entry whose write then fails."""
 
     seq = -1
+    waited = False
 
     def wait(self) -> None:
         raise StoreError("disk full")
