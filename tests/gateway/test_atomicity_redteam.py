@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -39,6 +41,20 @@ def _stop_nonces(api: Api, job_id: str) -> list[str]:
                 .order_by(NodeCommand.created_at)
             )
         )
+
+
+@contextmanager
+def commits_fail() -> Iterator[None]:
+    """Every business transaction's commit fails inside the block, as a database refusing it would."""
+
+    def fail(session: Any) -> None:
+        raise RuntimeError("the business database refused the commit")
+
+    event.listen(Session, "before_commit", fail)
+    try:
+        yield
+    finally:
+        event.remove(Session, "before_commit", fail)
 
 
 def _running(api: Api, who: str = "alice") -> tuple[str, str]:
@@ -448,17 +464,10 @@ def test_a_job_that_exits_while_a_batch_stop_is_decided_ends_as_it_ran(api: Api)
 def test_a_service_account_whose_creation_does_not_commit_holds_no_role(api: Api) -> None:
     """Its role was granted in the policy engine before the commit: when the commit failed, the account that
     does not exist held the role in memory, and a later account of that name got it without being given it."""
-    client = TestClient(api.client.app, raise_server_exceptions=False)
-
-    def fail(session: Any) -> None:
-        raise RuntimeError("the business database refused the commit")
-
-    event.listen(Session, "before_commit", fail)
-    try:
-        body = {"name": "doomed-bot", "project": "vision", "description": "never committed"}
-        r = client.post("/v1/service-accounts", headers=api.headers("alice"), json=body)
-    finally:
-        event.remove(Session, "before_commit", fail)
+    body = {"name": "doomed-bot", "project": "vision", "description": "never committed"}
+    with commits_fail():
+        r = TestClient(api.client.app, raise_server_exceptions=False).post(
+            "/v1/service-accounts", headers=api.headers("alice"), json=body)
     assert r.status_code == 500, r.text
     assert api.gateway.policy.roles_of("doomed-bot") == {}
 
@@ -523,17 +532,10 @@ def test_entries_reporting_a_change_that_did_not_commit_are_retracted_in_the_led
     failed, the ledger said the job was being stopped while the database had rolled the stop back, and nothing
     ever said otherwise: one entry now retracts them. The decision stands as decided and is not retracted."""
     j, _ = _running(api)
-    client = TestClient(api.client.app, raise_server_exceptions=False)
-
-    def fail(session: Any) -> None:
-        raise RuntimeError("the business database refused the commit")
-
     before = len(ledger_entries(api))
-    event.listen(Session, "before_commit", fail)
-    try:
-        r = client.post(f"/v1/jobs/{j}/stop", headers=api.headers("alice"), json={"reason": "wrong config"})
-    finally:
-        event.remove(Session, "before_commit", fail)
+    with commits_fail():
+        r = TestClient(api.client.app, raise_server_exceptions=False).post(
+            f"/v1/jobs/{j}/stop", headers=api.headers("alice"), json={"reason": "wrong config"})
     assert r.status_code == 500, r.text
     assert job(api, j)["state"] == "running"
     written = ledger_entries(api)[before:]
