@@ -19,19 +19,22 @@ The rule (which decisions expect an outcome, and how one cites its decision):
   does not exist is open.
 
 A transaction that rolls back after its outcome entries were written retracts them in one `rolled_back` entry
-(Gateway.transaction); the decision they cite counts as closed by them, and the retraction says they are untrue.
+(Gateway.transaction). A decision whose every citing entry was retracted is open again: what was said to be
+done was not, so it is closed like any other, with the state the business DB holds, and the why names the
+retraction.
 
 The pass runs at start-up before the API serves, and in housekeeping (a transaction that raised is closed
 without a restart). It resumes from a watermark in the business DB; a decision younger than the settle time
-may still be in flight and is left, with the watermark, for a later pass. The pass is idempotent: the entries
-it appends cite their decisions, so scanning the same range again finds nothing open.
+may still be in flight and is left, with the watermark, for a later pass. The watermark stops at the first
+young decision even if it is closed already: the retraction of its outcome may still be on its way. The pass
+is idempotent: the entries it appends cite their decisions, so scanning the same range again finds nothing open.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -56,6 +59,10 @@ WHY = (
     "no ledger entry records carrying out this allowed decision: the gateway stopped, or the change failed "
     "and was rolled back, before its outcome was written; state_now is what the business database holds"
 )
+WHY_RETRACTED = (
+    "the entries that recorded carrying out this allowed decision were retracted (seq {by}): the change was "
+    "rolled back after they were written; state_now is what the business database holds"
+)
 _PAGE = 1000
 
 
@@ -76,6 +83,11 @@ class Decided:
     request_id: str | None
     action: str
     body: Mapping[str, Any]
+    retracted_by: int | None = None  # the `rolled_back` entry that reopened it, if one did
+
+    @property
+    def why(self) -> str:
+        return WHY if self.retracted_by is None else WHY_RETRACTED.format(by=self.retracted_by)
 
 
 @dataclass
@@ -104,35 +116,50 @@ def expects_outcome(entry: Mapping[str, Any]) -> bool:
     )
 
 
+def _retracted(entry: Mapping[str, Any]) -> list[int]:
+    """The seqs a `rolled_back` outcome retracts (see Gateway.transaction); none for any other entry."""
+    body = entry.get("body") or {}
+    if entry.get("kind") != "outcome" or body.get("result") != "rolled_back":
+        return []
+    return [s for s in body.get("retracts") or () if isinstance(s, int) and not isinstance(s, bool)]
+
+
 def find_open(entries: Iterable[Mapping[str, Any]], *, settled_before: datetime) -> Scan:
     """Allowed mutation decisions among `entries` (ledger entries in seq order, from some seq to the end) that
-    no later one cites. Those decided at or after `settled_before` are not reported; the first of them is where
-    the next scan resumes."""
-    pending: dict[int, Decided] = {}
+    no later entry cites, or whose every citing entry a later `rolled_back` entry retracts. Those decided at or
+    after `settled_before` are not reported; the first decision that young is where the next scan resumes."""
+    decided: dict[int, Decided] = {}
+    citers: dict[int, set[int]] = {}  # decision seq -> the entries citing it that stand
+    cites: dict[int, int] = {}  # citing entry seq -> the decision it cites
     by_request: dict[str, int] = {}
+    young: int | None = None
     for entry in entries:
         body = entry.get("body") or {}
         if not isinstance(body, Mapping):
             continue
+        seq = int(entry["seq"])
+        for gone in _retracted(entry):
+            if (of := cites.pop(gone, None)) is not None:
+                citers[of].discard(gone)
+                if not citers[of]:
+                    decided[of] = replace(decided[of], retracted_by=seq)
         cited = body.get("decision_seq")
-        if isinstance(cited, int) and not isinstance(cited, bool):
-            pending.pop(cited, None)
         request_id = body.get("request_id")
-        if isinstance(request_id, str) and entry.get("kind") != "decision":
-            pending.pop(by_request.pop(request_id, -1), None)
+        if not (isinstance(cited, int) and not isinstance(cited, bool) and cited in decided):
+            cited = by_request.get(request_id, -1) if isinstance(request_id, str) else -1
+        if cited in decided and entry.get("kind") != "decision":
+            citers[cited].add(seq)
+            cites[seq] = cited
         if expects_outcome(entry):
-            seq = int(entry["seq"])
             rid = request_id if isinstance(request_id, str) else None
-            pending[seq] = Decided(seq, _time(entry["time"]), rid, str(body["input"]["action"]), body)
+            decided[seq] = Decided(seq, _time(entry["time"]), rid, str(body["input"]["action"]), body)
+            citers[seq] = set()
             if rid:
                 by_request[rid] = seq
-    scan = Scan()
-    for seq in sorted(pending):
-        d = pending[seq]
-        if d.at < settled_before:
-            scan.open.append(d)
-        elif scan.resume_at is None:
-            scan.resume_at = seq
+            if young is None and decided[seq].at >= settled_before:
+                young = seq
+    scan = Scan(resume_at=young)
+    scan.open = [d for seq, d in decided.items() if not citers[seq] and d.at < settled_before]
     return scan
 
 
@@ -207,7 +234,7 @@ def reconcile(gw: Gateway, session: Session, *, settle_s: float = SETTLE_S) -> i
                 "action": d.action,
                 "result": "not_confirmed",
                 "reconciled": True,
-                "why": WHY,
+                "why": d.why,
                 "state_now": state_now(gw, session, d),
             },
             None,

@@ -24,6 +24,7 @@ from gateway.approvals import Approval
 from gateway.housekeeping import run_all
 from gateway.jobs import lock_jobs
 from gateway.models import Allocation, NodeCommand
+from gateway.reconcile import SETTLE_S
 from gateway.scheduler_tables import PreemptionRow
 from gateway.scheduling import run_once
 from gateway.stops import STOP_CONFIRM_MARGIN_S
@@ -545,6 +546,27 @@ def test_entries_reporting_a_change_that_did_not_commit_are_retracted_in_the_led
     (retraction,) = [e["body"] for e in written if "retracts" in e["body"]]
     assert retraction["result"] == "rolled_back" and retraction["error"] == "RuntimeError"
     assert retraction["retracts"] == reports and decision["seq"] not in retraction["retracts"]
+
+
+def test_a_decision_whose_outcome_was_retracted_is_closed_with_the_state_that_holds(api: Api) -> None:
+    """The retraction says the stop was not done; reconciliation then closes the stop's decision as it closes
+    one that never got an outcome: not_confirmed, naming the retraction, with the job's state now."""
+    j, _ = _running(api)
+    before = len(ledger_entries(api))
+    with commits_fail():
+        TestClient(api.client.app, raise_server_exceptions=False).post(
+            f"/v1/jobs/{j}/stop", headers=api.headers("alice"), json={"reason": "wrong config"})
+    written = ledger_entries(api)[before:]
+    decision = next(e["seq"] for e in written if e["kind"] == "decision")
+    retraction = next(e["seq"] for e in written if "retracts" in e["body"])
+    gw = api.gateway
+    now = gw.clock()
+    gw.clock = lambda: now + timedelta(seconds=SETTLE_S + 1)
+    run_all(gw)
+    (closing,) = [e["body"] for e in ledger_entries(api) if e["body"].get("reconciled")]
+    assert closing["decision_seq"] == decision and closing["result"] == "not_confirmed"
+    assert f"retracted (seq {retraction})" in closing["why"]
+    assert closing["state_now"] == {"jobs": {j: "running"}}
 
 
 def test_a_change_that_commits_retracts_nothing(api: Api) -> None:

@@ -161,3 +161,33 @@ def test_which_decisions_are_open() -> None:
     ]
     scan = find_open(entries, settled_before=datetime(2025, 1, 1, 0, 5, tzinfo=UTC))
     assert [d.seq for d in scan.open] == [7] and scan.resume_at == 8
+
+
+def _entry(seq: int, kind: str, **body: Any) -> dict[str, Any]:
+    return {"seq": seq, "time": "2025-01-01T00:00:00Z", "kind": kind, "body": body}
+
+
+def test_a_decision_whose_outcome_was_retracted_is_open_again() -> None:
+    """An outcome retracted by a `rolled_back` entry says nothing was done: the decision it closed is open again,
+    unless another entry citing it stands. A young decision holds the watermark even once closed: the
+    retraction of its outcome may still come."""
+    from datetime import UTC, datetime
+
+    entries = [
+        _decision(0, "job.stop", "allow", "r0"),
+        _entry(1, "outcome", decision_seq=0, request_id="r0", result="stop_requested"),
+        _entry(2, "transition", request_id="r0"),
+        _entry(3, "outcome", result="rolled_back", retracts=[1, 2]),
+        _decision(4, "quota.change", "allow", "r4"),
+        _entry(5, "outcome", decision_seq=4),
+        _entry(6, "outcome", decision_seq=4, result="notified"),
+        _entry(7, "outcome", result="rolled_back", retracts=[6]),  # one of two retracted: 4 stays closed
+        _decision(8, "job.pause", "allow", "r8", at="2025-01-01T00:10:00Z"),
+        _entry(9, "outcome", decision_seq=8),
+    ]
+    scan = find_open(entries, settled_before=datetime(2025, 1, 1, 0, 5, tzinfo=UTC))
+    assert [(d.seq, d.retracted_by) for d in scan.open] == [(0, 3)] and scan.resume_at == 8
+    assert "retracted (seq 3)" in scan.open[0].why
+    # Once closed again (as the pass does), it stays closed.
+    closed = [*entries, _entry(10, "outcome", decision_seq=0, result="not_confirmed")]
+    assert find_open(closed, settled_before=datetime(2025, 1, 1, 0, 5, tzinfo=UTC)).open == []
