@@ -21,6 +21,7 @@ from gateway.context import Gateway
 from gateway.errors import Forbidden, NotFound
 from gateway.jobs import lock_jobs
 from gateway.models import Allocation, Job, Node, NodeCommand
+from gateway.notifications import notify
 from gateway.pipeline import ledger_batch, record, record_outcome
 from gateway.schemas import AgentReport, Heartbeat
 from gateway.stop_tables import CommandAck
@@ -214,7 +215,9 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
         stops.ledger_transition(gw, job, "stopping", now, by=f"node:{node_id}", reason="prepare signal delivered",
                                 node=node_id, nonce=report.nonce, evidence=report.evidence or {})
     target = _job_state_from_parts(parts)
-    if target == "running" and job.state == "starting":
+    if part.state == "failed" and target is None and job.state in ("starting", "running"):
+        _stop_gang(gw, session, job, part, parts, now)
+    elif target == "running" and job.state == "starting":
         job.started_at = datetime.fromtimestamp(report.at, UTC)
         stops.ledger_transition(gw, job, "running", now, by=f"node:{node_id}", reason="all gang members started",
                                 node=node_id)
@@ -228,6 +231,28 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
                        blobs={"evidence": rfc8785.dumps(part.evidence)})
     if part.released:
         gw.scheduler_kick.set()
+
+
+def _stop_gang(gw: Gateway, session: Session, job: Job, failed: Allocation, parts: list[Allocation],
+               now: datetime) -> None:
+    """Q6: one member of a gang failed, and the others cannot go on without it: a distributed run waits for
+    its peers, often until a collective operation times out, holding every GPU. The system stops the members
+    still running (decided and ledgered like any stop); the job then ends `failed`, not `stopped`."""
+    from gateway.pipeline import decide
+    from gateway.retention import SYSTEM  # late: retention imports this module's neighbours
+
+    why = f"gang member on {failed.node} failed (exit code {failed.exit_code}); the other members are stopped"
+    rec = decide(gw, session, SYSTEM, "job.stop", targets=[job], project=job.project, reason=why)
+    if rec.decision.effect != "allow":  # the policy keeps this to people: tell on-call the GPUs are held
+        stops.alert(gw, session, now, "gang_member_failed",
+                    {"job_id": job.id, "node": failed.node, "exit_code": failed.exit_code, "decision_seq": rec.seq})
+        return
+    live = {p.node for p in parts if p.state not in stops.PART_DONE}
+    stops.request_stop(gw, session, job, now, by="system", reason=why, request_id=rec.request_id,
+                       decision_seq=rec.seq, nodes=live,
+                       gang_failure={"node": failed.node, "exit_code": failed.exit_code})
+    notify(session, job.owner, "job_gang_member_failed",
+           {"job_id": job.id, "node": failed.node, "exit_code": failed.exit_code, "stopping": sorted(live)}, now)
 
 
 def _may_finish(job: Job, target: str) -> bool:
@@ -308,14 +333,19 @@ def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: da
     evidence = {p.node: p.evidence for p in parts}
     outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
     paused = bool(job.stop_request.get("pause"))
-    if target == "stopped" or (job.state in ("stop_requested", "stopping", "stop_failed") and not preempted):
+    gang_failure = job.stop_request.get("gang_failure")
+    codes = [p.exit_code for p in parts if p.exit_code is not None]
+    job.exit_code = max(codes, key=abs) if codes else None
+    if gang_failure:  # stopped because a member failed (_stop_gang): the run failed, with that member's code
+        job.outcome = None
+        state = "failed"
+        job.exit_code = gang_failure.get("exit_code")
+    elif target == "stopped" or (job.state in ("stop_requested", "stopping", "stop_failed") and not preempted):
         job.outcome = "forced" if "forced" in outcomes else "graceful" if "graceful" in outcomes else "exited"
         state = "paused" if paused else "stopped"
     else:
         job.outcome = None
         state = "succeeded" if target == "exited" else "failed"
-    codes = [p.exit_code for p in parts if p.exit_code is not None]
-    job.exit_code = max(codes, key=abs) if codes else None
     job.ended_at = now
     job.evidence = {"nodes": evidence, "gpus_released": all(p.released for p in parts),
                     "process_groups_gone": all(p.evidence.get("process_group_gone") is not False for p in parts)}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway import priority_history
@@ -21,7 +22,7 @@ from gateway.auth import Caller
 from gateway.context import QUEUED_ENTRIES, REPORTED_ENTRIES, Gateway, settle_queued_entries
 from gateway.errors import Forbidden, Invalid, LedgerUnavailable
 from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
-from gateway.models import Job
+from gateway.models import Allocation, Job
 from gateway.policy.engine import BREAK_GLASS_RULE, Decision
 from gateway.queue_snapshot import snapshot_blob
 from ledger.errors import InvalidEntry, LedgerError
@@ -64,6 +65,16 @@ def add_priority_facts(session: Session, facts: Sequence[dict[str, Any]]) -> Non
     standing = priority_history.standing(session, [f["id"] for f in facts])
     for f in facts:
         f["priority"], f["unadjusted_priority"] = standing[f["id"]]
+
+
+def add_gang_facts(session: Session, facts: Sequence[dict[str, Any]]) -> None:
+    """Q6: the nodes where a part of each target's gang failed, so the policy can let the system stop the
+    rest of a gang that cannot go on without it. Only the system's stops load them."""
+    session.flush()  # the failed part is usually this transaction's own change (agent reports do not autoflush)
+    failed = session.execute(select(Allocation.job_id, Allocation.node).where(
+        Allocation.job_id.in_([f["id"] for f in facts]), Allocation.state == "failed")).all()
+    for f in facts:
+        f["failed_members"] = sorted(node for job_id, node in failed if job_id == f["id"])
 
 
 def _refused(gw: Gateway, reason: str, rule: str) -> Decision:
@@ -115,6 +126,8 @@ def decide(
     facts = [target_facts(j, now) for j in targets]
     if action == "job.priority" and facts and "priority" in (params or {}):
         add_priority_facts(session, facts)
+    if action == "job.stop" and facts and caller.kind == "system":
+        add_gang_facts(session, facts)
     decision_input: dict[str, Any] = {
         "action": action,
         "actor": {"id": caller.id, "kind": caller.kind, "responsible": caller.responsible, "trigger": caller.trigger},

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -122,8 +122,9 @@ def grace_of(job: Job) -> float:
 def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: str, reason: str,
                  request_id: str, decision_seq: int, ticket: str | None = None, grace_seconds: float | None = None,
                  approved_by: list[str] | None = None, pause: bool = False, lost_nodes: set[str] | None = None,
-                 **extra: Any) -> None:
-    """running → stop_requested (ledgered) and one signed stop command per node; a queued job is cancelled.
+                 nodes: Collection[str] | None = None, **extra: Any) -> None:
+    """running → stop_requested (ledgered) and one signed stop command per node (of `nodes` only, if given: the
+    parts still running when another has ended); a queued job is cancelled.
 
     A job whose node is already lost goes straight to stop_failed (unreachable): nobody can confirm it.
     Raises Conflict for a job that is not running or queued, LedgerUnavailable.
@@ -146,10 +147,11 @@ def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: 
                       decision_seq=decision_seq, grace_seconds=grace, **extra)
     lost = lost_nodes if lost_nodes is not None else set(
         session.scalars(select(Node.id).where(Node.state == "lost")).all())
-    for part in job.placement:
-        enqueue(gw, session, part["node"], job.id, "stop",
-                {"grace_seconds": grace, "stop_signal": job.stop_signal, "reason": reason})
-    unreachable = sorted({p["node"] for p in job.placement} & lost)
+    targets = [p["node"] for p in job.placement if nodes is None or p["node"] in nodes]
+    for node in targets:
+        enqueue(gw, session, node, job.id, "stop", {"grace_seconds": grace, "stop_signal": job.stop_signal,
+                                                     "reason": reason})
+    unreachable = sorted(set(targets) & lost)
     if unreachable:
         escalate(gw, session, job, now, f"node {', '.join(unreachable)} is unreachable", unreachable=True)
 

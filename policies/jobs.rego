@@ -17,8 +17,9 @@ sensitivity(t) := "external_rights" if {
 	t.external_rights == true
 } else := "normal"
 
-# Stop / preempt (A4, A8, R4).
-# 1. R4: the system reclaims a job past its validity period; nothing else may act as the system.
+# Stop / preempt (A4, A8, R4, Q6).
+# 1. R4: the system reclaims a job past its validity period; Q6: it stops the rest of a gang one of whose
+#    members failed. Nothing else may act as the system.
 # 2. The creator or owner stops their own job.
 # 3. A8: a job a service account started is stopped by on-call only, with a second person.
 # 4. A4: another's job is stopped only with a written reason (the audit record names it).
@@ -49,14 +50,23 @@ stop_finding(t) := system_stop_finding(t) if {
 	count(stop_any_projects) > 0
 } else := refuse("A4.no_capability", missing_capability(t.project, own_or_any(t)), t.id)
 
-# R4: the system acts only on expired jobs.
+# R4: the system reclaims expired jobs. Q6: a gang runs whole or not at all, so when a member fails the others,
+# which wait on it (often until a collective operation times out, holding their GPUs), are stopped.
 system_stop_finding(t) := grant_alone(
 	"R4.reclaim_expired", sprintf("job %s is past its validity period and is reclaimed by the system", [t.id]),
 	t, [notify_owner(t)],
 ) if {
 	t.expired == true
+} else := grant_alone(
+	"Q6.gang_member_failed",
+	# %v, not concat: the embedded engine's sprintf quotes a string that concat made.
+	sprintf("gang job %s has a failed member (on %v); the system stops the others, which cannot go on without it", [t.id, t.failed_members]),
+	t, [notify_owner(t)],
+) if {
+	count(t.failed_members) > 0
 } else := refuse(
-	"R4.not_expired", sprintf("the system reclaims only expired jobs; job %s is not past its validity period", [t.id]),
+	"R4.not_expired",
+	sprintf("the system stops only expired jobs and gangs with a failed member; job %s is neither", [t.id]),
 	t.id,
 )
 

@@ -277,3 +277,39 @@ def test_cli_emergency_stop_of_one_job_watches_until_done(one_node: Cluster) -> 
     assert one_node.job(job_id)["state"] == "stopped"
     listed = cli(one_node, "audrey", "emergency-stop", "list")
     assert es["id"] in listed.stdout
+
+
+GANG_MEMBER = """
+import os, pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print("training", flush=True)
+first = "gang-1" in os.environ["JOBGATE_CHECKPOINT_DIR"]
+while True:
+    if first and pathlib.Path(sys.argv[1]).exists():
+        print("lost its rank", flush=True)
+        sys.exit(3)
+    time.sleep(0.05)
+"""
+
+
+def test_a_failed_gang_member_gets_the_other_stopped_by_its_agent(tmp_path: Path) -> None:
+    """Q6 through real agents and processes: one member of a two-node gang exits 3; the system stops the other
+    member, whose process ends on SIGTERM, and the job ends failed with exit code 3, every GPU released."""
+    cluster = start_cluster(tmp_path / "var", nodes=2, gpus=8, prefix="gang")
+    try:
+        trigger = tmp_path / "fail-now"
+        alice = cluster.client("alice")
+        gang = submit(alice, "gang", [*script(tmp_path, "member.py", GANG_MEMBER), str(trigger)],
+                      gpus_per_node=8, nodes=2)
+        cluster.wait_state(gang, ("running",))
+        trigger.touch()
+        failed = cluster.wait_state(gang, ("failed",))
+        assert failed["exit_code"] == 3
+        assert failed["evidence"]["nodes"]["gang-2"]["process_group_gone"] is True
+        assert transitions_of(cluster, gang) == ["running", "stop_requested", "stopping", "failed"]
+        stops = [e["body"] for e in ledger_entries(cluster)
+                 if e["kind"] == "decision" and e["body"]["input"]["action"] == "job.stop"]
+        assert [s["decision"]["rules"] for s in stops] == [["Q6.gang_member_failed"]]
+        wait_for(lambda: gpus_used(cluster, "gang-1") == gpus_used(cluster, "gang-2") == 0, 10, "GPUs released")
+    finally:
+        cluster.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import select
@@ -35,6 +36,71 @@ def test_a_gang_member_that_exited_first_does_not_stop_scheduling_and_frees_only
         held = s.execute(select(Allocation.job_id, Allocation.node).where(Allocation.released.is_(False))).all()
     assert sorted(held) == sorted([(gang, "demo-node-2"), (other, "demo-node-1")])
 
+
+def _running_gang(api: Api) -> str:
+    bring_up_nodes(api)
+    gang = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, nodes=2)).json()["id"]
+    assert run_once(api.gateway) == 1
+    for node in ("demo-node-1", "demo-node-2"):
+        report(api, node, gang, "started", pid=10)
+    return gang
+
+
+def test_a_gang_member_that_fails_gets_the_others_stopped_and_the_job_ends_failed(api: Api) -> None:
+    """Q6: a gang runs whole or not at all. A member that failed left the others waiting for it, often until a
+    collective operation timed out, holding 8 GPUs each: the job stayed `running` for ever. The system now
+    stops the members still running (decided under the policy and ledgered) and the job ends `failed` with the
+    failed member's exit code."""
+    gang = _running_gang(api)
+    before = len(ledger_entries(api))
+    report(api, "demo-node-1", gang, "exited", evidence={"exit_code": 3, "process_group_gone": True})
+    assert job(api, gang)["state"] == "stop_requested"
+    with api.gateway.db.transaction() as s:
+        sent = s.execute(select(NodeCommand.node, NodeCommand.nonce)
+                         .where(NodeCommand.job_id == gang, NodeCommand.kind == "stop")).all()
+    assert [node for node, _ in sent] == ["demo-node-2"]  # not to the member that already ended
+    (decision,) = [e["body"] for e in ledger_entries(api)[before:] if e["kind"] == "decision"]
+    assert decision["input"]["actor"]["kind"] == "system"
+    assert decision["input"]["targets"][0]["failed_members"] == ["demo-node-1"]
+    assert decision["decision"]["effect"] == "allow" and decision["decision"]["rules"] == ["Q6.gang_member_failed"]
+    notices = api.get("/v1/notifications", "alice").json()["notifications"]
+    assert any(n["kind"] == "job_gang_member_failed" and n["body"]["job_id"] == gang for n in notices)
+
+    report(api, "demo-node-2", gang, "stopped", nonce=sent[0][1], pid=10,
+           evidence={"outcome": "graceful", "exit_code": -15, "process_group_gone": True})
+    ended = job(api, gang)
+    assert (ended["state"], ended["exit_code"]) == ("failed", 3)
+    with api.gateway.db.transaction() as s:
+        assert s.scalars(select(Allocation).where(Allocation.job_id == gang, Allocation.released.is_(False))).all() \
+            == []
+
+
+def test_a_failed_gang_member_the_policy_does_not_let_the_system_stop_pages_on_call(papi: Api,
+                                                                                    policy_dir: Path) -> None:
+    """A policy set without the Q6 rule keeps the stop to people: nothing is stopped, and on-call is told
+    which job holds GPUs for a member that failed."""
+    rules, cases = policy_dir / "jobs.rego", policy_dir / "tests" / "guards.yaml"
+    rules.write_text(rules.read_text().replace("count(t.failed_members) > 0", "false"))
+    # Its table case goes with it, or the reload is refused (rightly: the set would fail its own tests).
+    cases.write_text(cases.read_text().replace("expect: {effect: allow, rules: [Q6.gang_member_failed], "
+                                               "obligations: [notify_owner]}", "expect: {effect: deny}"))
+    assert papi.post("/v1/policy/reload", "sam").status_code == 200
+    gang = _running_gang(papi)
+    report(papi, "demo-node-1", gang, "exited", evidence={"exit_code": 3, "process_group_gone": True})
+    assert job(papi, gang)["state"] == "running"
+    notices = papi.get("/v1/notifications", "dave").json()["notifications"]
+    (alert,) = [n["body"] for n in notices if n["kind"] == "gang_member_failed"]
+    assert (alert["job_id"], alert["node"], alert["exit_code"]) == (gang, "demo-node-1", 3)
+
+
+def test_a_gang_member_that_exits_cleanly_leaves_the_others_running(api: Api) -> None:
+    """Members of a distributed run may finish at different times: only a failure stops the rest."""
+    gang = _running_gang(api)
+    report(api, "demo-node-1", gang, "exited", evidence=DONE)
+    assert job(api, gang)["state"] == "running"
+    with api.gateway.db.transaction() as s:
+        assert s.scalars(select(NodeCommand).where(NodeCommand.job_id == gang, NodeCommand.kind == "stop")).all() \
+            == []
 
 
 def _occupancy_stop_requested(api: Api) -> tuple[str, str]:
