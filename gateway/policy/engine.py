@@ -17,7 +17,7 @@ from casbin.model import Model
 from regopy import RegoError
 
 from gateway.policy.loader import DECISION_ENTRYPOINT, PolicySet, compile_rego
-from gateway.policy.regoio import UndefinedResult, query_value, rego_input
+from gateway.policy.regoio import UndefinedResult, query_value, rego_input, set_input
 
 EFFECTS = frozenset({"allow", "deny", "needs_approval"})
 GLOBAL = "*"
@@ -216,7 +216,7 @@ class EmbeddedEngine:
         """
         prepared = rego_input(doc)  # outside the lock: conversion needs no interpreter
         with self._rego_lock:
-            self._rego.set_input(prepared)
+            set_input(self._rego, prepared)
             try:
                 return query_value(self._rego, self._bundle, _ENTRYPOINT)
             except RegoError as e:

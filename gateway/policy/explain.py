@@ -13,10 +13,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from regopy import Input
-
 from gateway.policy.engine import EmbeddedEngine
 from gateway.policy.loader import compile_rego, first_value
+from gateway.policy.regoio import rego_input, set_input
 
 PARTS = ("findings", "denials", "needs", "notches_fired")
 
@@ -39,7 +38,7 @@ def explain(engine: EmbeddedEngine, request: Mapping[str, Any]) -> dict[str, Any
     doc = engine.decision_input(request)
     rego, bundle = compile_rego(engine.policy_set.rego_modules, engine.policy_set.data,
                                 entrypoints=[f"jobgate/authz/{p}" for p in PARTS])
-    rego.set_input(Input(doc))
+    set_input(rego, rego_input(doc))
     parts: dict[str, Any] = {}
     for part in PARTS:
         try:

@@ -12,6 +12,10 @@ Why this exists (measured with bench/policy.py and perf, rego-cpp 1.5.2 through 
   ctypes buffer per string); the same C calls made directly cost a fraction of it.
 - regopy's `Output` fetches the answer's JSON twice; here it is fetched once and parsed with orjson.
 - The builders are called through a PyDLL handle: they keep the GIL, see below.
+- rego-cpp's float builder writes the number with 6 decimals (10.0000004 becomes 10), so a rule comparing
+  an owner's requested priority with her ceiling let a slightly higher value through. An input holding a
+  float that 6 decimals would change goes to rego-cpp as JSON text instead, which keeps every digit (rare:
+  decision inputs carry floats only for priorities).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import json
 from collections.abc import Mapping, Set
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 from regopy import Bundle, Input, Interpreter, RegoError
@@ -92,6 +96,14 @@ class UndefinedResult(Exception):
     """The entrypoint produced no value for this input."""
 
 
+class _Inexact(Exception):
+    """A float the builder would round (see the module docstring)."""
+
+
+# What rego_input gives set_input: a built Input, or JSON text when a float needs more than 6 decimals.
+PreparedInput: TypeAlias = "Input | str"
+
+
 def _add(p: int, val: Any) -> int:
     """Push `val` onto the input builder `p`; returns a non-zero rego-cpp code on failure.
 
@@ -135,6 +147,8 @@ def _add(p: int, val: Any) -> int:
     if kind is int:
         return int(_int(p, val))
     if kind is float:
+        if float(f"{val:.6f}") != val:
+            raise _Inexact
         return int(_float(p, val))
     if isinstance(val, Mapping):
         return _add(p, dict(val))
@@ -159,14 +173,18 @@ def _add(p: int, val: Any) -> int:
     raise ValueError(f"Cannot convert object of type {type(val)} to rego input")
 
 
-def rego_input(value: Any) -> Input:
-    """The same Input as `regopy.Input(value)`, built faster and with HOT_KEYS first in every object.
+def rego_input(value: Any) -> PreparedInput:
+    """The same Input as `regopy.Input(value)`, built faster and with HOT_KEYS first in every object; or, for a
+    value holding a float that 6 decimals would change, its JSON text. Hand it to set_input.
 
     Raises RegoError if rego-cpp refuses the value, ValueError for a value JSON cannot hold.
     """
     p = _new_input()
     try:
         rc = _add(p, value)
+    except _Inexact:
+        _free_input(p)
+        return json.dumps(value, allow_nan=False, default=_jsonable)
     except BaseException:
         _free_input(p)
         raise
@@ -176,6 +194,22 @@ def rego_input(value: Any) -> Input:
     made = Input.__new__(Input)
     made._impl = p  # Input.__del__ frees it
     return made
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, tuple):
+        return list(value)
+    raise ValueError(f"Cannot convert object of type {type(value)} to rego input")
+
+
+def set_input(rego: Interpreter, prepared: PreparedInput) -> None:
+    """Make `prepared` (from rego_input) the interpreter's input. Raises RegoError."""
+    if isinstance(prepared, str):
+        rego.set_input_term(prepared)
+    else:
+        rego.set_input(prepared)
 
 
 def query_value(rego: Interpreter, bundle: Bundle, entrypoint: bytes) -> Any:

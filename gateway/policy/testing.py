@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from regopy import Input, RegoError
+from regopy import RegoError
 
 from gateway.policy.engine import Decision, EmbeddedEngine, RoleBinding
 from gateway.policy.errors import PolicyLoadError, PolicyProblem
@@ -27,6 +27,7 @@ from gateway.policy.loader import (
     read_policy_text,
     rego_problems,
 )
+from gateway.policy.regoio import rego_input, set_input
 
 BINDINGS_FILE = "bindings.csv"
 
@@ -263,10 +264,10 @@ def run_rego_tests(policy_set: PolicySet) -> list[RegoTestResult]:
             given = first_value(runner.query(f"data.{test_package}.given_{rule.removeprefix('test_')}"))
             test_input: dict[str, Any] = {}
             if given is not None:
-                decider.set_input(Input(given))
+                set_input(decider, rego_input(given))
                 decision = first_value(decider.query_bundle_entrypoint(bundle, DECISION_ENTRYPOINT))
                 test_input = {"request": given, "decision": decision}
-            runner.set_input(Input(test_input))
+            set_input(runner, rego_input(test_input))
             value = first_value(runner.query(f"data.{test_package}.{rule}"))
         except (RegoError, ValueError) as e:
             results.append(RegoTestResult(name, False, f"error: {e}", file, line))

@@ -85,6 +85,17 @@ def test_an_owner_cannot_jump_the_queue_and_is_told_the_most_she_may_set(api: Ap
     assert no_flips_on_replay(api) == 3
 
 
+def test_an_owner_gets_no_more_than_the_rule_says_from_the_engines_rounding(api: Api) -> None:
+    """The embedded engine received floats with 6 decimals, so a value 4e-7 past the rule's bound (the unadjusted
+    priority plus its slack of a millionth) compared as the bound itself and was hers alone."""
+    job = submit(api)
+    now = priority_of(api, job)["effective"]
+    r = set_priority(api, "alice", job, now + 0.000001 + 4e-7)
+    assert_problem(r, 403, "policy-denied", "at most to")
+    assert priority_of(api, job)["effective"] == now
+    assert set_priority(api, "alice", job, now + 0.000001 - 4e-7).status_code == 200  # within the slack
+
+
 def test_an_owner_lowers_at_once_and_takes_the_lowering_back(api: Api) -> None:
     job = submit(api)
     # Some wait first, so the scheduler's value is not a round number (aging since submission).

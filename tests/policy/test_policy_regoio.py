@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from regopy import Input, Interpreter, LogLevel
 
-from gateway.policy.regoio import HOT_KEYS, UndefinedResult, query_value, rego_input
+from gateway.policy.regoio import HOT_KEYS, UndefinedResult, query_value, rego_input, set_input
 from gateway.policy.whatif import records_from_entries
 
 ECHO = "package t\n\nimport rego.v1\n\necho := input\n"
@@ -42,6 +42,22 @@ VALUES: list[Any] = [
 def test_same_value_as_regopy_input(echo: tuple[Interpreter, Any], value: Any) -> None:
     rego, bundle = echo
     assert _echo(rego, bundle, rego_input(value)) == _echo(rego, bundle, Input(value))
+
+
+def test_floats_keep_every_digit() -> None:
+    """rego-cpp's float builder (and regopy's Input) write a float with 6 decimals: 10.0000004 arrived as 10, so
+    `requested <= ceiling` held for a value above the ceiling (an owner's own priority, A2)."""
+    rego = Interpreter()
+    rego.log_level = LogLevel.NONE
+    rego.add_module("t.rego", "package t\n\nimport rego.v1\n\nabove := input.want > input.most\n"
+                              "echo := input\n")
+    bundle = rego.build(None, ["t/above", "t/echo"])
+    for want, most, above in [(10.0000004, 10, True), (10.0000004, 10.0000005, False), (1e-7, 0, True),
+                              (0.3, 0.3, False), (10.5, 10.25, True)]:
+        set_input(rego, rego_input({"want": want, "most": most, "job": {"id": "j-1", "gpus": [8, (1, 2)]}}))
+        assert (query_value(rego, bundle, b"t/above") is True) is above, (want, most)
+        assert query_value(rego, bundle, b"t/echo") == {"want": want, "most": most,
+                                                        "job": {"id": "j-1", "gpus": [8, [1, 2]]}}
 
 
 def test_hot_keys_come_first_other_keys_keep_their_order() -> None:
