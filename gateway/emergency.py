@@ -132,7 +132,8 @@ def execute(gw: Gateway, session: Session, row: EmergencyStop, targets: list[Job
             if job.state in stops.TAKEOVER_STATES:
                 stops.take_over_stop(gw, session, job, now, by=row.requested_by, reason=reason,
                                      request_id=row.request_id, decision_seq=decision_seq,
-                                     approved_by=row.deciders[1:], emergency_id=row.id, trigger=row.trigger)
+                                     approved_by=row.deciders[1:], grace_seconds=row.grace_seconds,
+                                     emergency_id=row.id, trigger=row.trigger)
             elif job.state in STOPPABLE_STATES:
                 stops.request_stop(gw, session, job, now, by=row.requested_by, reason=reason,
                                    request_id=row.request_id, decision_seq=decision_seq,

@@ -163,13 +163,16 @@ SOFT_ENDINGS = ("preemption", "pause")
 
 
 def take_over_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: str, reason: str,
-                   request_id: str, decision_seq: int, approved_by: list[str] | None = None, **extra: Any) -> None:
+                   request_id: str, decision_seq: int, approved_by: list[str] | None = None,
+                   grace_seconds: float | None = None, **extra: Any) -> None:
     """A stop already under way (or failed) becomes part of a later, final stop: it now ends `stopped`, never
     requeued as a preemption nor `paused` (which its owner could resume at once). Ledgered.
 
-    No second stop is sent: the agent runs one stop per process group, and the running stop's reports must
-    still count (stale_report compares commands with the request's `at`, kept as it was, like its grace).
-    Raises Conflict for a job with no stop in progress.
+    The stop in progress goes on: the agent runs one stop per process group, and its reports must still count
+    (stale_report compares commands with the request's `at`, kept as it was). Only when the later stop's grace
+    window (an emergency stop's) ends before the one running does each node still stopping get a stop with it,
+    which brings the kill forward, and escalation follows the earlier end. Raises Conflict for a job with no
+    stop in progress.
     """
     if job.state not in TAKEOVER_STATES:
         raise Conflict(f"job {job.id} is {job.state}; no stop is in progress to take over", state=job.state)
@@ -178,12 +181,24 @@ def take_over_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by
         preemption.superseded(job, request_id)
     taken = {"by": by, "reason": reason, "request_id": request_id, "decision_seq": decision_seq,
              "approved_by": approved_by or [], "at": now.isoformat(), "dropped": dropped}
-    job.stop_request = {**{k: v for k, v in job.stop_request.items() if k not in SOFT_ENDINGS},
-                        "taken_over": taken, **extra}
+    stop_request = {**{k: v for k, v in job.stop_request.items() if k not in SOFT_ENDINGS}, "taken_over": taken,
+                    **extra}
+    cut: dict[str, Any] = {}
+    asked = stop_request.get("at")
+    if grace_seconds is not None and job.state != "stop_failed" and asked:
+        # The window counts from the first stop's `at`: ending `grace_seconds` from now is a window this long.
+        window = (now - datetime.fromisoformat(asked)).total_seconds() + grace_seconds
+        if window < grace_of(job):
+            stop_request["grace_seconds"] = window
+            cut = {"grace_cut_to": grace_seconds}
+            for node in sorted(unconfirmed_nodes(session, job)):
+                enqueue(gw, session, node, job.id, "stop",
+                        {"grace_seconds": grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
+    job.stop_request = stop_request
     record(gw, session, "transition", {"job_id": job.id, "state_before": job.state, "state_after": job.state,
                                        "by": by, "reason": reason, "request_id": request_id,
                                        "decision_seq": decision_seq, "takes_over_stop": True, "dropped": dropped,
-                                       "at": now.isoformat(), **extra})
+                                       "at": now.isoformat(), **cut, **extra})
 
 
 def stale_report(session: Session, job: Job, part: Allocation, event: str, pid: int | None,

@@ -156,6 +156,8 @@ class _Job:
     exited_at: float | None = None
     stopping: bool = False
     finishing: bool = False
+    deadline: float = float("inf")  # while stopping: when SIGKILL follows (a later stop may bring it forward)
+    grace_cut: float | None = None  # the grace window of the later stop that brought it forward
 
 
 class Runner:
@@ -330,6 +332,11 @@ class Runner:
                 already = "already exited"
             elif job.stopping:
                 already = "stop already in progress"
+                # A later, shorter stop (an emergency stop taking over a graceful one) brings SIGKILL forward;
+                # it never pushes it back.
+                if time.time() + grace < job.deadline:
+                    job.deadline, job.grace_cut = time.time() + grace, grace
+                    already += f"; grace window cut to {grace:g}s"
             else:
                 already = ""
                 job.stopping = True
@@ -393,15 +400,20 @@ class Runner:
             evidence={"signal": sig.name, "signal_sent_at": sent_at, "grace_seconds": grace},
         )
         done_marker = job.job_dir / "checkpoint.done"
-        deadline = sent_at + grace
+        with job.lock:
+            job.deadline = min(job.deadline, sent_at + grace)
         settling = False
         while not job.exited.is_set():
             now = time.time()
+            with job.lock:
+                deadline = job.deadline
             if now >= deadline:
                 break
             if not settling and _touched_since(done_marker, sent_at):
                 settling = True
-                deadline = min(deadline, now + CHECKPOINT_DONE_SETTLE_SECONDS)
+                with job.lock:
+                    job.deadline = min(job.deadline, now + CHECKPOINT_DONE_SETTLE_SECONDS)
+                continue
             job.exited.wait(min(_POLL_SECONDS, max(0.0, deadline - now)))
         graceful = job.exited.is_set() and sig != signal.SIGKILL
         # Also reaches stragglers a gracefully exited leader left behind in its group.
@@ -411,6 +423,8 @@ class Runner:
         detail = "exited within the grace window" if graceful else "killed after the grace window"
         if settling:
             detail += " (checkpoint.done seen)"
+        if job.grace_cut is not None:
+            detail += f" (cut to {job.grace_cut:g}s by a later stop)"
         self._finish(
             job,
             "stopped",

@@ -313,3 +313,22 @@ def test_a_failed_gang_member_gets_the_other_stopped_by_its_agent(tmp_path: Path
         wait_for(lambda: gpus_used(cluster, "gang-1") == gpus_used(cluster, "gang-2") == 0, 10, "GPUs released")
     finally:
         cluster.stop()
+
+
+def test_an_emergency_stop_cuts_short_a_graceful_stop_in_progress(one_node: Cluster, tmp_path: Path) -> None:
+    """C2 through a real agent: a job that ignores SIGTERM, stopping with an hour's window, is killed within
+    seconds of an emergency stop with window 0, and the stop that was in progress is the one that ends."""
+    alice, dave = one_node.client("alice"), one_node.client("dave")
+    j = submit(alice, "stubborn", script(tmp_path, "stubborn.py", STUBBORN_JOB), grace_seconds=3600)
+    one_node.wait_state(j, ("running",))
+    wait_for(lambda: "ignoring" in (one_node.work_dir("solo-1") / "jobs" / j / "output.log").read_text(), 10,
+             "the job to ignore SIGTERM")
+    assert alice.post(f"/v1/jobs/{j}/stop", json={"reason": "done for today"}).status_code == 202
+    one_node.wait_state(j, ("stopping",))
+    es = dave.post("/v1/emergency-stops", json={"scope": {"kind": "job", "value": j}, "trigger": "security",
+                                                 "reason": "leaked credentials", "grace_seconds": 0})
+    assert es.status_code == 201, es.text
+    done = one_node.wait_state(j, ("stopped",), timeout=30)
+    assert done["outcome"] == "forced" and done["stop_request"]["emergency_id"] == es.json()["id"]
+    (ev,) = done["evidence"]["nodes"].values()
+    assert ev["exit_signal"] == "SIGKILL" and ev["process_group_gone"] is True

@@ -9,6 +9,7 @@ from stop_helpers import FakeAgent, ledger, running_job, stopped_evidence
 from test_sched_api import advance, bring_up_nodes, job, report
 
 from gateway.scheduling import run_once
+from gateway.stops import STOP_CONFIRM_MARGIN_S
 from scheduler.model import SchedulerConfig
 
 DONE = {"exit_code": 0, "process_group_gone": True}
@@ -81,3 +82,43 @@ def test_a_job_being_paused_ends_stopped_not_resumable_by_its_owner(api: Api) ->
     assert api.post(f"/v1/jobs/{j}/resume", "alice", json={"reason": "back"}).status_code == 409
     (step,) = [e["body"] for e in ledger(api) if e["kind"] == "transition" and e["body"].get("takes_over_stop")]
     assert step["job_id"] == j and step["dropped"] == ["pause"] and step["emergency_id"] == es.json()["id"]
+
+
+def test_an_emergency_stop_brings_forward_the_kill_of_a_stop_with_a_long_window(api: Api) -> None:
+    """C2: a job already stopping with an hour's grace window kept that hour when an emergency stop (window 0)
+    took the stop over: no command went to its node, and escalation waited the hour too. Each node still
+    stopping now gets a stop with the shorter window, and escalation follows the earlier end."""
+    agent = FakeAgent(api, "demo-node-1")
+    agent.beat()
+    agent.take()
+    j, _ = running_job(api, agent, grace_seconds=3600)
+    assert api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "done"}).status_code == 202
+    (first,) = [c for c in agent.take() if c["kind"] == "stop"]
+    assert first["params"]["grace_seconds"] == 3600
+    agent.report(j, "stopping", first["nonce"])
+    advance(api, 10)
+    es = api.post("/v1/emergency-stops", "dave", json=body("job", j))
+    assert es.status_code == 201, es.text
+    (cut,) = [c for c in agent.take() if c["kind"] == "stop"]
+    assert cut["params"]["grace_seconds"] == 0
+    (step,) = [e["body"] for e in ledger(api) if e["kind"] == "transition" and e["body"].get("takes_over_stop")]
+    assert step["grace_cut_to"] == 0
+    assert 10 <= job(api, j)["stop_request"]["grace_seconds"] < 11  # the window, counted from the first stop
+    # Unconfirmed past the shorter end (plus the margin), on-call is paged; an hour is not waited out.
+    advance(api, STOP_CONFIRM_MARGIN_S + 2)
+    run_once(api.gateway)
+    assert job(api, j)["state"] == "stop_failed"
+
+
+def test_an_emergency_stop_with_a_longer_window_leaves_the_stop_in_progress_alone(api: Api) -> None:
+    agent = FakeAgent(api, "demo-node-1")
+    agent.beat()
+    agent.take()
+    j, _ = running_job(api, agent, grace_seconds=5)
+    assert api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "done"}).status_code == 202
+    agent.take()
+    r = api.post("/v1/emergency-stops", "dave", json={**body("job", j), "grace_seconds": 60})
+    assert r.status_code == 201, r.text
+    assert [c for c in agent.take() if c["kind"] == "stop"] == []
+    (step,) = [e["body"] for e in ledger(api) if e["kind"] == "transition" and e["body"].get("takes_over_stop")]
+    assert "grace_cut_to" not in step and job(api, j)["stop_request"].get("grace_seconds", 5) == 5

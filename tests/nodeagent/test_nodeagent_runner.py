@@ -102,6 +102,25 @@ def test_job_ignoring_the_signal_is_killed_after_the_window(runner: Runner, even
     assert ev["checkpoints"] == []
 
 
+def test_a_later_shorter_stop_brings_the_kill_forward_never_back(runner: Runner, events: EventLog) -> None:
+    """An emergency stop taking over a graceful stop with an hour's window: the agent kept the hour."""
+    runner.start("slow", py(IGNORE_TERM), [], {}, 3600, "SIGTERM")
+    wait_for_log(runner.job_dir("slow"), "ready")
+    runner.stop("slow", 3600, nonce="first")
+    events.wait("slow", "stopping")
+    t0 = time.monotonic()
+    runner.stop("slow", 7200, nonce="longer")  # a longer window changes nothing
+    runner.stop("slow", 0.5, nonce="shorter")
+    said = {e.nonce: e.detail for e in events.of("slow", "stopping")}
+    assert said["longer"] == "stop already in progress"
+    assert said["shorter"] == "stop already in progress; grace window cut to 0.5s"
+    done = events.wait("slow", "stopped")
+    assert 0.5 <= time.monotonic() - t0 < 5
+    assert done.nonce == "first"  # the stop in progress ends, as the gateway expects
+    assert done.detail == "killed after the grace window (cut to 0.5s by a later stop)"
+    assert done.evidence is not None and done.evidence["outcome"] == "forced"
+
+
 def test_sigusr1_is_delivered_as_the_prepare_signal(runner: Runner, events: EventLog) -> None:
     code = """
 import signal, sys, time
