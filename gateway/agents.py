@@ -22,7 +22,7 @@ from gateway.errors import Forbidden, NotFound
 from gateway.jobs import lock_jobs
 from gateway.models import Allocation, Job, Node, NodeCommand
 from gateway.notifications import notify
-from gateway.pipeline import ledger_batch, record, record_outcome
+from gateway.pipeline import decide, ledger_batch, record, record_outcome
 from gateway.schemas import AgentReport, Heartbeat
 from gateway.stop_tables import CommandAck
 
@@ -238,7 +238,6 @@ def _stop_gang(gw: Gateway, session: Session, job: Job, failed: Allocation, part
     """Q6: one member of a gang failed, and the others cannot go on without it: a distributed run waits for
     its peers, often until a collective operation times out, holding every GPU. The system stops the members
     still running (decided and ledgered like any stop); the job then ends `failed`, not `stopped`."""
-    from gateway.pipeline import decide
     from gateway.retention import SYSTEM  # late: retention imports this module's neighbours
 
     why = f"gang member on {failed.node} failed (exit code {failed.exit_code}); the other members are stopped"
@@ -333,10 +332,12 @@ def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: da
     evidence = {p.node: p.evidence for p in parts}
     outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
     paused = bool(job.stop_request.get("pause"))
-    gang_failure = job.stop_request.get("gang_failure")
+    # Stopped because a member failed (_stop_gang): the run failed, with that member's code; unless a final stop
+    # (an emergency's) took the stop over, which ends it `stopped` like any other it takes over.
+    gang_failure = None if "taken_over" in job.stop_request else job.stop_request.get("gang_failure")
     codes = [p.exit_code for p in parts if p.exit_code is not None]
     job.exit_code = max(codes, key=abs) if codes else None
-    if gang_failure:  # stopped because a member failed (_stop_gang): the run failed, with that member's code
+    if gang_failure:
         job.outcome = None
         state = "failed"
         job.exit_code = gang_failure.get("exit_code")

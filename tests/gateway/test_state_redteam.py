@@ -93,6 +93,18 @@ def test_a_failed_gang_member_the_policy_does_not_let_the_system_stop_pages_on_c
     assert (alert["job_id"], alert["node"], alert["exit_code"]) == (gang, "demo-node-1", 3)
 
 
+def test_an_emergency_stop_taking_over_a_failed_gangs_stop_ends_it_stopped(api: Api) -> None:
+    """A final stop that takes over ends the job `stopped`, whatever the stop it took over would have ended in."""
+    gang = _running_gang(api)
+    report(api, "demo-node-1", gang, "exited", evidence={"exit_code": 3, "process_group_gone": True})
+    es = api.post("/v1/emergency-stops", "dave", json={"scope": {"kind": "job", "value": gang}, "trigger": "safety",
+                                                       "reason": "bad outputs", "grace_seconds": 0})
+    assert es.status_code == 201, es.text
+    report(api, "demo-node-2", gang, "stopped", pid=10,
+           evidence={"outcome": "forced", "exit_code": None, "process_group_gone": True})
+    assert job(api, gang)["state"] == "stopped"
+
+
 def test_a_gang_member_that_exits_cleanly_leaves_the_others_running(api: Api) -> None:
     """Members of a distributed run may finish at different times: only a failure stops the rest."""
     gang = _running_gang(api)
