@@ -40,6 +40,15 @@ class CountsUnavailable:
         return f"rate limit counts are unavailable ({self.error}); the call is refused until they are back"
 
 
+class _PerMinute(RateLimitItemPerMinute):
+    """A per-minute limit keyed without its amount. `limits` puts the amount in the key, so a changed limit
+    started a window of its own and the calls of the last minute counted from zero under it: lowering a limit
+    in an incident handed the runaway script it was meant to slow a fresh minute's budget at once."""
+
+    def key_for(self, *identifiers: bytes | str | int | float) -> str:
+        return "/".join([self.namespace, *(str(k) for k in identifiers), "per-minute"])
+
+
 class RateLimiter:
     def __init__(self, uri: str, numbers: Mapping[str, Any]) -> None:
         # wrap_exceptions: every storage's failure (a Redis connection refused, a timeout) is one StorageError.
@@ -47,8 +56,7 @@ class RateLimiter:
         self.configure(numbers)
 
     def configure(self, numbers: Mapping[str, Any]) -> None:
-        """Take the limits of a (re)loaded policy set. A changed number is a new `limits` item with a window of its
-        own (its key holds the amount), so the calls of the last minute count again from zero under it."""
+        """Take the limits of a (re)loaded policy set; the calls of the last minute count under the new numbers."""
         self.per_principal = int(numbers.get("calls_per_minute_per_principal", DEFAULT_PER_PRINCIPAL))
         self.per_project = int(numbers.get("calls_per_minute_per_project", DEFAULT_PER_PROJECT))
 
@@ -58,7 +66,7 @@ class RateLimiter:
         checks = [("calls_per_minute_per_principal", "principal", principal, self.per_principal)]
         checks += [("calls_per_minute_per_project", "project", p, self.per_project) for p in sorted(set(projects))]
         for name, kind, key, value in checks:
-            item = RateLimitItemPerMinute(value)
+            item = _PerMinute(value)
             try:
                 allowed = self._limiter.hit(item, "jobgate", kind, key)
             except StorageError as e:

@@ -33,6 +33,20 @@ def test_a_reloaded_calls_per_minute_limit_is_the_one_enforced(papi: Api, policy
     assert r.status_code == 403 and "may make 2 mutating calls per minute" in r.json()["detail"], (codes, r.text)
 
 
+def test_a_lowered_limit_counts_the_calls_already_made_this_minute(papi: Api, policy_dir: Path) -> None:
+    """A changed number used to start a window of its own: lowering the limit in an incident gave the runaway
+    script it was meant to slow a fresh minute's budget at once."""
+    set_limit(policy_dir, "calls_per_minute_per_principal", 5)
+    assert papi.post("/v1/policy/reload", "sam").status_code == 200
+    ids = [papi.post("/v1/jobs", "alice", json=job_spec()).json()["id"] for _ in range(4)]
+    for job_id in ids[:3]:
+        assert papi.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "runaway"}).status_code == 202
+    set_limit(policy_dir, "calls_per_minute_per_principal", 3)
+    assert papi.post("/v1/policy/reload", "sam").status_code == 200
+    r = papi.post(f"/v1/jobs/{ids[3]}/stop", "alice", json={"reason": "runaway"})
+    assert r.status_code == 403 and "may make 3 mutating calls per minute" in r.json()["detail"], r.text
+
+
 @pytest.mark.parametrize("value", ["sixty", True, -1, 1.5, None], ids=["text", "bool", "negative", "float", "null"])
 def test_a_calls_per_minute_limit_that_is_not_a_count_is_refused_at_reload(
     papi: Api, policy_dir: Path, value: object
@@ -450,6 +464,18 @@ def test_replicas_sharing_redis_count_a_principals_calls_together(redis_url: str
     breaches = [limiter.hit("bob", ["vision"]) for limiter in (one, other, one, other)]
     assert breaches[:3] == [None, None, None] and breaches[3] is not None, breaches
     assert "principal bob may make 3 mutating calls per minute" in breaches[3].sentence()
+
+
+def test_replicas_sharing_redis_count_the_minutes_calls_under_a_lowered_limit(redis_url: str) -> None:
+    from gateway.ratelimit import RateLimiter
+
+    numbers = {"calls_per_minute_per_principal": 5, "calls_per_minute_per_project": 100}
+    one, other = RateLimiter(redis_url, numbers), RateLimiter(redis_url, numbers)
+    assert [limiter.hit("bob", ["vision"]) for limiter in (one, other, one)] == [None, None, None]
+    for limiter in (one, other):  # the reload reaches every replica
+        limiter.configure({**numbers, "calls_per_minute_per_principal": 3})
+    breach = other.hit("bob", ["vision"])
+    assert breach is not None and "may make 3 mutating calls per minute" in breach.sentence()
 
 
 # -- H2: a cross-project batch needs one approval more than the same batch in one project -------------------
