@@ -334,8 +334,8 @@ class Runner:
                 already = "stop already in progress"
                 # A later, shorter stop (an emergency stop taking over a graceful one) brings SIGKILL forward;
                 # it never pushes it back.
-                if time.time() + grace < job.deadline:
-                    job.deadline, job.grace_cut = time.time() + grace, grace
+                if (cut_at := time.time() + grace) < job.deadline:
+                    job.deadline, job.grace_cut = cut_at, grace
                     already += f"; grace window cut to {grace:g}s"
             else:
                 already = ""
