@@ -84,13 +84,10 @@ def test_a_job_being_paused_ends_stopped_not_resumable_by_its_owner(api: Api) ->
     assert step["job_id"] == j and step["dropped"] == ["pause"] and step["emergency_id"] == es.json()["id"]
 
 
-def test_an_emergency_stop_brings_forward_the_kill_of_a_stop_with_a_long_window(api: Api) -> None:
+def test_an_emergency_stop_brings_forward_the_kill_of_a_stop_with_a_long_window(api: Api, agent: FakeAgent) -> None:
     """C2: a job already stopping with an hour's grace window kept that hour when an emergency stop (window 0)
     took the stop over: no command went to its node, and escalation waited the hour too. Each node still
     stopping now gets a stop with the shorter window, and escalation follows the earlier end."""
-    agent = FakeAgent(api, "demo-node-1")
-    agent.beat()
-    agent.take()
     j, _ = running_job(api, agent, grace_seconds=3600)
     assert api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "done"}).status_code == 202
     (first,) = [c for c in agent.take() if c["kind"] == "stop"]
@@ -110,10 +107,7 @@ def test_an_emergency_stop_brings_forward_the_kill_of_a_stop_with_a_long_window(
     assert job(api, j)["state"] == "stop_failed"
 
 
-def test_an_emergency_stop_with_a_longer_window_leaves_the_stop_in_progress_alone(api: Api) -> None:
-    agent = FakeAgent(api, "demo-node-1")
-    agent.beat()
-    agent.take()
+def test_an_emergency_stop_with_a_longer_window_leaves_the_stop_in_progress_alone(api: Api, agent: FakeAgent) -> None:
     j, _ = running_job(api, agent, grace_seconds=5)
     assert api.post(f"/v1/jobs/{j}/stop", "alice", json={"reason": "done"}).status_code == 202
     agent.take()

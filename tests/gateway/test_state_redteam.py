@@ -17,15 +17,20 @@ from scheduler.model import SchedulerConfig
 DONE = {"exit_code": 0, "process_group_gone": True}
 
 
-def test_a_gang_member_that_exited_first_does_not_stop_scheduling_and_frees_only_its_gpus(api: Api) -> None:
-    """One node of a running gang reports its part exited (GPUs released there) while the other part still
-    runs. The snapshot listed the gang on its whole placement, so the released GPUs were both held and free:
-    every cycle raised InconsistentSnapshot, for everybody, and stop escalation (same transaction) stalled."""
+def _running_gang(api: Api) -> str:
     bring_up_nodes(api)
     gang = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, nodes=2)).json()["id"]
     assert run_once(api.gateway) == 1
     for node in ("demo-node-1", "demo-node-2"):
         report(api, node, gang, "started", pid=10)
+    return gang
+
+
+def test_a_gang_member_that_exited_first_does_not_stop_scheduling_and_frees_only_its_gpus(api: Api) -> None:
+    """One node of a running gang reports its part exited (GPUs released there) while the other part still
+    runs. The snapshot listed the gang on its whole placement, so the released GPUs were both held and free:
+    every cycle raised InconsistentSnapshot, for everybody, and stop escalation (same transaction) stalled."""
+    gang = _running_gang(api)
     report(api, "demo-node-1", gang, "exited", evidence=DONE)
     assert job(api, gang)["state"] == "running"  # its other member still runs
 
@@ -35,15 +40,6 @@ def test_a_gang_member_that_exited_first_does_not_stop_scheduling_and_frees_only
     with api.gateway.db.transaction() as s:
         held = s.execute(select(Allocation.job_id, Allocation.node).where(Allocation.released.is_(False))).all()
     assert sorted(held) == sorted([(gang, "demo-node-2"), (other, "demo-node-1")])
-
-
-def _running_gang(api: Api) -> str:
-    bring_up_nodes(api)
-    gang = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, nodes=2)).json()["id"]
-    assert run_once(api.gateway) == 1
-    for node in ("demo-node-1", "demo-node-2"):
-        report(api, node, gang, "started", pid=10)
-    return gang
 
 
 def test_a_gang_member_that_fails_gets_the_others_stopped_and_the_job_ends_failed(api: Api) -> None:
