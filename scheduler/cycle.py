@@ -83,12 +83,13 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        A job that needs more than the alive nodes could ever offer is skipped (it blocks nobody).
     3. Head of line: the first job that does not fit gets the pool's one reservation: the earliest
        time running jobs free enough GPUs (started_at + runtime_limit_s, this cycle's admits
-       included), and the GPUs it will take then are held. It is made when that time is within
-       reservation_window_s, or once the job has waited that long: without the second rule, backfilled jobs
-       whose limits run past the window keep pushing a large gang's start out of it, and it never gets
-       one. A job whose GPUs are held by jobs without a runtime limit gets none.
-       Later jobs backfill onto unheld GPUs, or onto held ones only if their runtime limit ends
-       by the reservation's start (Slurm's rule); a job without a runtime limit never uses held GPUs.
+       included), and the GPUs it will take then are held. A job that declared no runtime limit is taken
+       to run default_runtime_s (Slurm's DefaultTime): without a guess, a gang whose GPUs such jobs hold
+       would never be held for, and a stream of them would starve it. The reservation is made when that
+       time is within reservation_window_s, or once the job has waited that long: without the second rule,
+       backfilled jobs whose limits run past the window keep pushing a large gang's start out of it, and it
+       never gets one. Later jobs backfill onto unheld GPUs, or onto held ones only if their runtime limit
+       ends by the reservation's start (Slurm's rule); a job without a runtime limit never uses held GPUs.
        At most backfill_depth jobs behind the head are tried; once no node could fit the smallest
        remaining request, placement stops.
     4. Every job not admitted gets a Blocked with a reason and its position among its queue's
@@ -147,9 +148,9 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     # smallest_after[i]: the smallest per-node request among ordered[i:], for the early stop in rule 3.
     smallest_after = list(accumulate(reversed([j.gpus_per_node for j in ordered]), min))[::-1]
 
-    releases = [Release(at=max(now, _expected_end(job)), job_id=job.id, rank=rank_of[p.node], gpus=p.gpus)
-                for job in snapshot.running if job.runtime_limit_s is not None or job.stop_by is not None
-                for p in job.placement if p.node in rank_of]
+    releases = [Release(at=max(now, _expected_end(job, config)), job_id=job.id, rank=rank_of[p.node], gpus=p.gpus,
+                        assumed=job.stop_by is None and job.runtime_limit_s is None)
+                for job in snapshot.running for p in job.placement if p.node in rank_of]
 
     admits: list[Admit] = []
     reservation: Reserve | None = None
@@ -192,9 +193,9 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             admits.append(Admit(job_id=job.id, placement=placement, priority=parts[job.id], borrowed=borrowed))
             if quota is not None:
                 quota.add(job.project, job.user, job.gpus, borrowed)
-            if ends is not None:
-                releases += [Release(at=ends, job_id=job.id, rank=rank_of[p.node], gpus=p.gpus)
-                             for p in placement]
+            end = ends if ends is not None else now + timedelta(seconds=config.default_runtime_s)
+            releases += [Release(at=end, job_id=job.id, rank=rank_of[p.node], gpus=p.gpus, assumed=ends is None)
+                         for p in placement]
             continue
         fitting = index.count_fitting(g, use_held)
         planned = None
@@ -221,6 +222,8 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
                 reservation = Reserve(job_id=job.id, expected_start=plan.start,
                                       nodes=tuple(alive[r].id for r in sorted(plan.gpus_by_rank)))
                 why[job.id] = reasons.reserved(n, g, fitting, plan.start)
+            if plan is not None and plan.assumed:
+                why[job.id] += reasons.guessed_start(config.default_runtime_s)
         elif reservation is not None and not use_held and index.count_fitting(g, use_held=True) >= n:
             why[job.id] = reasons.behind_reservation(reservation.job_id, reservation.expected_start,
                                                      job.runtime_limit_s)
@@ -248,12 +251,12 @@ def _waited_s(job: PendingJob, now: datetime) -> float:
     return max(0.0, (now - job.submitted_at).total_seconds()) + job.wait_credit_s
 
 
-def _expected_end(job: RunningJob) -> datetime:
-    """When a running job frees its GPUs: its stop deadline if being stopped, else start + runtime limit."""
+def _expected_end(job: RunningJob, config: SchedulerConfig) -> datetime:
+    """When a running job frees its GPUs: its stop deadline if being stopped, else start + runtime limit
+    (or, without one, start + the default run time)."""
     if job.stop_by is not None:
         return job.stop_by
-    assert job.runtime_limit_s is not None
-    return job.started_at + timedelta(seconds=job.runtime_limit_s)
+    return job.started_at + timedelta(seconds=job.runtime_limit_s or config.default_runtime_s)
 
 
 def _reclaims(job: PendingJob, borrowed: bool, quota: QuotaUsage | None, snapshot: Snapshot) -> bool:

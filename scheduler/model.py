@@ -201,7 +201,8 @@ class SchedulerConfig:
     max_preemption_attempts: int = 3
     # Q3 weighted fair share in the normal queue: up to this many points for a tenant with no recent usage.
     fairshare_weight: float = 100.0
-    # Q10 estimates: assumed run time of a job that declared no runtime limit.
+    # Assumed run time of a job that declared no runtime limit: Q10 estimates, and when the head job's GPUs
+    # come back (rule 3 of run_cycle), as Slurm's DefaultTime.
     default_runtime_s: float = 86400.0
     # Q3: half-life of the decayed usage behind fair share (applied by whoever keeps the usage).
     fairshare_half_life_s: float = 7 * 86400.0

@@ -59,8 +59,13 @@ def reserved(nodes: int, gpus: int, fitting: int, start: datetime) -> str:
 
 
 def start_unknown(nodes: int, gpus: int, fitting: int) -> str:
-    return (f"{gang(nodes, gpus)}; {have(fitting, now=True)}; start time unknown: "
-            "the GPUs it needs are held by jobs without a runtime limit")
+    return (f"{gang(nodes, gpus)}; {have(fitting, now=True)}; start time unknown: the GPUs it needs are "
+            "withheld (a lost node, or a stop nobody could confirm)")
+
+
+def guessed_start(default_runtime_s: float) -> str:
+    return (f" (a guess: some of those GPUs are held by jobs without a runtime limit, taken to run"
+            f" {duration(default_runtime_s)})")
 
 
 def beyond_window(nodes: int, gpus: int, fitting: int, start: datetime, window_s: float) -> str:

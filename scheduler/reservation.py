@@ -1,5 +1,6 @@
 """Q6 reservation for the blocked head job: when and where its gang can start, from the times at which
-running jobs are expected to free their GPUs (started_at + runtime_limit_s, as Slurm's backfill does).
+running jobs are expected to free their GPUs (started_at + runtime_limit_s, as Slurm's backfill does; a job
+that declared no limit is taken to run the configured default, as Slurm's DefaultTime).
 
 Q7: there are no partial allocations — a gang holds nothing until all of it starts, and at most one
 reservation exists per pool — so no circular wait between reservations can form. Should the stored state
@@ -19,18 +20,21 @@ from scheduler.placement import FreeIndex
 
 @dataclass(frozen=True)
 class Release:
-    """GPUs on one node expected back at `at` (never earlier than now: overdue jobs still hold them)."""
+    """GPUs on one node expected back at `at` (never earlier than now: overdue jobs still hold them).
+    `assumed`: the job declared no runtime limit, so `at` is a guess (start + the default run time)."""
 
     at: datetime
     job_id: JobId
     rank: int
     gpus: tuple[int, ...]
+    assumed: bool = False
 
 
 @dataclass(frozen=True)
 class ReservationPlan:
     start: datetime
     gpus_by_rank: dict[int, tuple[int, ...]]
+    assumed: bool = False  # some of those GPUs come back at a guessed time (see Release)
 
 
 def earliest_start(
@@ -39,9 +43,10 @@ def earliest_start(
     """First release time at which the gang fits on free + released GPUs, with its best-fit placement there.
 
     `index` must hold no reservation yet. Returns None when even every expected release is not enough
-    (the GPUs it needs are held by jobs without a runtime limit).
+    (the GPUs it needs are withheld: see Snapshot.withheld).
     """
     future: dict[int, set[int]] = {}
+    guessed: set[int] = set()  # ranks some of whose GPUs come back at a guessed time
     # Nodes with at least `gpus` GPUs free at the simulated time, kept up to date release by release.
     fitting = index.count_fitting(gpus, use_held=False)
     ordered = sorted(releases, key=lambda rel: (rel.at, rel.job_id, rel.rank))
@@ -55,11 +60,14 @@ def earliest_start(
                 free = future[rel.rank] = set(index.free[rel.rank])
             before = len(free)
             free.update(rel.gpus)
+            if rel.assumed:
+                guessed.add(rel.rank)
             after = len(free)
             fitting += (after >= gpus) - (before >= gpus)
             i += 1
         if fitting >= nodes:
-            return ReservationPlan(start=at, gpus_by_rank=_place(index, future, gpus, nodes))
+            placed = _place(index, future, gpus, nodes)
+            return ReservationPlan(start=at, gpus_by_rank=placed, assumed=not guessed.isdisjoint(placed))
     return None
 
 

@@ -123,12 +123,50 @@ def test_wider_window_reserves_the_same_case() -> None:
     assert admitted(result) == {}
 
 
-def test_gpus_held_by_unlimited_jobs_give_no_start_time() -> None:
-    result = run_cycle(cluster(job("open").gpus(4), run=[running("r1", {"a": range(8)})]), now=NOW)
+GUESS = " (a guess: some of those GPUs are held by jobs without a runtime limit, taken to run 24h)"
+
+
+def test_gpus_held_by_an_unlimited_job_are_expected_back_after_the_default_run_time() -> None:
+    """r1 (urgent, within its minimum runtime: not preemptible) declared no limit: it is taken to run
+    default_runtime_s (24 h), which is past the window, so nothing is held yet and `open` runs on b; the reason
+    says the start is a guess."""
+    unlimited = [running("r1", {"a": range(8)}, started=at(-0.5), queue="urgent")]
+    result = run_cycle(cluster(job("open").gpus(4), run=unlimited), now=NOW)
     assert result.reservations == ()
     assert admitted(result) == {"open": {"b": (0, 1, 2, 3)}}
-    assert reasons(result)["head"].endswith(
-        "start time unknown: the GPUs it needs are held by jobs without a runtime limit")
+    assert reasons(result)["head"] == (
+        "needs 2 nodes with 8 free GPUs each; 1 node has them now; expected to start at 2026-03-03T11:30:00+00:00,"
+        " beyond the 1h reservation window, so no GPUs are held for it yet" + GUESS)
+
+
+def test_a_head_that_waited_a_window_behind_an_unlimited_job_gets_its_hold() -> None:
+    """Before, a job whose GPUs an unlimited job held had no start time and so never a hold: every GPU that came
+    free went to whoever came next. Having waited a window, it is now held for like any other head."""
+    unlimited = [running("r1", {"a": range(8)}, started=at(-0.5), queue="urgent")]
+    head = job("head").gpus(8).nodes(2).queue("urgent").waited(1)
+    result = run_cycle(snap(NODES, [head, job("open").gpus(4)], unlimited), now=NOW)
+    assert result.reservations == (Reserve(JobId("head"), at(23.5), (NodeId("a"), NodeId("b"))),)
+    assert admitted(result) == {}
+    assert reasons(result)["head"].endswith("GPUs are held for it from 2026-03-03T11:30:00+00:00" + GUESS)
+
+
+def test_an_unlimited_job_admitted_this_cycle_counts_as_running_the_default_too() -> None:
+    """`first` takes b with no limit declared: the head's start is b's guessed end, 24 h from now."""
+    first = job("first").gpus(8).queue("urgent")
+    result = run_cycle(snap(NODES, [first, HEAD], [R1]), now=NOW, config=SchedulerConfig(reservation_window_s=86400))
+    assert list(admitted(result)) == ["first"]
+    assert result.reservations == (Reserve(JobId("head"), at(24), (NodeId("a"), NodeId("b"))),)
+    assert reasons(result)["head"].endswith(GUESS)
+
+
+def test_gpus_that_are_withheld_give_no_start_time() -> None:
+    """A job on a lost node, or whose stop nobody confirmed, frees its GPUs at no known time, guessed or not."""
+    lost = running("r1", {"a": range(8)}, started=at(-1), limit_h=2)
+    nodes = [NodeState(NodeId("a"), 8, frozenset(), True), NodeState(NodeId("b"), 8, frozenset(range(8)), True)]
+    result = run_cycle(Snapshot(nodes=tuple(nodes), pending=(HEAD.build(),), withheld=(lost,)), now=NOW)
+    assert result.reservations == ()
+    assert reasons(result)["head"] == ("needs 2 nodes with 8 free GPUs each; 1 node has them now; start time unknown:"
+                                      " the GPUs it needs are withheld (a lost node, or a stop nobody could confirm)")
 
 
 def test_running_jobs_on_dead_nodes_free_nothing() -> None:
@@ -196,3 +234,15 @@ def test_a_stream_of_small_jobs_with_limits_past_the_window_does_not_starve_a_wh
     report = simulate([*small, gang], cluster=SimCluster(nodes=2, gpus_per_node=8),
                       config=SchedulerConfig(fairshare_weight=0))
     assert report.wait_s["tenant:big"]["mean"] <= 3600 + 7200 + 120  # window + a limit + two 60 s ticks
+
+
+def test_a_stream_of_small_jobs_without_runtime_limits_does_not_starve_a_whole_cluster_gang() -> None:
+    """Q6: the same stream with no runtime limits declared (each still runs 2 h). Nothing said when their GPUs
+    would come back, so the gang was never held for and waited until the stream ended, three days. Each is now
+    taken to run default_runtime_s: the gang is held for once it has waited a window, and starts when the
+    small jobs then running have ended."""
+    small = [TraceJob(f"s{i:04d}", i * 450.0, "small", "s", "normal", 1, 1, 7200.0) for i in range(576)]
+    gang = TraceJob("gang", 60.0, "big", "b", "normal", 8, 2, 3600.0, 3600.0)
+    report = simulate([*small, gang], cluster=SimCluster(nodes=2, gpus_per_node=8),
+                      config=SchedulerConfig(fairshare_weight=0))
+    assert report.wait_s["tenant:big"]["mean"] <= 3600 + 7200 + 120  # window + a small job's run + two ticks
