@@ -21,8 +21,8 @@ TRIGGER_HEADER = "X-Jobgate-Trigger"
 # approval.grant. Any other name is a typo that grants nothing: an on-call engineer's grant for "job.stpo"
 # would be approved and then stop no job. check_scope() refuses to check an action missing here.
 ACTIONS = frozenset({
-    "approval.grant", "breakglass.request", "emergency.stop", "job.confirm_stopped", "job.delete", "job.pause",
-    "job.priority", "job.resume", "job.stop", "job.submit", "job.undelete", "job.view", "ledger.read",
+    "approval.grant", "breakglass.request", "emergency.lift", "emergency.stop", "job.confirm_stopped", "job.delete",
+    "job.pause", "job.priority", "job.resume", "job.stop", "job.submit", "job.undelete", "job.view", "ledger.read",
     "policy.reload", "quota.change", "role.manage",
 })
 

@@ -4,6 +4,11 @@ The scope is resolved to job ids when the request is made and frozen: the approv
 ids, so the stop never widens to jobs that appeared later. Policy (emergency.rego) decides how many people
 must agree for each granularity; once allowed, every target gets its stop command in one transaction, so the
 agents stop them in parallel with the (short) grace window of the request.
+
+A workload or scope stop also holds its scope (unless asked not to): from its execution on, the policy refuses
+new jobs that fall in it (rule C2.emergency_hold), so what was stopped cannot simply be submitted again, until
+on-call lifts the hold with a written reason (`lift`). Jobs submitted while the stop waited for its approval are
+not among its targets; the hold refuses only what comes after.
 """
 
 from __future__ import annotations
@@ -19,12 +24,12 @@ from gateway import stops
 from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
-from gateway.errors import Forbidden, Invalid, NotFound
-from gateway.jobs import refuse_if_denied
+from gateway.errors import Conflict, Forbidden, Invalid, NotFound
+from gateway.jobs import refuse_if_denied, refuse_unless_allowed
 from gateway.models import Job, Node
 from gateway.pipeline import Recorded, decide, ledger_batch, record_outcome
 from gateway.states import STOPPABLE_STATES
-from gateway.stop_tables import EmergencyStop
+from gateway.stop_tables import EmergencyHold, EmergencyStop
 
 # Jobs an emergency stop takes are those a stop can act on (queued ones are cancelled so they cannot start after it).
 # Jobs whose stop is already under way or failed are in scope too: their stop is taken over, so one being
@@ -71,8 +76,9 @@ def resolve_scope(session: Session, kind: str, value: Any) -> tuple[list[Job], l
 
 
 def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: Any, trigger: str, reason: str,
-           grace_seconds: float, ticket: str | None) -> tuple[EmergencyStop, Recorded]:
+           grace_seconds: float, ticket: str | None, hold: bool = True) -> tuple[EmergencyStop, Recorded]:
     """Decide and record an emergency stop; execute it now if policy allows, else open an approval.
+    `hold`: a workload or scope stop keeps its scope closed to new jobs until lifted (see the module's doc).
 
     Raises Invalid, NotFound, PolicyDenied, LedgerUnavailable.
     """
@@ -80,13 +86,17 @@ def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: A
     if not targets:
         raise Invalid(f"no running, stopping or queued stoppable job matches {kind} {value!r}", blind_spots=blind)
     granularity = GRANULARITY[kind]
-    params = {"scope": {"kind": kind, "value": value}, "trigger": trigger, "grace_seconds": grace_seconds}
+    hold = hold and kind != "job"  # a job id is never submitted again: there is nothing to hold
+    # `hold` is a parameter of the decision, so the approval's digest binds it: approvers agree to it too.
+    params = {"scope": {"kind": kind, "value": value}, "trigger": trigger, "grace_seconds": grace_seconds,
+              "hold": hold}
     rec = decide(gw, session, caller, "emergency.stop", targets=targets, params=params, reason=reason,
                  ticket=ticket, granularity=granularity)
     refuse_if_denied(rec)
     now = gw.clock()
     row = EmergencyStop(
-        id="es-" + secrets.token_hex(8), scope_kind=kind, scope_value={"value": value}, granularity=granularity,
+        id="es-" + secrets.token_hex(8), scope_kind=kind, scope_value={"value": value, "hold": hold},
+        granularity=granularity,
         trigger=trigger, reason=reason, requested_by=caller.real_identity, deciders=[caller.real_identity],
         grace_seconds=grace_seconds, state="pending_approval", request_id=rec.request_id, decision_seq=rec.seq,
         target_ids=[j.id for j in targets], skipped=blind, created_at=now,
@@ -96,7 +106,8 @@ def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: A
     record_outcome(gw, "emergency", {"emergency_id": row.id, "request_id": rec.request_id, "decision_seq": rec.seq,
                                      "trigger": trigger, "scope": params["scope"], "granularity": granularity,
                                      "requested_by": caller.real_identity, "reason": reason,
-                                     "targets": row.target_ids, "blind_spots": blind, "result": rec.decision.effect})
+                                     "targets": row.target_ids, "blind_spots": blind, "hold": hold,
+                                     "result": rec.decision.effect})
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action="emergency.stop", target_ids=row.target_ids,
                                 project=None, params=params, reason=reason, ticket=ticket, granularity=granularity,
@@ -139,8 +150,46 @@ def execute(gw: Gateway, session: Session, row: EmergencyStop, targets: list[Job
                                    request_id=row.request_id, decision_seq=decision_seq,
                                    grace_seconds=row.grace_seconds, approved_by=row.deciders[1:], lost_nodes=lost,
                                    emergency_id=row.id, trigger=row.trigger)
+    held = bool(row.scope_value.get("hold"))
+    if held:
+        session.add(EmergencyHold(emergency_id=row.id, scope_kind=row.scope_kind,
+                                  scope_value={"value": row.scope_value.get("value")}, trigger=row.trigger, since=now))
     record_outcome(gw, "emergency", {"emergency_id": row.id, "result": "executing", "deciders": row.deciders,
-                                     "trigger": row.trigger, "at": now.isoformat(), "targets": row.target_ids})
+                                     "trigger": row.trigger, "at": now.isoformat(), "targets": row.target_ids,
+                                     "hold": held})
+
+
+def lift(gw: Gateway, session: Session, caller: Caller, emergency_id: str, reason: str
+         ) -> tuple[EmergencyHold, Recorded]:
+    """Lift the hold an emergency stop keeps on its scope, so new jobs may be submitted there again.
+
+    Raises NotFound (no such stop, or it holds nothing), Conflict (already lifted), PolicyDenied,
+    LedgerUnavailable."""
+    stop = session.get(EmergencyStop, emergency_id)
+    if stop is None:
+        raise NotFound(f"no emergency stop {emergency_id!r}")
+    # Locked (PostgreSQL): two people lifting at once lift it once.
+    hold = session.get(EmergencyHold, emergency_id, with_for_update=True)
+    if hold is None:
+        why = ("a job stop holds nothing" if stop.scope_kind == "job"
+               else "it was made without one" if not stop.scope_value.get("hold")
+               else "a stop holds its scope once it is carried out, and this one waits for its approval")
+        raise NotFound(f"emergency stop {emergency_id} holds no scope: {why}")
+    if hold.lifted_at is not None:
+        raise Conflict(f"the hold of emergency stop {emergency_id} was lifted at {hold.lifted_at.isoformat()} by"
+                       f" {hold.lifted_by}", lifted_by=hold.lifted_by)
+    scope = {"kind": hold.scope_kind, "value": hold.scope_value.get("value")}
+    rec = decide(gw, session, caller, "emergency.lift", params={"emergency_id": emergency_id, "scope": scope,
+                                                                "trigger": hold.trigger},
+                 reason=reason, granularity=GRANULARITY[hold.scope_kind])
+    refuse_unless_allowed(rec, f"lifting the hold of emergency stop {emergency_id}")
+    now = gw.clock()
+    hold.lifted_at, hold.lifted_by, hold.lift_reason, hold.lift_decision_seq = (
+        now, caller.real_identity, reason, rec.seq)
+    record_outcome(gw, "emergency", {"emergency_id": emergency_id, "request_id": rec.request_id,
+                                     "decision_seq": rec.seq, "result": "hold_lifted", "scope": scope,
+                                     "lifted_by": caller.real_identity, "reason": reason, "at": now.isoformat()})
+    return hold, rec
 
 
 def load(gw: Gateway, session: Session, caller: Caller, emergency_id: str) -> EmergencyStop:
@@ -203,6 +252,7 @@ def report(session: Session, row: EmergencyStop, now: datetime) -> dict[str, Any
     if row.state == "executing" and summary["in_progress"] == 0 and summary["not_stopped"] == 0:
         row.state, row.finished_at = "done", now
     latencies = sorted(j["stop_latency_s"] for j in per_job if j["stop_latency_s"] is not None)
+    hold = session.get(EmergencyHold, row.id)
     return {
         "id": row.id, "state": row.state, "scope": {"kind": row.scope_kind, "value": row.scope_value.get("value")},
         "granularity": row.granularity, "trigger": row.trigger, "reason": row.reason,
@@ -214,8 +264,19 @@ def report(session: Session, row: EmergencyStop, now: datetime) -> dict[str, Any
         "summary": {**summary, "targets": len(per_job), "blind_spots": len(row.skipped),
                     "accounted_for": len(per_job) - summary["in_progress"] - summary["not_stopped"]},
         "last_confirmed_after_s": latencies[-1] if latencies and summary["in_progress"] == 0 else None,
+        "hold": hold_out(hold, asked=bool(row.scope_value.get("hold"))),
         "jobs": per_job, "blind_spots": row.skipped,
     }
+
+
+def hold_out(hold: EmergencyHold | None, *, asked: bool) -> dict[str, Any]:
+    """state: none (not asked for), pending (asked for, the stop not executed yet), in_force, or lifted."""
+    if hold is None:
+        return {"state": "pending" if asked else "none"}
+    if hold.lifted_at is None:
+        return {"state": "in_force", "since": hold.since.isoformat()}
+    return {"state": "lifted", "since": hold.since.isoformat(), "lifted_at": hold.lifted_at.isoformat(),
+            "lifted_by": hold.lifted_by, "reason": hold.lift_reason, "decision_seq": hold.lift_decision_seq}
 
 
 def list_stops(session: Session, limit: int = 100) -> list[EmergencyStop]:

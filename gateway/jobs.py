@@ -16,6 +16,7 @@ from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
+from gateway.emergency_holds import holds_on
 from gateway.errors import Conflict, Invalid, NotFound, PolicyDenied
 from gateway.models import Job, Node, Principal, Project
 from gateway.obligations import notify_owners
@@ -185,8 +186,10 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
     now = gw.clock()
     job_id = new_job_id(now)
     # The policy sees the facts it judges; the full spec is kept beside the decision in the ledger.
-    rec = decide(gw, session, caller, "job.submit", project=spec.project,
-                 params={"job_id": job_id, "queue": spec.queue, "gpus": spec.gpus_per_node * spec.nodes},
+    params: dict[str, Any] = {"job_id": job_id, "queue": spec.queue, "gpus": spec.gpus_per_node * spec.nodes}
+    if holds := holds_on(session, workload=spec.workload, environment=spec.environment, labels=spec.labels):
+        params["emergency_holds"] = holds  # C2: the scope of an emergency stop is closed to new jobs
+    rec = decide(gw, session, caller, "job.submit", project=spec.project, params=params,
                  context={"spec": spec.model_dump(mode="json", exclude_defaults=True)})
     refuse_unless_allowed(rec)
     shape = cluster_shape(session)

@@ -59,6 +59,23 @@ class EmergencyStop(Base):
     finished_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
 
+class EmergencyHold(Base):
+    """An executed workload or scope emergency stop keeps its scope closed to new jobs until on-call lifts it:
+    otherwise whatever was stopped (a runaway pipeline, a compromised account) could submit it straight back."""
+
+    __tablename__ = "emergency_holds"
+    emergency_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    scope_kind: Mapped[str] = mapped_column(String(16))  # workload | environment | selector
+    scope_value: Mapped[dict[str, Any]] = mapped_column(default=dict)  # {"value": ...}, as on the stop
+    trigger: Mapped[str] = mapped_column(String(16))
+    since: Mapped[datetime]
+    # Set once, when lifted (the hold row is kept: forensics reads it back).
+    lifted_at: Mapped[datetime | None] = mapped_column(nullable=True, index=True)
+    lifted_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lift_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    lift_decision_seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
 class JobDeletion(Base):
     """A deleted job (A6): artifacts are purged through the agent only after the recovery window."""
 

@@ -1,11 +1,11 @@
-# Emergency stops (C2, C6) and the stop-area job actions: on-call confirming a stop by hand (C3),
-# resuming a paused job (A5) and undeleting within the recovery window (A6).
+# Emergency stops (C2, C6) and the hold they keep on their scope, and the stop-area job actions: on-call
+# confirming a stop by hand (C3), resuming a paused job (A5) and undeleting within the recovery window (A6).
 package jobgate.authz
 
 import rego.v1
 
 # Actions judged here rather than in actions.rego / jobs.rego (subjects.rego dispatches them here).
-extension_actions := {"emergency.stop", "job.confirm_stopped", "job.resume", "job.undelete"}
+extension_actions := {"emergency.stop", "emergency.lift", "job.confirm_stopped", "job.resume", "job.undelete"}
 
 extension_job_actions := {"job.confirm_stopped", "job.resume", "job.undelete"}
 
@@ -67,6 +67,23 @@ emergency_finding := refuse(
 		[{"kind": "notify_owners", "jobs": sort([t.id | some t in targets])}],
 	),
 	{"own_count": true},
+) if {
+	holds(global_project, ext_cap.emergency)
+} else := refuse("C2.no_capability", missing_capability(global_project, ext_cap.emergency), scope_subject)
+
+# C2: a workload or scope stop keeps its scope closed to new jobs (guards.rego, C2.emergency_hold) until someone
+# who may make emergency stops lifts that hold, saying why in writing.
+lift_finding := refuse(
+	"C2.lift_reason_required",
+	sprintf("lifting the hold of emergency stop %v needs a written reason", [input.params.emergency_id]),
+	scope_subject,
+) if {
+	holds(global_project, ext_cap.emergency)
+	not reason_given
+} else := project_grant(
+	"C2.lift_hold",
+	sprintf("%s lifts the hold of emergency stop %v (%v concern): new jobs may be submitted to its scope again", [actor, input.params.emergency_id, input.params.trigger]),
+	scope_subject, 0, nobody, [],
 ) if {
 	holds(global_project, ext_cap.emergency)
 } else := refuse("C2.no_capability", missing_capability(global_project, ext_cap.emergency), scope_subject)

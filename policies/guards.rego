@@ -24,6 +24,17 @@ denials contains {"rule": "H1.node_cannot_act", "reason": sprintf("%s is a node 
 	actor_kind == "node"
 }
 
+# C2: a new job may not enter the scope of an emergency stop's hold (emergency.rego) while it is in force. The
+# gateway lists the holds the job would fall under in params.emergency_holds, and only when there are some.
+denials contains {
+	"rule": "C2.emergency_hold",
+	"reason": sprintf("emergency stop %v (%v concern) holds %v %v: no new jobs there until it is lifted (jobgate emergency-stop lift %v)", [h.emergency_id, h.trigger, h.scope.kind, h.scope.value, h.emergency_id]),
+} if {
+	input.action == "job.submit"
+	hs := input.params.emergency_holds
+	some h in hs
+}
+
 # F1: every automation identity must map back to a responsible person and a trigger source.
 denials contains {
 	"rule": "F1.unattributed_service",

@@ -165,6 +165,8 @@ findings := [stop_finding(t) | some t in ts] if {
 	input.action == "breakglass.request"
 } else := [emergency_finding] if {
 	input.action == "emergency.stop"
+} else := [lift_finding] if {
+	input.action == "emergency.lift"
 } else := [confirm_finding(t) | some t in ts] if {
 	input.action == "job.confirm_stopped"
 	has_targets

@@ -36,6 +36,18 @@ class EmergencyCreate(BaseModel):
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
     grace_seconds: float = Field(5.0, ge=0, le=300, description="Grace window for every target; may be 0.")
     ticket: str | None = Field(None, max_length=200, description="Linked ticket or incident id.")
+    hold: bool = Field(True, description=(
+        "A workload or scope stop keeps its scope closed to new jobs once carried out (rule C2.emergency_hold),"
+        " until lifted at `POST /v1/emergency-stops/{id}/lift`; false stops the jobs and holds nothing."
+        " A job stop never holds."))
+
+
+class HoldLift(BaseModel):
+    """Why the scope may take new jobs again."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, summary="Request an emergency stop")
@@ -44,12 +56,13 @@ def create(body: EmergencyCreate, ctx: Ctx, response: Response) -> dict[str, Any
     granularity: a job-level stop by on-call or a security reviewer runs at once; a workload or scope stop
     waits (HTTP 202 with `approval_id`) for a holder of the other role to approve at
     `POST /v1/approvals/{approval_id}/approve`. Then every target is stopped in parallel with
-    `grace_seconds`. Follow progress at `GET /v1/emergency-stops/{id}`."""
+    `grace_seconds`, and a workload or scope stop holds its scope: new jobs there are refused until the hold
+    is lifted. Follow progress at `GET /v1/emergency-stops/{id}`."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
         row, rec = emergency.create(ctx.gw, session, caller, kind=body.scope.kind, value=body.scope.value,
                                     trigger=body.trigger, reason=body.reason, grace_seconds=body.grace_seconds,
-                                    ticket=body.ticket)
+                                    ticket=body.ticket, hold=body.hold)
         if row.state == "pending_approval":
             response.status_code = status.HTTP_202_ACCEPTED
         out = emergency.report(session, row, ctx.gw.clock())
@@ -80,3 +93,19 @@ def show(
     with ctx.gw.transaction() as session:
         row = emergency.load(ctx.gw, session, ctx.caller(session), emergency_id)
         return emergency.report(session, row, ctx.gw.clock())
+
+
+@router.post("/{emergency_id}/lift", summary="Lift the hold an emergency stop keeps on its scope")
+def lift(
+    emergency_id: Annotated[str, Path(description="The emergency stop whose hold to lift.")],
+    body: HoldLift,
+    ctx: Ctx,
+) -> dict[str, Any]:
+    """New jobs may be submitted to the stop's workload or scope again. Whoever may make emergency stops may
+    lift one, with a written reason; the decision and the lift are ledgered. 404 if the stop holds nothing,
+    409 if its hold was already lifted."""
+    with ctx.gw.transaction() as session:
+        caller = ctx.caller(session)
+        hold, rec = emergency.lift(ctx.gw, session, caller, emergency_id, body.reason)
+        return {"emergency_id": emergency_id, "hold": emergency.hold_out(hold, asked=True),
+                "decision": decision_out(rec).model_dump()}

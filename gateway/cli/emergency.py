@@ -62,6 +62,19 @@ def _print(es: dict[str, Any]) -> None:
         click.echo(f"blind spot: {b['job_id']} ({b['reason']})")
     summary = es["summary"]
     click.echo("summary: " + ", ".join(f"{k} {summary.get(k, 0)}" for k in SUMMARY_ORDER))
+    click.echo(_hold_line(es["id"], es.get("hold") or {"state": "none"}))
+
+
+def _hold_line(es_id: str, hold: dict[str, Any]) -> str:
+    state = hold["state"]
+    if state == "in_force":
+        return (f"hold: in force since {hold['since']}: new jobs in this scope are refused; lift it with"
+                f" `jobgate emergency-stop lift {es_id} --reason ...`")
+    if state == "lifted":
+        return f"hold: lifted at {hold['lifted_at']} by {hold['lifted_by']} ({hold['reason']})"
+    if state == "pending":
+        return "hold: from when the stop is carried out, new jobs in this scope will be refused"
+    return "hold: none"
 
 
 def _watch(client: Client, es_id: str, timeout: float, as_json: bool) -> dict[str, Any]:
@@ -101,16 +114,18 @@ def emergency_group(ctx: click.Context, gateway: str, token: str | None, trigger
 @click.option("--grace", "grace_seconds", type=click.FloatRange(0, 300), default=5.0, show_default=True,
               help="Grace window for every target (0 = SIGKILL at once).")
 @click.option("--ticket", help="Incident or ticket id.")
+@click.option("--hold/--no-hold", default=True, show_default=True,
+              help="A workload or scope stop keeps its scope closed to new jobs until `lift`.")
 @click.option("--watch", is_flag=True, help="Follow progress until every job is accounted for.")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Give up watching after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the emergency stop as JSON.")
 @click.pass_obj
 def create(client: Client, scope: str, concern: str, reason: str, grace_seconds: float, ticket: str | None,
-           watch: bool, timeout: float, as_json: bool) -> None:
+           hold: bool, watch: bool, timeout: float, as_json: bool) -> None:
     """Request an emergency stop, e.g. `jobgate emergency-stop create --scope environment=production
     --trigger safety --reason "unsafe outputs" --grace 0 --watch`."""
     body = {"scope": _parse_scope(scope), "trigger": concern, "reason": reason, "grace_seconds": grace_seconds,
-            "ticket": ticket}
+            "ticket": ticket, "hold": hold}
     es = client.request("POST", "emergency-stops", json=body)
     if watch and es["state"] != "pending_approval":
         es = _watch(client, es["id"], timeout, as_json)
@@ -146,6 +161,21 @@ def list_cmd(client: Client, as_json: bool) -> None:
         emit_json(data)
         return
     rows = [{**e, "scope": f"{e['scope']['kind']}={e['scope']['value']}", "progress":
-             f"{e['summary']['accounted_for']}/{e['summary']['targets']}"} for e in data["emergency_stops"]]
+             f"{e['summary']['accounted_for']}/{e['summary']['targets']}", "hold_state": e["hold"]["state"]}
+            for e in data["emergency_stops"]]
     click.echo(table(rows, [("id", "id"), ("state", "state"), ("trigger", "trigger"), ("scope", "scope"),
-                            ("progress", "accounted"), ("requested_by", "by")]))
+                            ("progress", "accounted"), ("hold_state", "hold"), ("requested_by", "by")]))
+
+
+@emergency_group.command("lift")
+@click.argument("emergency_id")
+@click.option("--reason", required=True, help="Why the scope may take new jobs again (kept in the ledger).")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
+@click.pass_obj
+def lift(client: Client, emergency_id: str, reason: str, as_json: bool) -> None:
+    """Lift the hold a workload or scope stop keeps on its scope, so new jobs may be submitted there again."""
+    out = client.request("POST", "emergency-stops", emergency_id, "lift", json={"reason": reason})
+    if as_json:
+        emit_json(out)
+    else:
+        click.echo(_hold_line(emergency_id, out["hold"]))

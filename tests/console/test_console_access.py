@@ -180,3 +180,19 @@ def test_emergency_stop_page_shows_per_job_progress_and_refreshes_until_done(con
     assert queued in done and "cancelled" in done and 'http-equiv="refresh"' not in done
     alice, _ = console.sign_in("alice")
     assert alice.get(f"/ui/emergency/{ids[0]}").status_code == 403
+
+
+def test_emergency_stop_page_says_whether_the_scope_is_held(console: Console) -> None:
+    submit(console, workload="sweep-7")
+    r = console.api("POST", "/v1/emergency-stops", "dave", json={
+        "scope": {"kind": "workload", "value": "sweep-7"}, "trigger": "security", "reason": "leaked keys"})
+    es = r.json()
+    dave, _ = console.sign_in("dave")
+    assert "from when the stop is carried out" in dave.get(f"/ui/emergency/{es['id']}").text
+    assert console.api("POST", f"/v1/approvals/{es['approval_id']}/approve", "sam").status_code == 200
+    page = dave.get(f"/ui/emergency/{es['id']}").text
+    assert "<strong>in force</strong>" in page and f"jobgate emergency-stop lift {es['id']}" in page
+    assert "<td>in force</td>" in dave.get("/ui/emergency").text
+    assert console.api("POST", f"/v1/emergency-stops/{es['id']}/lift", "sam", json={"reason": "keys rotated"}
+                       ).status_code == 200
+    assert "by sam: “keys rotated”" in dave.get(f"/ui/emergency/{es['id']}").text

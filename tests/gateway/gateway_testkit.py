@@ -69,7 +69,8 @@ def app_routes(app: Any, *, skip: frozenset[str] = frozenset({"HEAD"})) -> Itera
 
 def path_objects(api: Api) -> dict[str, str]:
     """Real objects for the API's path ids: a running job of alice's with a stop awaiting approval, a token,
-    a break-glass grant, a notice to alice that asks for a receipt; the project and node the job uses."""
+    a break-glass grant, a notice to alice that asks for a receipt, an emergency stop holding a workload; the
+    project and node the job uses."""
     from gateway.models import Job
 
     job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
@@ -87,8 +88,13 @@ def path_objects(api: Api) -> dict[str, str]:
     asked = api.post(f"/v1/jobs/{other}/stop", "carol", json={"reason": "make a notice"}).json()["approval_id"]
     api.post(f"/v1/approvals/{asked}/approve", "dave")
     note = next(n for n in api.get("/v1/notifications", "alice").json()["notifications"] if n["receipt"] == "pending")
+    api.post("/v1/jobs", "alice", json=job_spec(workload="held"))
+    emergency = api.post("/v1/emergency-stops", "dave", json={
+        "scope": {"kind": "workload", "value": "held"}, "trigger": "safety", "reason": "make a hold"}).json()
+    api.post(f"/v1/approvals/{emergency['approval_id']}/approve", "sam")
     return {"job_id": job_id, "approval_id": approval["approval_id"], "token_id": token["id"],
-            "grant_id": grant["id"], "notification_id": note["id"], "project": "vision", "node_id": "demo-node-1"}
+            "grant_id": grant["id"], "notification_id": note["id"], "project": "vision", "node_id": "demo-node-1",
+            "emergency_id": emergency["id"]}
 
 
 def ledger_entries(api: Api) -> list[dict[str, Any]]:

@@ -388,7 +388,7 @@ def _drop_pg_database(server_url: str, url: str) -> None:
 
 def _objects(api: Api) -> dict[str, str]:
     """Real objects for the path ids (gateway_testkit.path_objects); ids of kinds not made there stay unknown."""
-    return {**path_objects(api), "emergency_id": "no-such-emergency", "seq": "1"}
+    return {**path_objects(api), "seq": "1"}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

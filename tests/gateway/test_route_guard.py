@@ -52,6 +52,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/emergency-stops"): Case(
         "decision", action="emergency.stop",
         body={"scope": {"kind": "job", "value": "{job_id}"}, "trigger": "safety", **REASON}),
+    ("POST", "/v1/emergency-stops/{emergency_id}/lift"): Case("decision", action="emergency.lift", body=REASON),
     ("POST", "/v1/break-glass"): Case(
         "decision", action="breakglass.request",
         body={"projects": ["vision"], "actions": ["job.stop"], "duration_minutes": 5, "ticket": "INC-1",
