@@ -143,8 +143,10 @@ def _resume(gw: Gateway, session: Session, job: Job, *, by: str, reason: str | N
     # The wait of the last stint ended when the job started, or when it was paused while still queued.
     row = priority_history.ensure(session, job)
     started = job.started_at if job.started_at is not None and job.started_at >= row.queued_at else None
+    priority_history.keep_run(session, job, row, job.ended_at or now)
     priority_history.carry_wait(row, started or job.ended_at or now, now)
-    job.placement, job.outcome, job.ended_at, job.exit_code = [], None, None, None
+    # Pending again: it has not started (its last run is a PastRun now).
+    job.placement, job.outcome, job.started_at, job.ended_at, job.exit_code = [], None, None, None, None
     job.stop_request = {}
     stops.ledger_transition(gw, job, "pending", now, by=by, reason=reason or "resumed", request_id=request_id,
                             decision_seq=decision_seq, resume_priority_rule=RESUME_PRIORITY_RULE,

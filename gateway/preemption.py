@@ -215,6 +215,7 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_
     outcome = "forced" if "forced" in outcomes else "graceful"
     checkpoints = [c for ev in evidence.values() for c in (ev.get("checkpoints") or [])]
     before = row.priority
+    priority_history.keep_run(session, job, row, now)
     priority_history.carry_wait(row, job.started_at or row.queued_at, now)
     row.compensation += config.preemption_compensation
     row.preemptions += 1

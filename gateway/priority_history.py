@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from gateway.context import Gateway
 from gateway.models import Job
-from gateway.scheduler_tables import PriorityChange, SchedJob
+from gateway.scheduler_tables import PastRun, PriorityChange, SchedJob
 
 # Aging and fair share move a little every cycle; a history entry per cycle would say nothing new.
 AGING_STEP = 1.0
@@ -70,6 +70,15 @@ def standing(session: Session, job_ids: Sequence[str]) -> dict[str, tuple[float,
         now = effective(row)
         out[job_id] = (now, now - float(row.manual or 0.0) if row is not None else now)
     return out
+
+
+def keep_run(session: Session, job: Job, row: SchedJob, ended_at: datetime) -> None:
+    """Q11: the job goes back to the queue and its row will forget its last run: keep that run (if it began in
+    the current stint) for the statistics. Call before carry_wait, which starts the next stint."""
+    if job.started_at is not None and job.started_at >= row.queued_at:
+        session.add(PastRun(job_id=job.id, project=job.project, queue=job.queue, gpus=job.gpus_per_node * job.nodes,
+                            waited_s=(job.started_at - row.queued_at).total_seconds(), started_at=job.started_at,
+                            ended_at=max(ended_at, job.started_at)))
 
 
 def carry_wait(row: SchedJob, wait_ended: datetime, now: datetime) -> None:

@@ -1,5 +1,6 @@
 """Business-DB tables of the scheduler: quotas, the mount/data-set registry, per-job scheduling state,
-priority history (Q3 basis), preemptions (Q8/Q9 statistics) and decayed usage (Q3 fair share)."""
+priority history (Q3 basis), preemptions (Q8/Q9 statistics), earlier runs of requeued jobs (Q11 statistics)
+and decayed usage (Q3 fair share)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,22 @@ class PreemptionRow(Base):
     requeued_at: Mapped[datetime | None] = mapped_column(nullable=True)
     checkpoint: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     ledger_seq: Mapped[int] = mapped_column(Integer)
+
+
+class PastRun(Base):
+    """Q11: a run of a job that then went back to the queue (preempted, or paused and resumed). The jobs row
+    knows only the current run (started_at, ended_at): without these rows the heat map lost the GPU-hours of
+    the earlier runs, and the wait statistics counted them as waiting."""
+
+    __tablename__ = "past_runs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    project: Mapped[str] = mapped_column(String(64))
+    queue: Mapped[str] = mapped_column(String(16))
+    gpus: Mapped[int] = mapped_column(Integer)
+    waited_s: Mapped[float] = mapped_column(Float)  # this run's stint in the queue: from entering it to the start
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime] = mapped_column(index=True)
 
 
 class TenantUsage(Base):

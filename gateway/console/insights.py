@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from gateway.models import Allocation, Job, Node, Project
 from gateway.quotas import alive_capacity, usage_by_tenant
-from gateway.scheduler_tables import QuotaRow, SchedJob
+from gateway.scheduler_tables import PastRun, QuotaRow, SchedJob
 from scheduler.model import QUEUES
 
 RUNNING_STATES = ("starting", "running", "stop_requested", "stopping")
@@ -61,15 +61,18 @@ def heatmap(session: Session, now: datetime, days: int = 7, projects: set[str] |
     total = sum(session.scalars(select(Node.gpus).where(Node.gpus > 0)).all()) or 1
     quotas = {q.project: q.gpus for q in session.scalars(select(QuotaRow)).all()}
     used: dict[str, list[float]] = defaultdict(lambda: [0.0] * days)
-    rows = session.execute(select(Job.project, Job.gpus_per_node, Job.nodes, Job.started_at, Job.ended_at)
+    rows = session.execute(select(Job.project, Job.gpus_per_node * Job.nodes, Job.started_at, Job.ended_at)
                            .where(Job.started_at.is_not(None))
                            .where((Job.ended_at.is_(None)) | (Job.ended_at >= first))).all()
-    for project, g, n, started, ended in rows:
+    # Runs before a requeue: a preempted or resumed job's row holds only its current run.
+    rows += session.execute(select(PastRun.project, PastRun.gpus, PastRun.started_at, PastRun.ended_at)
+                            .where(PastRun.ended_at >= first)).all()
+    for project, gpus, started, ended in rows:
         if started is None or (projects is not None and project not in projects):
             continue
         for i, lo in enumerate(day_starts):
             hi = min(lo + timedelta(days=1), now)
-            used[project][i] += g * n * _overlap_hours(started, ended or now, lo, hi)
+            used[project][i] += gpus * _overlap_hours(started, ended or now, lo, hi)
     tenants = sorted((set(used) | set(quotas) | set(session.scalars(select(Project.id)).all())) - {"*"})
     out_rows = []
     for t in tenants:
@@ -95,18 +98,24 @@ def _percentile(values: list[float], p: float) -> float | None:
 
 
 def waits(session: Session, now: datetime, projects: set[str] | None = None) -> dict[str, Any]:
-    """Per queue: the waits of jobs that started (submitted → started), as bucket counts and percentiles,
-    and the jobs waiting now with the oldest wait."""
+    """Per queue: the wait before every start (from entering the queue, or re-entering it after a preemption or a
+    resume, to starting), as bucket counts and percentiles, and the jobs waiting now with the oldest wait (in
+    the queue since they last entered it)."""
     started: dict[str, list[float]] = defaultdict(list)
     waiting: dict[str, list[float]] = defaultdict(list)
-    for queue, project, submitted, begun, state in session.execute(
-            select(Job.queue, Job.project, Job.submitted_at, Job.started_at, Job.state)).all():
+    for queue, project, submitted, entered, begun, state in session.execute(
+            select(Job.queue, Job.project, Job.submitted_at, SchedJob.queued_at, Job.started_at, Job.state)
+            .outerjoin(SchedJob, SchedJob.job_id == Job.id)).all():
         if projects is not None and project not in projects:
             continue
+        entered = entered or submitted
         if begun is not None:
-            started[queue].append(max(0.0, (begun - submitted).total_seconds()))
+            started[queue].append(max(0.0, (begun - entered).total_seconds()))
         elif state == "pending":
-            waiting[queue].append(max(0.0, (now - submitted).total_seconds()))
+            waiting[queue].append(max(0.0, (now - entered).total_seconds()))
+    for queue, project, waited in session.execute(select(PastRun.queue, PastRun.project, PastRun.waited_s)).all():
+        if projects is None or project in projects:
+            started[queue].append(max(0.0, waited))
     out = {}
     for q in QUEUES:
         values = started[q]

@@ -22,6 +22,7 @@ def _run(con: Console, job_id: str, *, started_ago: timedelta, waited: timedelta
     with gw.transaction() as session:
         session.execute(update(Job).where(Job.id == job_id).values(
             state="running", started_at=now - started_ago, submitted_at=now - started_ago - waited))
+        session.execute(update(SchedJob).where(SchedJob.job_id == job_id).values(queued_at=now - started_ago - waited))
         if node:
             session.add(Allocation(job_id=job_id, node=node, gpus=gpus or [], state="running", released=False))
 
