@@ -61,9 +61,10 @@ def heatmap(session: Session, now: datetime, days: int = 7, projects: set[str] |
     total = sum(session.scalars(select(Node.gpus).where(Node.gpus > 0)).all()) or 1
     quotas = {q.project: q.gpus for q in session.scalars(select(QuotaRow)).all()}
     used: dict[str, list[float]] = defaultdict(lambda: [0.0] * days)
-    rows = session.execute(select(Job.project, Job.gpus_per_node * Job.nodes, Job.started_at, Job.ended_at)
-                           .where(Job.started_at.is_not(None))
-                           .where((Job.ended_at.is_(None)) | (Job.ended_at >= first))).all()
+    rows: list[Any] = list(session.execute(select(Job.project, Job.gpus_per_node * Job.nodes, Job.started_at,
+                                                  Job.ended_at)
+                                           .where(Job.started_at.is_not(None))
+                                           .where((Job.ended_at.is_(None)) | (Job.ended_at >= first))).all())
     # Runs before a requeue: a preempted or resumed job's row holds only its current run.
     rows += session.execute(select(PastRun.project, PastRun.gpus, PastRun.started_at, PastRun.ended_at)
                             .where(PastRun.ended_at >= first)).all()
