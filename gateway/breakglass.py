@@ -4,7 +4,8 @@ An on-call engineer asks for a grant (projects, actions, at most 4 hours, a reas
 policy decides whether a second on-call must approve. The credential (`jgb_...`) is shown once, is usable
 for its stated number of calls or until it expires, whichever comes first, and then stops working by
 itself — the expiry is written to the ledger as a revocation. Every call made with it still goes through
-the decision pipeline: the grant only stands in for the second person, it is ledgered with
+the decision pipeline: the grant only stands in for the second person (one: a request that needs more people
+waits for all of them), it is ledgered with
 `bypass: true`, and it raises an alert (log line, Prometheus counter, optional webhook).
 """
 

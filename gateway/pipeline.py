@@ -159,12 +159,20 @@ def decide(
     policy_said = None
     if caller.breakglass and decision.effect == "needs_approval":
         # F2: an approved break-glass grant stands in for the second person, nothing else; the policy's
-        # own answer is kept beside the override.
+        # own answer is kept beside the override. Where the policy wants more people than one (a scope stop,
+        # another's external-rights job), the grant is not a way around the others: the request waits for all
+        # of them, as anyone's would.
         policy_said = decision.to_json()
-        decision = replace(decision, effect="allow", approvals_required={},
-                           reasons=(f"break-glass grant {caller.breakglass} stands in for the second person",
-                                    *decision.reasons),
-                           rules=(*decision.rules, BREAK_GLASS_RULE))
+        needed = decision.approvals_required.get("count", 0)
+        if needed == 1:
+            decision = replace(decision, effect="allow", approvals_required={},
+                               reasons=(f"break-glass grant {caller.breakglass} stands in for the second person",
+                                        *decision.reasons),
+                               rules=(*decision.rules, BREAK_GLASS_RULE))
+        else:
+            decision = replace(decision, reasons=(
+                f"break-glass grant {caller.breakglass} stands in for one second person, not the {needed} this"
+                " request needs; it waits for them", *decision.reasons))
     DECISIONS.labels(action, decision.effect).inc()
     if not record:
         return Recorded(request_id, decision, -1, decision_input)

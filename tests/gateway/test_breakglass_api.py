@@ -55,6 +55,26 @@ def test_a_grant_stands_in_for_the_second_person_and_every_use_is_a_ledgered_ale
     assert f'jobgate_break_glass_uses_total{{holder="dave"}} {counted + 1}' in metrics
 
 
+def test_a_grant_stands_in_for_one_person_only_so_a_request_needing_more_waits_for_them(api: Api) -> None:
+    """Stopping another's external-rights job needs two more people (A4 and R3's notch). The grant used to turn
+    any number of missing approvals into an allow, so one on-call engineer and the grant's approver could do
+    what the policy asks three people for."""
+    job_id = running_job(api)
+    with api.gateway.db.transaction() as s:
+        s.get(Job, job_id).external_rights = True
+    r = use(api, grant(api)["credential"], job_id)
+    assert r.status_code == 202, r.text
+    decision = r.json()["decision"]
+    assert decision["effect"] == "needs_approval" and decision["approvals_required"]["count"] == 2
+    assert "F2.break_glass" not in decision["rules"] and r.json()["approval_id"]
+    assert decision["reasons"][0].endswith("stands in for one second person, not the 2 this request needs;"
+                                           " it waits for them")
+    with api.gateway.db.transaction() as s:
+        assert s.get(Job, job_id).state == "running"
+    recorded = next(e for e in ledger_entries(api) if e["seq"] == decision["ledger_seq"])["body"]
+    assert recorded["bypass"] is True and recorded["policy_decision"]["approvals_required"]["count"] == 2
+
+
 def test_a_spent_credential_is_refused_and_its_revocation_ledgered(api: Api) -> None:
     g = grant(api, max_uses=1)
     assert use(api, g["credential"], running_job(api)).status_code == 202
