@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from gateway import priority_history
 from gateway.auth import Caller
 from gateway.context import QUEUED_ENTRIES, REPORTED_ENTRIES, Gateway, settle_queued_entries
+from gateway.emergency_holds import holds_on
 from gateway.errors import Forbidden, Invalid, LedgerUnavailable
 from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Allocation, Job
@@ -77,6 +78,14 @@ def add_gang_facts(session: Session, facts: Sequence[dict[str, Any]]) -> None:
         f["failed_members"] = sorted(node for job_id, node in failed if job_id == f["id"])
 
 
+def add_hold_facts(session: Session, facts: Sequence[dict[str, Any]], targets: Sequence[Job]) -> None:
+    """C2: the emergency holds each target (a paused job asked to resume) falls under, only where there are
+    some, so the policy can keep a held scope closed to jobs coming back as well as to new ones."""
+    for f, job in zip(facts, targets, strict=True):
+        if holds := holds_on(session, workload=job.workload, environment=job.environment, labels=job.labels):
+            f["emergency_holds"] = holds
+
+
 def _refused(gw: Gateway, reason: str, rule: str) -> Decision:
     """A deny decided before the policy engine (token scope, rate limit); recorded like any other."""
     return Decision(effect="deny", reasons=(reason,), rules=(rule,), approvals_required={}, obligations=(),
@@ -128,6 +137,8 @@ def decide(
         add_priority_facts(session, facts)
     if action == "job.stop" and facts and caller.kind == "system":
         add_gang_facts(session, facts)
+    if action == "job.resume" and facts:
+        add_hold_facts(session, facts, targets)
     decision_input: dict[str, Any] = {
         "action": action,
         "actor": {"id": caller.id, "kind": caller.kind, "responsible": caller.responsible, "trigger": caller.trigger},

@@ -24,14 +24,26 @@ denials contains {"rule": "H1.node_cannot_act", "reason": sprintf("%s is a node 
 	actor_kind == "node"
 }
 
-# C2: a new job may not enter the scope of an emergency stop's hold (emergency.rego) while it is in force. The
-# gateway lists the holds the job would fall under in params.emergency_holds, and only when there are some.
+# C2: while an emergency stop's hold (emergency.rego) is in force, no job enters its scope: neither a new one
+# nor a paused one resuming. The gateway lists the holds a job falls under, only when there are some: in
+# params.emergency_holds for a submission, in each target's emergency_holds for a resume.
 denials contains {
 	"rule": "C2.emergency_hold",
 	"reason": sprintf("emergency stop %v (%v concern) holds %v %v: no new jobs there until it is lifted (jobgate emergency-stop lift %v)", [h.emergency_id, h.trigger, h.scope.kind, h.scope.value, h.emergency_id]),
 } if {
 	input.action == "job.submit"
 	hs := input.params.emergency_holds
+	some h in hs
+}
+
+denials contains {
+	"rule": "C2.emergency_hold",
+	"reason": sprintf("job %v is in %v %v, which emergency stop %v (%v concern) holds: it may not resume until the hold is lifted (jobgate emergency-stop lift %v)", [t.id, h.scope.kind, h.scope.value, h.emergency_id, h.trigger, h.emergency_id]),
+} if {
+	input.action == "job.resume"
+	ts := targets
+	some t in ts
+	hs := t.emergency_holds
 	some h in hs
 }
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from gateway_testkit import Api, job_spec
-from stop_helpers import FakeAgent, ledger, running_job
+from stop_helpers import FakeAgent, ledger, running_job, stopped_evidence
 from test_cli_paths_redteam import jobgate, url  # noqa: F401  (url is the fixture of a real uvicorn gateway)
 
 
@@ -81,6 +81,25 @@ def test_environment_and_selector_holds_match_the_new_job(api: Api, agent: FakeA
     assert staging["id"] in both["detail"] and team_x["id"] in both["detail"]
     assert submit(api, labels={"team": "y"}).status_code == 201
     assert submit(api, environment="production").status_code == 201
+
+
+def test_a_paused_job_in_a_held_scope_may_not_resume_until_the_hold_is_lifted(api: Api, agent: FakeAgent) -> None:
+    """Paused jobs hold no GPUs, so an emergency stop does not take them; resuming one would bring back into the
+    held scope what the stop took out."""
+    paused, _ = running_job(api, agent, environment="staging")
+    assert api.post(f"/v1/jobs/{paused}/pause", "alice", json={"reason": "lunch"}).status_code == 202
+    (stop,) = [c for c in agent.take() if c["kind"] == "stop" and c["job_id"] == paused]
+    agent.report(paused, "stopped", stop["nonce"], evidence=stopped_evidence())
+    assert api.get(f"/v1/jobs/{paused}", "alice").json()["state"] == "paused"
+    running_job(api, agent, environment="staging")
+    es = stop_scope(api, "environment", "staging")
+    refused = api.post(f"/v1/jobs/{paused}/resume", "alice", json={"reason": "back to work"})
+    assert refused.status_code == 403 and refused.json()["rules"] == ["C2.emergency_hold"], refused.text
+    assert refused.json()["detail"].startswith(f"job {paused} is in environment staging, which emergency stop {es['id']}")
+    assert api.get(f"/v1/jobs/{paused}", "alice").json()["state"] == "paused"
+    assert api.post(f"/v1/emergency-stops/{es['id']}/lift", "sam", json={"reason": "all clear"}).status_code == 200
+    resumed = api.post(f"/v1/jobs/{paused}/resume", "alice", json={"reason": "back to work"})
+    assert resumed.status_code == 200, resumed.text
 
 
 def test_a_stop_made_without_a_hold_and_a_job_stop_hold_nothing(api: Api, agent: FakeAgent) -> None:
