@@ -7,8 +7,8 @@ agents stop them in parallel with the (short) grace window of the request.
 
 A workload or scope stop also holds its scope (unless asked not to): from its execution on, the policy refuses
 new jobs that fall in it, and paused ones resuming there (rule C2.emergency_hold), so what was stopped cannot
-simply come back, until on-call lifts the hold with a written reason (`lift`). Jobs submitted while the stop waited for its approval are
-not among its targets; the hold refuses only what comes after.
+simply come back, until on-call lifts the hold with a written reason (`lift`). Jobs submitted while the stop
+waited for its approval are not among its targets; the hold refuses only what comes after.
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ def test_a_paused_job_in_a_held_scope_may_not_resume_until_the_hold_is_lifted(ap
     es = stop_scope(api, "environment", "staging")
     refused = api.post(f"/v1/jobs/{paused}/resume", "alice", json={"reason": "back to work"})
     assert refused.status_code == 403 and refused.json()["rules"] == ["C2.emergency_hold"], refused.text
-    assert refused.json()["detail"].startswith(f"job {paused} is in environment staging, which emergency stop {es['id']}")
+    assert refused.json()["detail"].startswith(
+        f"job {paused} is in environment staging, which emergency stop {es['id']}")
     assert api.get(f"/v1/jobs/{paused}", "alice").json()["state"] == "paused"
     assert api.post(f"/v1/emergency-stops/{es['id']}/lift", "sam", json={"reason": "all clear"}).status_code == 200
     resumed = api.post(f"/v1/jobs/{paused}/resume", "alice", json={"reason": "back to work"})
