@@ -183,15 +183,22 @@ def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_re
     assert api.get("/v1/stats/preemptions", "erin", params={"period": "year"}).status_code == 422
 
 
-def test_urgent_job_preempts_the_lowest_priority_job_and_queue_explains_the_rest(api: Api) -> None:
+def full_cluster_an_hour_on(api: Api) -> list[str]:
+    """Both nodes taken by one whole-node job of alice's each, running for an hour; the second is the cheaper
+    victim of a preemption."""
     bring_up_nodes(api)
     ids = [api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name=f"n{i}")).json()["id"] for i in range(2)]
     assert run_once(api.gateway) == 2
     for j in ids:
         report(api, job(api, j)["placement"][0]["node"], j, "started", pid=1)
     with api.gateway.db.transaction() as s:
-        s.get(SchedJob, ids[1]).priority -= 5  # the second is the cheaper victim
+        s.get(SchedJob, ids[1]).priority -= 5
     advance(api, 3600)
+    return ids
+
+
+def test_urgent_job_preempts_the_lowest_priority_job_and_queue_explains_the_rest(api: Api) -> None:
+    ids = full_cluster_an_hour_on(api)
     waiting = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=4, runtime_limit_seconds=600)).json()["id"]
     urgent = api.post("/v1/jobs", "carol", json=job_spec(gpus_per_node=8, queue="urgent", name="u")).json()["id"]
     run_once(api.gateway)

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 from gateway_testkit import Api, job_spec
-from test_sched_api import advance, bring_up_nodes, job, report
+from test_sched_api import advance, bring_up_nodes, full_cluster_an_hour_on, job, report
 
-from gateway.scheduler_tables import SchedJob
 from gateway.scheduling import run_once
 
 
@@ -59,14 +58,7 @@ def test_a_paused_and_resumed_job_counts_each_run_and_each_wait(api: Api) -> Non
 
 
 def test_a_preempted_job_keeps_its_first_run_in_the_heat_map_and_the_waits(api: Api) -> None:
-    bring_up_nodes(api)
-    ids = [api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name=f"n{i}")).json()["id"] for i in range(2)]
-    assert run_once(api.gateway) == 2
-    for j in ids:
-        report(api, job(api, j)["placement"][0]["node"], j, "started", pid=1)
-    with api.gateway.db.transaction() as s:
-        s.get(SchedJob, ids[1]).priority -= 5  # the cheaper victim
-    advance(api, 3600)
+    ids = full_cluster_an_hour_on(api)
     api.post("/v1/jobs", "carol", json=job_spec(gpus_per_node=8, queue="urgent", name="u"))
     run_once(api.gateway)
     victim = ids[1]
