@@ -100,7 +100,8 @@ def emergency_group(ctx: click.Context, gateway: str, token: str | None, trigger
     """Stop a job, a workload or a whole scope now, for a safety or security concern (C2, C6).
 
     A workload or scope stop needs a second person holding the other of the on-call and
-    security-reviewer roles; `create` then prints the approval id to hand them.
+    security-reviewer roles; `create` then prints the approval id to hand them. Once carried out, it
+    holds its scope: new jobs there (and paused ones resuming) are refused until `lift`.
     """
     ctx.obj = Client(gateway, token, trigger)
 
