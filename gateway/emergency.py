@@ -36,6 +36,8 @@ from gateway.stop_tables import EmergencyHold, EmergencyStop
 # preempted (or paused) ends stopped instead of going back to the queue after the emergency.
 SCOPE_STATES = STOPPABLE_STATES + stops.TAKEOVER_STATES
 GRANULARITY = {"job": "job", "workload": "workload", "environment": "scope", "selector": "scope"}
+# A stop in one of these has ended: done (every target accounted for), or refused / run out before anything stopped.
+FINAL_STATES = ("done", "rejected", "expired")
 VIEW_CAPABILITIES = ("emergency.stop", "ledger.read")
 
 
@@ -251,6 +253,12 @@ def report(session: Session, row: EmergencyStop, now: datetime) -> dict[str, Any
         summary[j["category"]] += 1
     if row.state == "executing" and summary["in_progress"] == 0 and summary["not_stopped"] == 0:
         row.state, row.finished_at = "done", now
+    elif row.state == "pending_approval" and row.approval_id is not None:
+        # Refused, withdrawn or run out: nothing was stopped and nothing will be (without this the stop
+        # showed as waiting for an approval that can no longer come).
+        approval = session.get(Approval, row.approval_id)
+        if approval is not None and approval.state in ("rejected", "expired"):
+            row.state, row.finished_at = approval.state, approval.resolved_at or now
     latencies = sorted(j["stop_latency_s"] for j in per_job if j["stop_latency_s"] is not None)
     hold = session.get(EmergencyHold, row.id)
     return {
@@ -264,13 +272,14 @@ def report(session: Session, row: EmergencyStop, now: datetime) -> dict[str, Any
         "summary": {**summary, "targets": len(per_job), "blind_spots": len(row.skipped),
                     "accounted_for": len(per_job) - summary["in_progress"] - summary["not_stopped"]},
         "last_confirmed_after_s": latencies[-1] if latencies and summary["in_progress"] == 0 else None,
-        "hold": hold_out(hold, asked=bool(row.scope_value.get("hold"))),
+        "hold": hold_out(hold, asked=bool(row.scope_value.get("hold")) and row.state == "pending_approval"),
         "jobs": per_job, "blind_spots": row.skipped,
     }
 
 
 def hold_out(hold: EmergencyHold | None, *, asked: bool) -> dict[str, Any]:
-    """state: none (not asked for), pending (asked for, the stop not executed yet), in_force, or lifted."""
+    """state: none (not asked for, or the stop was refused), pending (asked for, the stop waits for its
+    approval), in_force, or lifted."""
     if hold is None:
         return {"state": "pending" if asked else "none"}
     if hold.lifted_at is None:

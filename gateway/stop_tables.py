@@ -48,7 +48,7 @@ class EmergencyStop(Base):
     requested_by: Mapped[str] = mapped_column(String(64))
     deciders: Mapped[list[Any]] = mapped_column(default=list)
     grace_seconds: Mapped[float] = mapped_column(Float)
-    state: Mapped[str] = mapped_column(String(24))  # pending_approval | executing | done
+    state: Mapped[str] = mapped_column(String(24))  # pending_approval | executing | done | rejected | expired
     approval_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     request_id: Mapped[str] = mapped_column(String(32))
     decision_seq: Mapped[int] = mapped_column(Integer)

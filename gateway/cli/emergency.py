@@ -11,6 +11,7 @@ from gateway.cli.client import Client, client_options, emit_json, fail, is_tty, 
 
 JOB_COLUMNS = [("job_id", "job"), ("category", "outcome"), ("state", "state"), ("node", "node"),
                ("stop_latency_s", "latency s"), ("owner", "owner")]
+FINAL_STATES = ("done", "rejected", "expired")  # as gateway.emergency.FINAL_STATES (this client speaks only HTTP)
 SUMMARY_ORDER = ("stopped_graceful", "stopped_forced", "cancelled", "confirmed_by_person", "stop_failed",
                  "unreachable", "in_progress")
 
@@ -86,7 +87,7 @@ def _watch(client: Client, es_id: str, timeout: float, as_json: bool) -> dict[st
         if line != last and not as_json:
             click.echo(("\r" if is_tty() else "") + line, nl=not is_tty())
             last = line
-        if es["state"] in ("done",) or time.monotonic() >= deadline:
+        if es["state"] in FINAL_STATES or time.monotonic() >= deadline:
             if is_tty() and not as_json:
                 click.echo()
             return dict(es)

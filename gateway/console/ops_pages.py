@@ -95,12 +95,12 @@ def emergency_list(request: Request) -> Response:
 @router.get("/emergency/{emergency_id}", response_class=HTMLResponse)
 @page
 def emergency_one(request: Request, emergency_id: str) -> Response:
-    """Per-job progress of one emergency stop; the page reloads itself every few seconds until done."""
+    """Per-job progress of one emergency stop; the page reloads itself every few seconds until it is over."""
     view = need_view(request)
     with view.gw.transaction() as session:
         row = emergency.load(view.gw, session, view.caller(session), emergency_id)
         one = emergency.report(session, row, view.gw.clock())
-    return view.render("emergency.html", stops=[], one=one, refresh=one["state"] != "done")
+    return view.render("emergency.html", stops=[], one=one, refresh=one["state"] not in emergency.FINAL_STATES)
 
 
 @router.get("/policy", response_class=HTMLResponse)

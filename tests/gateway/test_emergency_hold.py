@@ -103,6 +103,19 @@ def test_a_paused_job_in_a_held_scope_may_not_resume_until_the_hold_is_lifted(ap
     assert resumed.status_code == 200, resumed.text
 
 
+def test_a_refused_stop_is_over_and_holds_nothing(api: Api, agent: FakeAgent) -> None:
+    """It showed as waiting for its approval forever (and its hold as pending), though nothing would stop."""
+    job_id, _ = running_job(api, agent, workload="sweep-7")
+    es = api.post("/v1/emergency-stops", "dave", json={"scope": {"kind": "workload", "value": "sweep-7"},
+                                                       "trigger": "safety", "reason": "odd loss curve"}).json()
+    assert api.post(f"/v1/approvals/{es['approval_id']}/reject", "sam", json={"reason": "that is expected"}
+                    ).status_code == 200
+    shown = api.get(f"/v1/emergency-stops/{es['id']}", "dave").json()
+    assert shown["state"] == "rejected" and shown["finished_at"] is not None and shown["hold"] == {"state": "none"}
+    assert api.get(f"/v1/jobs/{job_id}", "alice").json()["state"] == "running"
+    assert submit(api, workload="sweep-7").status_code == 201
+
+
 def test_a_stop_made_without_a_hold_and_a_job_stop_hold_nothing(api: Api, agent: FakeAgent) -> None:
     running_job(api, agent, workload="sweep-7")
     unheld = stop_scope(api, "workload", "sweep-7", hold=False)
