@@ -24,6 +24,7 @@ from gateway import stops
 from gateway.approvals import Approval, executor, open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
+from gateway.emergency_holds import in_scope
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
 from gateway.jobs import refuse_if_denied, refuse_unless_allowed
 from gateway.models import Job, Node
@@ -70,7 +71,8 @@ def resolve_scope(session: Session, kind: str, value: Any) -> tuple[list[Job], l
         raise Invalid(f"unknown scope kind {kind!r}; one of job, workload, environment, selector")
     jobs = list(session.scalars(stmt).all())
     if kind == "selector":
-        jobs = [j for j in jobs if all(j.labels.get(k) == v for k, v in value.items())]
+        jobs = [j for j in jobs if in_scope(kind, value, workload=j.workload, environment=j.environment,
+                                            labels=j.labels)]
     targets = [j for j in jobs if j.stoppable]
     blind = [{"job_id": j.id, "reason": "tracked but declared not stoppable (R5)", "state": j.state}
              for j in jobs if not j.stoppable]
