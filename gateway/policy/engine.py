@@ -7,14 +7,15 @@ decision input, so the Rego rules reason about capabilities only and never about
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
 import casbin
 from casbin.model import Model
-from regopy import RegoError
+from regopy import Bundle, Interpreter, RegoError
 
 from gateway.policy.loader import DECISION_ENTRYPOINT, PolicySet, compile_rego
 from gateway.policy.regoio import UndefinedResult, query_value, rego_input, set_input
@@ -106,8 +107,6 @@ class EmbeddedEngine:
         self.policy_set = policy_set
         self.policy_hash = policy_set.hash
         self._state_lock = threading.RLock()
-        # regopy interpreters are not safe for concurrent use: input and query share its state.
-        self._rego_lock = threading.Lock()
         model = Model()
         model.load_model_from_text(policy_set.model_text)
         self._enforcer = casbin.Enforcer(model)
@@ -126,7 +125,7 @@ class EmbeddedEngine:
             self._enforcer.add_grouping_policies([[b.principal, b.role, b.project] for b in initial])
         for b in initial:
             self._by_principal.setdefault(b.principal, {}).setdefault(b.project, set()).add(b.role)
-        self._rego, self._bundle = compile_rego(policy_set.rego_modules, policy_set.data)
+        self._interpreters = InterpreterPool(policy_set)
 
     # -- role bindings -------------------------------------------------------------------------
 
@@ -214,11 +213,11 @@ class EmbeddedEngine:
 
         Raises PolicyUnavailable when it is undefined or evaluation fails.
         """
-        prepared = rego_input(doc)  # outside the lock: conversion needs no interpreter
-        with self._rego_lock:
-            set_input(self._rego, prepared)
+        prepared = rego_input(doc)  # conversion needs no interpreter
+        with self._interpreters.lease() as (rego, bundle):
+            set_input(rego, prepared)
             try:
-                return query_value(self._rego, self._bundle, _ENTRYPOINT)
+                return query_value(rego, bundle, _ENTRYPOINT)
             except RegoError as e:
                 raise PolicyUnavailable(f"evaluation error: {e}") from e
             except UndefinedResult as e:
@@ -252,6 +251,37 @@ class EmbeddedEngine:
             obligations=(),
             policy_hash=self.policy_hash,
         )
+
+
+class InterpreterPool:
+    """Compiled copies of one policy set, one per evaluation in progress.
+
+    A regopy interpreter is not safe for concurrent use (the input and the query share its state), and
+    sharing one behind a lock made decisions take turns: the holder gives the GIL away while rego-cpp
+    evaluates and, under load, waits for it back while every other decision waits for the lock. Each
+    caller leases its own instead; a copy is compiled (about 35 ms) only when every existing one is in
+    use, so the pool grows to the largest number of concurrent decisions seen (the API's threads) and stays
+    there. Copies are never shared, so rego-cpp runs them in parallel without the GIL.
+    """
+
+    def __init__(self, policy_set: PolicySet) -> None:
+        """Compiles the first copy now. Raises RegoError if the policy set does not compile."""
+        self._policy_set = policy_set
+        self._free = [self._compile()]
+
+    def _compile(self) -> tuple[Interpreter, Bundle]:
+        return compile_rego(self._policy_set.rego_modules, self._policy_set.data)
+
+    @contextmanager
+    def lease(self) -> Iterator[tuple[Interpreter, Bundle]]:
+        try:
+            copy = self._free.pop()  # atomic: list.pop holds the GIL throughout
+        except IndexError:
+            copy = self._compile()
+        try:
+            yield copy
+        finally:
+            self._free.append(copy)
 
 
 def _freeze(value: Any) -> Any:

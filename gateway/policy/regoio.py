@@ -11,7 +11,8 @@ Why this exists (measured with bench/policy.py and perf, rego-cpp 1.5.2 through 
 - regopy's `Input(value)` walks the value through generic helpers (an isinstance chain and a fresh
   ctypes buffer per string); the same C calls made directly cost a fraction of it.
 - regopy's `Output` fetches the answer's JSON twice; here it is fetched once and parsed with orjson.
-- The builders are called through a PyDLL handle: they keep the GIL, see below.
+- The builders, and the calls that set the input and read the answer back, go through a PyDLL handle:
+  they keep the GIL, see below. Only the evaluation itself lets it go.
 - rego-cpp's float builder writes the number with 6 decimals (10.0000004 becomes 10), so a rule comparing
   an owner's requested priority with her ceiling let a slightly higher value through. An input holding a
   float that 6 decimals would change goes to rego-cpp as JSON text instead, which keeps every digit (rare:
@@ -32,21 +33,23 @@ from regopy import rego_shared as _shared
 _lib = _shared.rego
 # The input builders run for microseconds each, a hundred or more per decision: called through a PyDLL
 # handle they keep the GIL (a CDLL call releases and retakes it every time, and under load another
-# thread may hold it for a whole switch interval in between). The query itself goes through regopy's
-# CDLL handle and releases the GIL while rego-cpp evaluates.
+# thread may hold it for a whole switch interval in between). So do the few calls around the query that
+# hand over the input and copy the answer out. The query itself goes through regopy's CDLL handle and
+# releases the GIL while rego-cpp evaluates, so decisions on other threads' interpreters run meanwhile.
 _py = ctypes.PyDLL(_lib._name)
 
 
-def _builder(name: str, *argtypes: Any) -> Any:
+def _builder(name: str, *argtypes: Any, restype: Any = ctypes.c_uint32) -> Any:
     fn = getattr(_py, name)
     fn.argtypes = list(argtypes)
-    fn.restype = ctypes.c_uint32
+    fn.restype = restype
     return fn
 
 
 _P = ctypes.c_void_p
 _new_input = _lib.regoNewInput
 _free_input = _lib.regoFreeInput
+_set_input = _builder("regoSetInput", _P, _P)
 _int = _builder("regoInputInt", _P, ctypes.c_int64)
 _float = _builder("regoInputFloat", _P, ctypes.c_double)
 _str = _builder("regoInputString", _P, ctypes.c_char_p)
@@ -57,10 +60,10 @@ _object = _builder("regoInputObject", _P, ctypes.c_uint32)
 _array = _builder("regoInputArray", _P, ctypes.c_uint32)
 _set = _builder("regoInputSet", _P, ctypes.c_uint32)
 _query_entrypoint = _lib.regoBundleQueryEntrypoint
-_output_ok = _lib.regoOutputOk
-_output_size = _lib.regoOutputJSONSize
-_output_json = _lib.regoOutputJSON
-_free_output = _lib.regoFreeOutput
+_output_ok = _builder("regoOutputOk", _P, restype=ctypes.c_bool)
+_output_size = _builder("regoOutputJSONSize", _P)
+_output_json = _builder("regoOutputJSON", _P, ctypes.POINTER(ctypes.c_char), ctypes.c_uint32)
+_free_output = _builder("regoFreeOutput", _P, restype=None)
 
 # Keys the rules read, most often read first (counted over policies/*.rego); any other key keeps its
 # place after these. A policy that reads other keys stays correct, each such lookup is only slower.
@@ -208,8 +211,8 @@ def set_input(rego: Interpreter, prepared: PreparedInput) -> None:
     """Make `prepared` (from rego_input) the interpreter's input. Raises RegoError."""
     if isinstance(prepared, str):
         rego.set_input_term(prepared)
-    else:
-        rego.set_input(prepared)
+    elif rc := _set_input(rego._impl, prepared._impl):
+        raise RegoError(_shared.rego_get_error(rego._impl), rc)
 
 
 def query_value(rego: Interpreter, bundle: Bundle, entrypoint: bytes) -> Any:

@@ -150,3 +150,22 @@ def test_concurrent_decisions_agree(engine: EmbeddedEngine) -> None:
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_a_decision_does_not_wait_for_one_in_progress(policy_set: PolicySet) -> None:
+    """Each decision evaluates on its own interpreter: one in progress (its interpreter leased) does not hold
+    up another, which a single interpreter behind a lock would do until the first finished."""
+    engine = EmbeddedEngine(policy_set, [RoleBinding("bob", "queue_admin", "vision")])
+    request = _stop("bob", project="vision")
+    want = engine.decide(request)
+    decided: list[Any] = []
+    with engine._interpreters.lease() as busy:
+        other = threading.Thread(target=lambda: decided.append(engine.decide(request)))
+        other.start()
+        other.join(timeout=30)
+        assert decided == [want]
+    # A second copy was compiled for the other decision, and both are back in the pool for the next ones.
+    pooled = [id(copy) for copy in engine._interpreters._free]
+    assert len(pooled) == 2 and id(busy) in pooled
+    engine.decide(request)
+    assert [id(copy) for copy in engine._interpreters._free] == pooled
