@@ -8,6 +8,7 @@ wait for the ledger). PostgreSQL uses row locks (SELECT ... FOR UPDATE) instead.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,18 +75,25 @@ def row_values(obj: Any) -> dict[str, Any]:
     """A new object's column values by key, its unset column defaults filled in (into the object too); an
     unset autoincrement key is left out."""
     values: dict[str, Any] = {}
-    for col in obj.__table__.columns:
-        value = getattr(obj, col.key)
+    for key, default, database_assigns in _column_plan(obj.__table__):
+        value = getattr(obj, key)
         if value is None:
-            default = col.default
-            if isinstance(default, ColumnDefault):
+            if default is not None:
                 # SQLAlchemy wraps a callable default (list, dict) to take an execution context.
                 value = default.arg(None) if default.is_callable else default.arg
-                setattr(obj, col.key, value)
-            elif col.primary_key and col.autoincrement:
+                setattr(obj, key, value)
+            elif database_assigns:
                 continue
-        values[col.key] = value
+        values[key] = value
     return values
+
+
+@functools.cache
+def _column_plan(table: Table) -> tuple[tuple[str, ColumnDefault | None, bool], ...]:
+    """Per column: its key, its Python-side default, whether the database assigns it when left unset. Read
+    once per table: on the submission path, asking the column each time cost more than the insert."""
+    return tuple((col.key, col.default if isinstance(col.default, ColumnDefault) else None,
+                  bool(col.primary_key and col.autoincrement)) for col in table.columns)
 
 
 def create_schema(engine: Engine) -> None:

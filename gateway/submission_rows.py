@@ -38,6 +38,8 @@ def _name(table: Table, column: Column[Any]) -> str:
 # The view as SQLAlchemy sees it: the tables' column types, so values are converted as for the tables.
 _VIEW = Table(VIEW, MetaData(), *(Column(_name(t, c), c.type) for t in _TABLES for c in _written(t)))
 _INSERT: Insert = _VIEW.insert()
+# Per table, its written columns' keys and their names in the view: worked out once, not per submission.
+_KEYS = tuple(tuple((c.key, _name(t, c)) for c in _written(t)) for t in _TABLES)
 
 
 def add_submission_view(connection: Connection) -> None:
@@ -61,12 +63,9 @@ def insert_submission(db: Database, job: Job, sched: SchedJob, change: PriorityC
         with db.transaction() as session:
             insert_new(session, job, sched, change)
         return
-    values = {_name(table, c): v for table, obj in zip(_TABLES, (job, sched, change), strict=True)
-              for c, v in zip(_written(table), _values(table, obj), strict=True)}
+    values = {}
+    for keys, obj in zip(_KEYS, (job, sched, change), strict=True):
+        given = row_values(obj)
+        values.update((name, given[key]) for key, name in keys)
     with db.single_statement() as connection:
         connection.execute(_INSERT, values)
-
-
-def _values(table: Table, obj: Any) -> list[Any]:
-    given = row_values(obj)
-    return [given[c.key] for c in _written(table)]
