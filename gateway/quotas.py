@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from gateway.approvals import Approval, executor, open_request
@@ -24,14 +24,18 @@ from scheduler.model import ProjectId, Quotas, TenantQuota
 from scheduler.quota import hard_limit_problems
 
 
-def _in_effect(row: QuotaRow, now: datetime) -> bool:
+def _in_effect(row: QuotaRow | Row[Any], now: datetime) -> bool:
     return (row.effective_from is None or row.effective_from <= now) and (
         row.effective_until is None or now < row.effective_until)
 
 
+# Read on every submission: Core rows (the columns by name), without the ORM's objects and identity map.
+_QUOTAS = select(*QuotaRow.__table__.c)
+
+
 def load_quotas(session: Session, now: datetime) -> Quotas | None:
     """The quota tiers in effect now; None when no quota was ever set (capacity is then the only limit)."""
-    rows = [r for r in session.scalars(select(QuotaRow)).all() if _in_effect(r, now)]
+    rows = [r for r in session.connection().execute(_QUOTAS) if _in_effect(r, now)]
     if not rows:
         return None
     cluster = next((r for r in rows if r.project == CLUSTER), None)

@@ -63,7 +63,7 @@ def insert_submission(db: Database, job: Job, sched: SchedJob, change: PriorityC
         with db.transaction() as session:
             insert_new(session, job, sched, change)
         return
-    values = {}
+    values: dict[str, Any] = {}
     for keys, obj in zip(_KEYS, (job, sched, change), strict=True):
         given = row_values(obj)
         values.update((name, given[key]) for key, name in keys)
