@@ -19,8 +19,13 @@ Two measures per endpoint:
 Capacity figures also give the server's CPU time per request, which bounds what one gateway process can
 serve on this machine. Approvals run on a second fresh gateway whose queue length is set (--queued):
 every decision on an existing job records the whole queue (H3), so its cost grows with the queue.
+
+This machine shares its cores with other virtual machines, and for tens of seconds at a time it runs
+everything, the no-op included, up to a third slower. So each measure is taken in rounds (--rounds), the
+no-op and the mutation side by side in each, and the round with the median figure is reported beside
+every round's figures: one slow stretch neither sinks nor makes the result.
 Prints one JSON object. Usage: python bench/gateway.py [--only submissions|approvals] [--seconds 5]
-[--clients 32] [--rate 500] [--queued 1000]
+[--clients 32] [--rate 500] [--queued 1000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # This file is named like the package it measures: let `import gateway` find the package, not this script.
@@ -198,10 +204,11 @@ def main() -> None:
     parser.add_argument("--approval-rate", type=float, default=10.0,
                         help="offered approvals/s (people approve one request at a time)")
     parser.add_argument("--approval-seconds", type=float, default=20.0,
-                        help="length of the approvals-at-a-person's-pace measurement (200 samples at 10/s)")
+                        help="length of each round of approvals at a person's pace (200 samples at 10/s)")
     parser.add_argument("--queued", type=int, default=1000,
                         help="jobs that stay queued while approvals run (each decision records the queue)")
     parser.add_argument("--only", choices=["submissions", "approvals"], help="measure only these")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of each measure; the median one is reported")
     parser.add_argument("--serve", nargs=3, metavar=("DATA_DIR", "POLICIES", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -292,20 +299,38 @@ async def measure_submissions(port: int, tokens: dict[str, str], args: argparse.
 
     alice = tokens["alice"]
     warm = await closed_loop(port, alice, args.clients, 1.0, submit)
-    noop_cap = await closed_loop(port, alice, args.clients, args.seconds, noop, pid)
-    submit_cap = await closed_loop(port, alice, args.clients, args.seconds, submit, pid)
-    noop_lat = await open_loop(port, alice, args.clients, args.seconds, args.rate, noop)
-    submit_lat = await open_loop(port, alice, args.clients, args.seconds, args.rate, submit)
+    capacity: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        noop_cap = await closed_loop(port, alice, args.clients, args.seconds, noop, pid)
+        submit_cap = await closed_loop(port, alice, args.clients, args.seconds, submit, pid)
+        capacity.append({"noop": noop_cap, "submit": submit_cap,
+                         "ratio": round(submit_cap["per_second"] / noop_cap["per_second"], 3)})
+    at_rate: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        at_rate.append({"noop": await open_loop(port, alice, args.clients, args.seconds, args.rate, noop),
+                        "submit": await open_loop(port, alice, args.clients, args.seconds, args.rate, submit)})
+    cap = median_round(capacity, lambda r: r["submit"]["per_second"])
+    lat = median_round(at_rate, lambda r: r["submit"]["p99_ms"])
     # Where the target rate is beyond capacity its latencies are mostly queueing; half the capacity shows
     # the latency of a gateway with room to spare.
-    half = round(submit_cap["per_second"] / 2, 1)
+    half = round(cap["submit"]["per_second"] / 2, 1)
     submit_half = await open_loop(port, alice, args.clients, args.seconds, half, submit)
     return {
         "warm_up_submit_per_second": warm["per_second"],
-        "noop": {"capacity": noop_cap, "at_rate": noop_lat},
-        "submit": {"capacity": submit_cap, "at_rate": submit_lat, "at_half_capacity": submit_half},
-        "submit_vs_noop_ratio": round(submit_cap["per_second"] / noop_cap["per_second"], 3),
+        "noop": {"capacity": cap["noop"], "at_rate": lat["noop"]},
+        "submit": {"capacity": cap["submit"], "at_rate": lat["submit"], "at_half_capacity": submit_half},
+        "submit_vs_noop_ratio": cap["ratio"],
+        "rounds": {
+            "capacity_per_second": [[r["noop"]["per_second"], r["submit"]["per_second"]] for r in capacity],
+            "capacity_server_cpu_ms_per_submit": [r["submit"]["server_cpu_ms_per_request"] for r in capacity],
+            "submit_p99_ms_at_rate": [r["submit"]["p99_ms"] for r in at_rate],
+        },
     }
+
+
+def median_round(rounds: list[dict[str, Any]], key: Callable[[dict[str, Any]], float]) -> dict[str, Any]:
+    """The round whose figure is the median (the lower middle one of an even number)."""
+    return sorted(rounds, key=key)[(len(rounds) - 1) // 2]
 
 
 async def measure_approvals(port: int, tokens: dict[str, str], args: argparse.Namespace,
@@ -314,7 +339,8 @@ async def measure_approvals(port: int, tokens: dict[str, str], args: argparse.Na
     the whole queue (H3), so the queue's length is set (--queued jobs stay queued throughout) and reported.
     The first approvals of a fresh gateway also pay for one-off set-up (statements compiled, routes built),
     so a few go first, unmeasured, as the submissions get their warm-up second."""
-    wanted = WARM_UP_APPROVALS + int(args.approval_seconds * args.approval_rate + args.seconds * 100) + 50
+    wanted = (WARM_UP_APPROVALS + int(args.rounds * args.approval_seconds * args.approval_rate + args.seconds * 100)
+              + 50)
     left = args.queued + wanted
     ids: list[str] = []
 
@@ -355,11 +381,13 @@ async def measure_approvals(port: int, tokens: dict[str, str], args: argparse.Na
 
     await closed_loop(port, tokens["dave"], 1, 60, approve_to_warm_up)
     at_start = args.queued + len(pending)
-    approve_lat = await open_loop(port, tokens["dave"], args.clients, args.approval_seconds, args.approval_rate,
-                                  approve)
+    at_rate = [await open_loop(port, tokens["dave"], args.clients, args.approval_seconds, args.approval_rate, approve)
+               for _ in range(args.rounds)]
     approve_cap = await closed_loop(port, tokens["dave"], args.clients, args.seconds, approve, pid)
-    return {"at_rate": approve_lat, "capacity": approve_cap,
-            "queued_jobs": {"at_start": at_start, "at_end": args.queued + len(pending)}}
+    return {"at_rate": median_round(at_rate, lambda r: r["p99_ms"]), "capacity": approve_cap,
+            "queued_jobs": {"at_start": at_start, "at_end": args.queued + len(pending)},
+            "rounds": {"p99_ms_at_rate": [r["p99_ms"] for r in at_rate],
+                       "p50_ms_at_rate": [r["p50_ms"] for r in at_rate]}}
 
 
 if __name__ == "__main__":
