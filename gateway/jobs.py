@@ -173,7 +173,8 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
     if organisation is None:
         raise Invalid(f"unknown project {spec.project!r}")
     owner_id = spec.owner or caller.real_identity
-    if _principal_kind(session, owner_id) != "person":
+    # A person submitting for themselves was just authenticated as that person: no need to look them up.
+    if not (owner_id == caller.id and caller.kind == "person") and _principal_kind(session, owner_id) != "person":
         raise Invalid(f"owner {owner_id!r} is not a known person")
     if spec.beneficiary_project and _organisation(session, spec.beneficiary_project) is None:
         raise Invalid(f"unknown beneficiary project {spec.beneficiary_project!r}")

@@ -67,6 +67,15 @@ def test_every_job_carries_its_four_ownerships_and_the_facts_that_go_with_them(a
         "rights_holder": "speech"}
 
 
+@pytest.mark.parametrize("owner", ["ci-bot", "nobody-by-that-name"])
+def test_the_responsible_owner_must_be_a_known_person(api: Api, owner: str) -> None:
+    """R2: a job answers to a person; a service account or an unknown name is refused and nothing is created."""
+    before = job_count(api)
+    r = api.post("/v1/jobs", "alice", json=job_spec(owner=owner))
+    assert_problem(r, 422, "invalid-request", f"owner {owner!r} is not a known person")
+    assert job_count(api) == before
+
+
 def test_service_account_owner_is_its_responsible_person_and_trigger_is_recorded(api: Api) -> None:
     r = api.post("/v1/jobs", "ci-bot", json=job_spec(), headers={"X-Jobgate-Trigger": "ci/nightly#42"})
     assert r.status_code == 201, r.text
