@@ -20,10 +20,8 @@ Capacity figures also give the server's CPU time per request, which bounds what 
 serve on this machine. Approvals run on a second fresh gateway whose queue length is set (--queued):
 every decision on an existing job records the whole queue (H3), so its cost grows with the queue.
 
-This machine shares its cores with other virtual machines, and for tens of seconds at a time it runs
-everything, the no-op included, up to a third slower. So each measure is taken in rounds (--rounds), the
-no-op and the mutation side by side in each, and the round with the median figure is reported beside
-every round's figures: one slow stretch neither sinks nor makes the result.
+Each measure is taken in rounds (--rounds), the no-op and the mutation side by side in each, and the round
+with the median figure is reported beside every round's figures (bench.machine.median_round says why).
 Prints one JSON object. Usage: python bench/gateway.py [--only submissions|approvals] [--seconds 5]
 [--clients 32] [--rate 500] [--queued 1000] [--rounds 3]
 """
@@ -50,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
-from bench.machine import calibration  # noqa: E402
+from bench.machine import calibration, median_round  # noqa: E402
 from gateway.api.deps import Ctx  # noqa: E402  (resolved by FastAPI from this module's globals)
 
 Response = tuple[int, bytes]
@@ -326,11 +324,6 @@ async def measure_submissions(port: int, tokens: dict[str, str], args: argparse.
             "submit_p99_ms_at_rate": [r["submit"]["p99_ms"] for r in at_rate],
         },
     }
-
-
-def median_round(rounds: list[dict[str, Any]], key: Callable[[dict[str, Any]], float]) -> dict[str, Any]:
-    """The round whose figure is the median (the lower middle one of an even number)."""
-    return sorted(rounds, key=key)[(len(rounds) - 1) // 2]
 
 
 async def measure_approvals(port: int, tokens: dict[str, str], args: argparse.Namespace,

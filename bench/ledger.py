@@ -6,6 +6,8 @@ Each figure sits beside a baseline measured in the same run, on the same machine
    bytes in batches of 256 into the same kind of database.
 2. Append latency, open loop: appends offered at 10,000/s on a schedule (latency counts from the
    scheduled instant, so queueing is included); p50/p99, beside the same schedule with no ledger.
+   Both in rounds (--rounds, each with its own baseline): the median round is reported with every round's
+   figure (bench.machine.median_round says why).
 3. Proof generation on a 1,000,000-leaf tree.
 4. Offline verification of an N-entry export bundle (1,000,000 unless --quick; --verify-entries N; the fastest of
    --verify-repeat runs) vs hashlib SHA-256 over the same entry bytes in this process, in wall and in CPU
@@ -27,12 +29,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.machine import calibration
+from bench.machine import calibration, median_round
 from ledger.bundle import FORMAT, open_bundle
 from ledger.entry import encode, prepare, tail_bytes
 from ledger.fastscan import tasks_for, workers_for
@@ -111,14 +114,21 @@ def closed_loop(url: str, threads: int, per_thread: int) -> tuple[dict[str, Any]
     }, led
 
 
-def bench_append_sqlite(tmp: Path, threads: int, per_thread: int) -> dict[str, Any]:
-    res, led = closed_loop(f"sqlite:///{tmp}/append.db", threads, per_thread)
+def in_rounds(rounds: int, measure: Callable[[int], dict[str, Any]], key: str) -> dict[str, Any]:
+    """measure(round) `rounds` times: the median round by `key`, with every round's `key` figure beside it."""
+    taken = [measure(r) for r in range(rounds)]
+    return {**median_round(taken, lambda r: float(r[key])), "rounds": {key: [r[key] for r in taken]}}
+
+
+def bench_append_sqlite(tmp: Path, threads: int, per_thread: int, rnd: int = 0) -> dict[str, Any]:
+    db = tmp / f"append-{rnd}.db"
+    res, led = closed_loop(f"sqlite:///{db}", threads, per_thread)
     led.close()
-    conn = sqlite3.connect(f"{tmp}/append.db")
+    conn = sqlite3.connect(db)
     rows = conn.execute("SELECT seq, hash, data FROM ledger_entries ORDER BY seq").fetchall()
     conn.close()
     # The same database file, engine settings and bytes; just no ledger around the inserts.
-    base = sqlite3.connect(f"{tmp}/append.db", isolation_level=None)
+    base = sqlite3.connect(db, isolation_level=None)
     base.execute("PRAGMA journal_mode=WAL")
     base.execute("PRAGMA synchronous=FULL")
     base.execute("CREATE TABLE t (seq INTEGER PRIMARY KEY, hash TEXT, data BLOB)")
@@ -193,8 +203,8 @@ def offer(append: Any, rate: float, seconds: float, workers: int) -> tuple[list[
     return lat, _cpu() - c0, _switches() - s0, achieved
 
 
-def bench_open_loop(tmp: Path, rate: float, seconds: float, workers: int = 128) -> dict[str, Any]:
-    led = Ledger.open(f"sqlite:///{tmp}/openloop.db", signer=NoteSigner.generate(ORIGIN))
+def bench_open_loop(tmp: Path, rate: float, seconds: float, workers: int = 128, rnd: int = 0) -> dict[str, Any]:
+    led = Ledger.open(f"sqlite:///{tmp}/openloop-{rnd}.db", signer=NoteSigner.generate(ORIGIN))
     lat, cpu, switches, achieved = offer(lambda w, j: led.append("decision", body_1k(w, j)), rate, seconds, workers)
     s = led.stats
     led.close()
@@ -373,6 +383,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["append", "latency", "pg", "proofs", "verify"], action="append")
     ap.add_argument("--verify-entries", type=int, help="bundle size to verify (default 100,000 quick, else 1,000,000)")
     ap.add_argument("--verify-repeat", type=int, default=1, help="verify this many times; the fastest counts")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of each append measure, baseline beside it in each; the median round is reported")
     args = ap.parse_args()
     q = args.quick
     only = set(args.only or ["append", "latency", "pg", "proofs", "verify"])
@@ -381,12 +393,16 @@ def main() -> None:
                            "machine": calibration()}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
+        rounds = 1 if q else args.rounds
         if "append" in only:
-            out["append_sqlite"] = bench_append_sqlite(tmp, 64, 60 if q else 400)
+            out["append_sqlite"] = in_rounds(rounds, lambda r: bench_append_sqlite(tmp, 64, 60 if q else 400, r),
+                                             "ratio_to_baseline")
         if "latency" in only:
-            out["append_latency_sqlite_open_loop"] = bench_open_loop(tmp, 10_000, 1.0 if q else 3.0)
+            out["append_latency_sqlite_open_loop"] = in_rounds(
+                rounds, lambda r: bench_open_loop(tmp, 10_000, 1.0 if q else 3.0, rnd=r), "latency_ms_p99")
         if "pg" in only and pg:
-            out["append_postgresql"] = bench_append_pg(pg, 64, 40 if q else 200)
+            out["append_postgresql"] = in_rounds(rounds, lambda r: bench_append_pg(pg, 64, 40 if q else 200),
+                                                 "ratio_to_baseline")
         if "proofs" in only:
             out["proofs"] = bench_proofs(100_000 if q else 1_000_000, 500 if q else 5000)
         if "verify" in only:
