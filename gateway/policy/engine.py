@@ -96,7 +96,7 @@ class PolicyUnavailable(Exception):
 
 
 class EmbeddedEngine:
-    """Casbin + regopy in-process, compiled once per policy set. Thread-safe.
+    """Casbin + regopy in-process, compiled per policy set (a copy per concurrent decision). Thread-safe.
 
     Role lookups go through Casbin's domain role manager, which is indexed by project, plus a
     principal -> project -> roles index for `roles_of`; both change together under one lock.
