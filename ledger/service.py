@@ -82,6 +82,7 @@ class LedgerStats:
     failed_batches: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)
     held_open: int = 0  # batches held open for the callers of the one before (see Pacing)
+    lingered: int = 0  # of those, held open for entries arriving on their own (Pacing.linger_for)
 
 
 class _Pending:
@@ -399,6 +400,7 @@ class Ledger:
         queue = self._queue
         store = self._store
         pacing = self.pacing
+        last_take, idle = _perf_counter(), True
         while True:
             if store.maintenance_due():
                 self._wake()  # the last batch is durable: its callers need not wait for this too
@@ -407,8 +409,12 @@ class Ledger:
             if self._unwoken:
                 wait = pacing.wait_for(len(self._unwoken), len(queue))
                 if wait > 0:
-                    self._hold_open(wait)
+                    self._hold_open(wait, len(self._unwoken))
                     held = True
+            # Entries that came in while the last batch committed, from callers on their own schedules, may
+            # be followed by more (Pacing.linger_for). After an idle spell the writer knows no such thing.
+            if not held and not idle and (linger := pacing.linger_for(len(queue))) > 0:
+                self._hold_open(linger, pacing.LINGER_BATCH - len(queue), returns=False)
             with self._qlock:
                 if queue:
                     n = min(len(queue), MAX_BATCH)
@@ -427,8 +433,12 @@ class Ledger:
                 # Nothing to overlap with: wake the last batch's callers now, then sleep.
                 self._wake()
                 self._kick.acquire()
+                idle = True
                 continue
             taken = _perf_counter()
+            if not idle:  # the arrival rate while busy: an idle spell says nothing about it
+                pacing.saw_take(taken - last_take, len(batch))
+            last_take, idle = taken, False
             if not held:  # (a hold measured its own)
                 i = bisect.bisect_left(batch, self._woke_at, key=_QUEUED)  # the first enqueued since
                 if len(batch) - i > 1:  # from the first return, not the wake: the writer may have slept
@@ -437,9 +447,9 @@ class Ledger:
                 pacing.saw_cycle(_perf_counter() - taken)
         self._wake()
 
-    def _hold_open(self, wait: float) -> None:
-        """Wake the last batch's callers and wait up to `wait` seconds for as many new entries."""
-        k = len(self._unwoken)
+    def _hold_open(self, wait: float, k: int, *, returns: bool = True) -> None:
+        """Wake the last batch's callers and wait up to `wait` seconds for k more entries: the callers just
+        woken appending again (`returns`, measured for Pacing), or others arriving (Pacing.linger_for)."""
         self._wake()
         with self._qlock:
             if self._closed:
@@ -447,13 +457,15 @@ class Ledger:
             before = len(self._queue)
             self._until = before + k
         self.stats.held_open += 1
+        self.stats.lingered += not returns
         if not self._kick.acquire(timeout=wait):
             with self._qlock:
                 timed_out = self._until != 0
                 self._until = 0
             if not timed_out:
                 self._kick.acquire()  # released after the timeout, before we looked: take that release
-        self.pacing.saw_returns(_perf_counter() - self._woke_at, len(self._queue) - before, held=True)
+        if returns:
+            self.pacing.saw_returns(_perf_counter() - self._woke_at, len(self._queue) - before, held=True)
 
     def _wake(self) -> None:
         """Release the callers of the last committed batch (their entries are already durable).
