@@ -29,7 +29,7 @@ class Pacing:
     signed checkpoint, wake-ups) are paid per entry. At 10,000 appends/s that took both cores, and a
     saturated machine delays fsyncs (the kernel's I/O completion waits for a CPU) by 5-10 ms. So, second
     rule (`linger_for`): with fewer than LINGER_BATCH entries queued and entries arriving at most
-    LINGER_MAX apart (the writer's measure of the arrival rate, `arrival_gap`), wait for the rest of a
+    LINGER_MAX / 2 apart (the writer's measure of the arrival rate, `arrival_gap`), wait for the rest of a
     LINGER_BATCH, at most LINGER_MAX. The writer asks only when entries came in while it committed (never
     right after an idle spell), so a caller on its own never waits for others that are not coming.
     Pure: the writer thread feeds it what it measures.
@@ -55,15 +55,16 @@ class Pacing:
         self.cycle = seconds if not self.cycle else self.cycle + self.WEIGHT * (seconds - self.cycle)
 
     def saw_take(self, seconds: float, n: int) -> None:
-        """The writer took n entries, `seconds` after it last took any, busy throughout (committing or
-        lingering; the writer measures no take that ends an idle spell)."""
+        """The writer took n entries, `seconds` after it last took any (idle spells included, so that
+        arrival_gap is the rate entries come at, not how fast a burst of them came)."""
         if n > 0:
             self.arrival_gap += self.WEIGHT * (seconds / n - self.arrival_gap)
 
     def linger_for(self, queued: int) -> float:
         """Seconds to wait for more entries before committing the `queued` ones; 0 means commit now."""
         missing = self.LINGER_BATCH - queued
-        if queued <= 0 or missing <= 0 or self.arrival_gap > self.LINGER_MAX:
+        # Worth it only if at least two more are due within LINGER_MAX: one would barely pay for the wait.
+        if queued <= 0 or missing <= 0 or 2 * self.arrival_gap > self.LINGER_MAX:
             return 0.0
         return min(missing * self.arrival_gap, self.LINGER_MAX)
 

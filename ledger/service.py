@@ -436,8 +436,7 @@ class Ledger:
                 idle = True
                 continue
             taken = _perf_counter()
-            if not idle:  # the arrival rate while busy: an idle spell says nothing about it
-                pacing.saw_take(taken - last_take, len(batch))
+            pacing.saw_take(taken - last_take, len(batch))  # idle spells included: the rate entries come at
             last_take, idle = taken, False
             if not held:  # (a hold measured its own)
                 i = bisect.bisect_left(batch, self._woke_at, key=_QUEUED)  # the first enqueued since

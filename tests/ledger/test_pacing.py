@@ -92,9 +92,10 @@ def test_callers_appending_in_a_loop_share_slow_commits(tmp_path: Path, signer: 
         (20, 2, 120),  # faster: just long enough for the six missing
         (100, 8, 0),  # a batch's worth is queued already
         (100, 0, 0),  # nothing to commit
-        (500, 1, 0),  # 2,000/s or a caller on its own: fewer than one more expected in LINGER_MAX
+        (200, 1, 0),  # 5,000/s: fewer than two more expected within LINGER_MAX
+        (500, 1, 0),  # 2,000/s (a busy gateway's rate), or a caller on its own
     ],
-    ids=["steady-rate", "fast-rate", "batch-full", "empty", "sparse"],
+    ids=["steady-rate", "fast-rate", "batch-full", "empty", "too-few-expected", "sparse"],
 )
 def test_linger_for(arrival_gap_us: int, queued: int, linger_us: int) -> None:
     pacing = Pacing(arrival_gap=arrival_gap_us * 1e-6)
