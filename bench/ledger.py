@@ -111,6 +111,7 @@ def closed_loop(url: str, threads: int, per_thread: int) -> tuple[dict[str, Any]
         "mean_batch": round(n / s.batches, 1),
         "max_batch": s.max_batch,
         "batches_held_open": s.held_open,
+        "batches_lingered": s.lingered,
     }, led
 
 
@@ -225,6 +226,7 @@ def bench_open_loop(tmp: Path, rate: float, seconds: float, workers: int = 128, 
         "latency_ms_max": round(max(lat) * 1e3, 3),
         "mean_batch": round(total / s.batches, 1),
         "batches_held_open": s.held_open,
+        "batches_lingered": s.lingered,
         "baseline_no_ledger_latency_ms_p50": round(pct(floor, 50) * 1e3, 3),
         "baseline_no_ledger_latency_ms_p99": round(pct(floor, 99) * 1e3, 3),
         "baseline_no_ledger_latency_ms_max": round(max(floor) * 1e3, 3),
