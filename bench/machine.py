@@ -4,7 +4,10 @@ The ratios in the benchmarks compare against baselines from the same run, so the
 the absolute targets (appends/s, mutations/s, p99 in ms) do not. The issues quote the reference machine's
 speed for a few primitives; each benchmark prints the same primitives measured here, so a figure can be
 read against the machine it came from. `cpu_speed_vs_reference` is the geometric mean of the CPU-bound
-ratios (SHA-256, Ed25519 sign and verify): 0.5 means this machine does half the work per second.
+ratios (SHA-256, Ed25519 sign and verify): 0.5 means this machine does half the work per second;
+`sqlite_speed_vs_reference` the same for the two SQLite figures, which move with the machine's I/O and
+memory far more than the arithmetic does. `thread_wake_round_trip_us` has no reference figure: it shows
+how dear hand-offs between threads are at the time of the run (see _wake_round_trip_us).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import math
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +35,7 @@ REFERENCE = {
     "sqlite_wal_full_rows_per_s_in_commits_of_256": 290_000,
 }
 _CPU_BOUND = ("sha256_64B_per_s", "ed25519_sign_per_s", "ed25519_verify_per_s")
+_SQLITE = ("sqlite_wal_full_single_row_commits_per_s", "sqlite_wal_full_rows_per_s_in_commits_of_256")
 
 
 def _rate(fn: Callable[[], object], seconds: float = 0.15) -> float:
@@ -67,6 +72,34 @@ def _sqlite_rates() -> tuple[float, float]:
     return single, batched
 
 
+def _wake_round_trip_us(trips: int = 2000) -> float:
+    """Microseconds for one thread to wake another and be woken back (two locks, the best of three rounds).
+
+    What a durable append, or an HTTP request handed to a worker thread, pays at each hand-off. On this
+    virtual machine it moves far more than the arithmetic above: the two threads usually sit on different
+    cores, and a wake-up across cores goes through the hypervisor. While the benchmarks ran at about half
+    their best speed it measured 33-43 us (11.5 us with both threads pinned to one core)."""
+    def echo(ping: threading.Lock, pong: threading.Lock) -> None:
+        for _ in range(trips):
+            ping.acquire()
+            pong.release()
+
+    best = math.inf
+    for _ in range(3):
+        ping, pong = threading.Lock(), threading.Lock()
+        ping.acquire()
+        pong.acquire()
+        t = threading.Thread(target=echo, args=(ping, pong))
+        t.start()
+        start = time.perf_counter()
+        for _ in range(trips):
+            ping.release()
+            pong.acquire()
+        best = min(best, (time.perf_counter() - start) / trips * 1e6)
+        t.join()
+    return best
+
+
 def calibration() -> dict[str, object]:
     """This machine's speed at the issues' reference primitives, beside the reference figures."""
     key = nacl.signing.SigningKey(b"\x01" * 32)
@@ -82,10 +115,13 @@ def calibration() -> dict[str, object]:
         "sqlite_wal_full_rows_per_s_in_commits_of_256": batched,
     }
     cpu = math.prod(measured[k] / REFERENCE[k] for k in _CPU_BOUND) ** (1 / len(_CPU_BOUND))
+    sqlite = math.prod(measured[k] / REFERENCE[k] for k in _SQLITE) ** (1 / len(_SQLITE))
     return {
         "measured": {k: round(v) for k, v in measured.items()},
         "issue_reference": REFERENCE,
         "cpu_speed_vs_reference": round(cpu, 2),
+        "sqlite_speed_vs_reference": round(sqlite, 2),
+        "thread_wake_round_trip_us": round(_wake_round_trip_us(), 1),
     }
 
 
