@@ -150,6 +150,11 @@ class Database:
         with self._write_lock, self._immediate_sessions() as session, session.begin():
             yield session
 
+    @property
+    def writer_busy(self) -> bool:
+        """Another thread of this process holds the write lock now (a hint: it may be let go the next moment)."""
+        return self._write_lock.locked()
+
     @contextmanager
     def single_statement(self) -> Iterator[Connection]:
         """SQLite: a connection, under the write lock, on which each statement commits on its own (no BEGIN);

@@ -6,12 +6,14 @@ cannot be written the mutation is refused (fail closed).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -27,6 +29,7 @@ from gateway.models import Allocation, Job
 from gateway.policy.engine import BREAK_GLASS_RULE, Decision
 from gateway.queue_snapshot import snapshot_blob
 from ledger.errors import InvalidEntry, LedgerError
+from ledger.service import AppendResult, Ticket
 
 # Actions counted against the caller's calls per minute but not against their projects' (see decide).
 PRINCIPAL_LIMIT_ONLY = frozenset({"emergency.stop"})
@@ -98,6 +101,7 @@ class Recorded:
     decision: Decision
     seq: int
     input: dict[str, Any]
+    ticket: Ticket | None = None  # decide(wait=False): the entry, queued; not durable until the caller waits
 
 
 def decide(
@@ -117,6 +121,7 @@ def decide(
     record: bool = True,
     rate_limited: bool = True,
     durable_by_commit: bool = False,
+    wait: bool = True,
 ) -> Recorded:
     """Decide one request and (unless record=False, for reads) append the decision to the ledger.
 
@@ -125,7 +130,9 @@ def decide(
     `rate_limited` is False (an approval executing an earlier, already counted request).
     With `durable_by_commit`, the decision is queued and this returns with its seq at once: the caller's
     Gateway.transaction waits for it before it commits (or before an error leaves it), so the fsync
-    overlaps the work of carrying the decision out, and the outcome entries that cite it.
+    overlaps the work of carrying the decision out, and the outcome entries that cite it. With `wait=False`,
+    the decision is queued and the caller owns the wait: it awaits `durable(rec.ticket)` before it acts on
+    the decision or answers (jobs.submit, on the event loop).
 
     Raises Invalid when the request holds a value the ledger cannot encode, LedgerUnavailable when the
     decision cannot be made durable.
@@ -202,10 +209,11 @@ def decide(
     blobs = {"queue_snapshot": snapshot_blob(session)} if targets else {}
     tickets = session.info.get(QUEUED_ENTRIES) if durable_by_commit else None
     try:
-        if tickets is not None:
+        if tickets is not None or not wait:
             queued = gw.ledger.enqueue("decision", body, blobs=blobs)
-            tickets.append(queued)
-            return Recorded(request_id, decision, queued.seq, decision_input)
+            if tickets is not None:
+                tickets.append(queued)
+            return Recorded(request_id, decision, queued.seq, decision_input, queued)
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
         LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
@@ -216,6 +224,23 @@ def decide(
     except LedgerError as e:
         raise LedgerUnavailable(f"the decision could not be recorded ({e}); nothing was changed") from e
     return Recorded(request_id, decision, appended.seq, decision_input)
+
+
+async def durable(ticket: Ticket) -> AppendResult:
+    """Wait until the ticket's entry is durable, on the event loop and holding no thread: the ledger's
+    writer wakes the loop once the entry's batch is committed. Raises LedgerError if it was not written."""
+    started = time.perf_counter()
+    loop = asyncio.get_running_loop()
+    settled = loop.create_future()
+    ticket.add_done_callback(partial(loop.call_soon_threadsafe, _resolve, settled))
+    await settled
+    LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
+    return ticket.wait()  # settled: returns or raises at once
+
+
+def _resolve(settled: asyncio.Future[None]) -> None:
+    if not settled.done():  # (cancelled: the request went away; its entry is written all the same)
+        settled.set_result(None)
 
 
 def record_outcome(gw: Gateway, kind: str, body: Mapping[str, Any], blobs: Mapping[str, bytes] | None = None) -> int:

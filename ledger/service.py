@@ -16,6 +16,7 @@ import bisect
 import hashlib
 import itertools
 import json
+import logging
 import operator
 import threading
 import time
@@ -53,6 +54,7 @@ from ledger.store import LedgerStore, Row, open_store
 
 MAX_BATCH = 1024
 _perf_counter = time.perf_counter
+_log = logging.getLogger("jobgate.ledger")
 _QUEUED = operator.attrgetter("queued")
 
 
@@ -89,12 +91,14 @@ class _Pending:
     """One queued append. `done` is a raw lock held until the writer settles it: waking a waiter is
     one C-level release, far cheaper than an Event (a Condition) when 64 callers wait per batch."""
 
-    __slots__ = ("alone", "done", "epoch", "error", "hash", "next", "prep", "queued", "rotate", "seq", "time")
+    __slots__ = ("alone", "callbacks", "done", "epoch", "error", "hash", "next", "prep", "queued", "rotate", "seq",
+                 "time")
 
     def __init__(self, prep: PreparedEntry, rotate: NoteSigner | None = None, *, alone: bool = False) -> None:
         self.prep = prep
         # Woken on its own rather than by the baton (see _wake): a Ticket's holder may never wait for it.
         self.alone = alone
+        self.callbacks: list[Callable[[], object]] | None = None  # see Ticket.add_done_callback
         self.done = _allocate_lock()
         self.done.acquire()
         self.error: LedgerError | None = None
@@ -106,6 +110,27 @@ class _Pending:
         self.time = ""
         self.next: _Pending | None = None  # the next caller to wake (see _wake)
         self.queued = 0.0  # perf_counter() when enqueued (see Pacing)
+
+
+def _settle(p: _Pending) -> None:
+    """Release the entry's waiter (not passing on the baton, see _wake), and run its ticket's callback, if any."""
+    p.done.release()
+    if p.callbacks:
+        _run_callback(p)
+
+
+def _run_callback(p: _Pending) -> None:
+    """Run p's callback unless the other side took it: list.pop is atomic, so it runs exactly once (see
+    Ticket.add_done_callback). It may run in the writer's thread, which must survive anything it does."""
+    try:
+        callback = p.callbacks.pop() if p.callbacks else None
+    except IndexError:
+        return
+    if callback is not None:
+        try:
+            callback()
+        except Exception:
+            _log.exception("a ledger ticket's done callback failed")
 
 
 def _relay(p: _Pending) -> None:
@@ -134,6 +159,19 @@ class Ticket:
     def waited(self) -> bool:
         """wait() has returned: the entry is durable. (Never call wait() again after it raised.)"""
         return self._result is not None
+
+    def add_done_callback(self, fn: Callable[[], object]) -> None:
+        """Call fn() once the entry is settled, durable or failed, so that wait() returns (or raises) without
+        blocking: from the ledger's writer thread, or from this one at once if it is settled already. For an
+        event loop, which must not block on wait() (fn then hands over with call_soon_threadsafe). fn runs
+        exactly once; it must be quick, and whatever it raises is logged, not passed on. One callback per
+        ticket."""
+        p = self._pending
+        p.callbacks = [fn]
+        # Settled before the writer could see the callback (or waited for already, which locks `done` again)?
+        # Then it is ours to run; if the writer saw it too, whichever of us pops it first runs it.
+        if self._result is not None or not p.done.locked():
+            _run_callback(p)
 
     def wait(self) -> AppendResult:
         """Block until the entry is durable; raises LedgerUnavailable if it could not be written."""
@@ -481,7 +519,7 @@ class Ledger:
             if any(p.alone for p in unwoken):
                 for p in unwoken:
                     if p.alone:
-                        p.done.release()
+                        _settle(p)
                 unwoken = [p for p in unwoken if not p.alone]
                 if not unwoken:
                     return
@@ -581,7 +619,7 @@ class Ledger:
                 self._record(len(batch))
                 for p, r in zip(batch, rows, strict=True):
                     p.seq, p.hash, p.time = r[0], r[1], json.loads(r[2])["time"]
-                    p.done.release()
+                    _settle(p)
                 return
         self.stats.failed_batches += 1
         with self._qlock:
@@ -593,7 +631,7 @@ class Ledger:
             self._epoch += 1
         for p in (*batch, *stranded):
             p.error = err
-            p.done.release()
+            _settle(p)
 
     def _record(self, n: int) -> None:
         s = self.stats

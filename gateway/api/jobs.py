@@ -14,9 +14,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut, summary="Submit a job")
-def submit_job(spec: JobSubmit, ctx: Ctx) -> JobOut:
+async def submit_job(spec: JobSubmit, ctx: Ctx) -> JobOut:
     """Queue a job after the admission pre-check (Q1). Creator is the caller; owner defaults to the caller."""
-    job, _ = jobs.submit(ctx.gw, ctx.caller, spec)
+    job, _ = await jobs.submit(ctx.gw, ctx.caller, spec)
     return jobs.job_out(job)
 
 

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 
 from gateway.models import Job, Token
 from gateway.tokens import hash_token
+from ledger.errors import StoreError
 
 
 def job_count(api: Api) -> int:
@@ -246,6 +247,31 @@ def test_ledger_write_failure_refuses_the_mutation(api: Api) -> None:
     r = api.post("/v1/jobs", "alice", json=job_spec())
     assert_problem(r, 503, "ledger-unavailable")
     assert job_count(api) == before
+
+
+def test_a_decision_the_ledger_then_fails_to_write_refuses_the_submission(api: Api,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queued, then not written: the caller hears 503 only once the write failed, and nothing was created."""
+    before, size = job_count(api), api.gateway.ledger.size()
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise StoreError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(api.gateway.ledger._store, "write_batch", disk_full)
+        assert_problem(api.post("/v1/jobs", "alice", json=job_spec()), 503, "ledger-unavailable", "disk full")
+    assert job_count(api) == before and api.gateway.ledger.size() == size
+    assert api.post("/v1/jobs", "alice", json=job_spec()).status_code == 201  # written again once it can be
+
+
+def test_a_job_that_could_never_run_is_refused_after_its_decision_and_the_refusal_are_ledgered(api: Api) -> None:
+    r = api.post("/v1/jobs", "alice", json=job_spec(mounts=["/scratch"]))
+    assert_problem(r, 422, "invalid-request", "mount '/scratch'")
+    assert job_count(api) == 0
+    decision, outcome = ledger_entries(api)[-2:]
+    assert decision["kind"] == "decision" and decision["body"]["decision"]["effect"] == "allow"
+    assert outcome["kind"] == "outcome" and outcome["body"]["decision_seq"] == decision["seq"]
+    assert outcome["body"]["result"] == "rejected" and "mount '/scratch'" in outcome["body"]["problems"][0]
 
 
 def test_ledger_is_readable_by_the_auditor_only(api: Api) -> None:

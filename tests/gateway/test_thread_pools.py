@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,92 @@ def test_a_sync_call_takes_one_thread_hop(one_thread_gateway: tuple[TestClient, 
     assert r.status_code == 200, r.text
     assert r.json() == {"jobs": []}  # still validated and encoded as the response model says
     assert len(hops) == 1, hops
+
+
+def _token(data_dir: Path, who: str) -> dict[str, str]:
+    return {"Authorization": "Bearer " + json.loads((data_dir / "demo-tokens.json").read_text())[who]}
+
+
+SPEC = {"name": "n", "project": "vision", "gpus_per_node": 1, "command": ["true"]}
+
+
+def test_a_submission_runs_on_the_event_loop(one_thread_gateway: tuple[TestClient, Path],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the embedded SQLite and policy engine a submission takes no thread hop (gateway.jobs.submit)."""
+    client, data_dir = one_thread_gateway
+    hops: list[str] = []
+    real_run_sync = anyio.to_thread.run_sync
+
+    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(getattr(func, "__name__", repr(func)))
+        return await real_run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    r = client.post("/v1/jobs", json=SPEC, headers=_token(data_dir, "alice"))
+    assert r.status_code == 201, r.text
+    assert hops == []
+
+
+def test_a_submission_waiting_for_the_ledger_holds_no_worker_thread(one_thread_gateway: tuple[TestClient, Path],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    client, data_dir = one_thread_gateway
+    store = client.app.state.gateway.ledger._store
+    gate, writing = threading.Event(), threading.Event()
+    real_write = store.write_batch
+
+    def held_write(*args: Any, **kwargs: Any) -> None:
+        writing.set()
+        assert gate.wait(30)
+        real_write(*args, **kwargs)
+
+    monkeypatch.setattr(store, "write_batch", held_write)
+    answers: dict[str, int] = {}
+
+    def call(name: str, method: str, path: str, **kw: Any) -> threading.Thread:
+        def run() -> None:
+            answers[name] = client.request(method, path, headers=_token(data_dir, "alice"), **kw).status_code
+
+        t = threading.Thread(target=run)
+        t.start()
+        return t
+
+    submission = call("submit", "POST", "/v1/jobs", json=SPEC)
+    assert writing.wait(10)  # its decision is being written, and waits at the gate
+    # With one API thread, a submission waiting in it would keep this call out until the ledger wrote.
+    listing = call("list", "GET", "/v1/jobs")
+    listing.join(timeout=10)
+    assert answers == {"list": 200}
+    gate.set()
+    submission.join(timeout=30)
+    assert answers == {"list": 200, "submit": 201}
+
+
+def test_a_submission_whose_insert_would_wait_for_another_writer_waits_in_a_thread(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, policy_watch_interval_s=0)
+    prepare_demo(settings)
+    with TestClient(create_app(settings, run_scheduler=False)) as client:
+        gw = client.app.state.gateway
+        size = gw.ledger.size()
+        answers: dict[str, int] = {}
+
+        def call(name: str, method: str, path: str, **kw: Any) -> threading.Thread:
+            def run() -> None:
+                answers[name] = client.request(method, path, headers=_token(tmp_path, "alice"), **kw).status_code
+
+            t = threading.Thread(target=run)
+            t.start()
+            return t
+
+        with gw.db.transaction():  # another thread's write: it holds the write lock
+            submission = call("submit", "POST", "/v1/jobs", json=SPEC)
+            deadline = time.monotonic() + 10
+            while gw.ledger.size() == size:  # decided and recorded: next comes the insert, which must wait
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            time.sleep(0.1)
+            # Waiting on the event loop, it would keep every other call out until the lock was let go.
+            listing = call("list", "GET", "/v1/jobs")
+            listing.join(timeout=10)
+            assert answers == {"list": 200}
+        submission.join(timeout=30)
+        assert answers == {"list": 200, "submit": 201}

@@ -137,3 +137,54 @@ def test_entries_citing_a_ticket_that_was_not_written_are_refused(tmp_path: Path
     led.close()
     verdict = verify_store(f"sqlite:///{tmp_path}/ledger.db", signer.verifier())
     assert verdict.ok and verdict.size == 2, verdict.message
+
+
+def test_a_done_callback_runs_in_the_writer_once_the_entry_is_durable(tmp_path: Path, signer: NoteSigner) -> None:
+    store = held_store(tmp_path / "ledger.db")
+    led = Ledger.from_store(store, signer=signer)
+    ticket = led.enqueue("decision", {"i": 0})
+    assert store.writing.wait(timeout=30)  # the writer holds the entry's batch at the gate
+    seen: list[tuple[str, int]] = []
+    called = threading.Event()
+
+    def on_done() -> None:
+        seen.append((threading.current_thread().name, led.size()))
+        called.set()
+
+    ticket.add_done_callback(on_done)
+    assert not called.wait(0.2)  # not written yet
+    store.gate.set()
+    assert called.wait(30)
+    assert seen == [("ledger-writer", 1)]  # durable when told
+    assert ticket.wait().seq == 0  # and wait() no longer blocks
+    # A callback given to a ticket already settled runs at once, in the caller's thread.
+    late: list[str] = []
+    ticket.add_done_callback(lambda: late.append(threading.current_thread().name))
+    assert late == [threading.current_thread().name]
+    led.close()
+
+
+def test_a_done_callback_runs_when_the_write_fails(tmp_path: Path, signer: NoteSigner) -> None:
+    store = held_store(tmp_path / "ledger.db")
+    led = Ledger.from_store(store, signer=signer)
+    store.fail_before = True
+    ticket = led.enqueue("decision", {"i": 0})
+    assert store.writing.wait(timeout=30)
+    called = threading.Event()
+    ticket.add_done_callback(called.set)
+    store.gate.set()
+    assert called.wait(30)
+    with pytest.raises(LedgerUnavailable):
+        ticket.wait()
+    led.close()
+
+
+def test_a_failing_done_callback_is_logged_and_the_writer_goes_on(ledger: Ledger,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> None:
+        raise RuntimeError("the event loop is closed")
+
+    ledger.enqueue("k", {"i": 0}).add_done_callback(broken)
+    assert ledger.append("k", {"i": 1}).seq == 1  # the writer survived it
+    ledger.close()
+    assert "done callback failed" in caplog.text
