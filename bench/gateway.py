@@ -17,8 +17,9 @@ Two measures per endpoint:
   32 / throughput, so the p99 targets are read at the target rate (submissions: also at half the measured
   capacity; approvals: at a person's pace, then as fast as 32 approvers can go).
 Capacity figures also give the server's CPU time per request, which bounds what one gateway process can
-serve on this machine. Approvals run on a second fresh gateway whose queue length is set (--queued):
-every decision on an existing job records the whole queue (H3), so its cost grows with the queue.
+serve on this machine, and its context switches per request (hand-offs between its threads). Approvals run
+on a second fresh gateway whose queue length is set (--queued): every decision on an existing job records
+the whole queue (H3), so its cost grows with the queue.
 
 Each measure is taken in rounds (--rounds), the no-op and the mutation side by side in each, and the round
 with the median figure is reported beside every round's figures (bench.machine.median_round says why).
@@ -124,6 +125,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def context_switches(pid: int) -> int:
+    """Context switches of the process's live threads so far, voluntary and not (Linux /proc). Each is a
+    hand-off between threads (a wake-up, a wait for the interpreter lock), dear on this machine
+    (bench.machine's thread_wake_round_trip_us)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            for line in (task / "status").read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+    return total
+
+
 async def closed_loop(port: int, token: str, clients: int, seconds: float, make: Make,
                       server_pid: int | None = None) -> dict[str, float]:
     """Each connection sends its next request as soon as the previous one answered.
@@ -132,6 +146,7 @@ async def closed_loop(port: int, token: str, clients: int, seconds: float, make:
     (the gateway is one process; its Python runs one thread at a time)."""
     conns = [await Connection(port, token).open() for _ in range(clients)]
     cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
+    switches_before = context_switches(server_pid) if server_pid else 0
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + seconds
@@ -156,6 +171,8 @@ async def closed_loop(port: int, token: str, clients: int, seconds: float, make:
     result = figures(latencies, errors, elapsed)
     if server_pid and latencies:
         result["server_cpu_ms_per_request"] = round((cpu_seconds(server_pid) - cpu_before) * 1000 / len(latencies), 3)
+        result["server_context_switches_per_request"] = round(
+            (context_switches(server_pid) - switches_before) / len(latencies), 1)
     return result
 
 
@@ -321,6 +338,8 @@ async def measure_submissions(port: int, tokens: dict[str, str], args: argparse.
         "rounds": {
             "capacity_per_second": [[r["noop"]["per_second"], r["submit"]["per_second"]] for r in capacity],
             "capacity_server_cpu_ms_per_submit": [r["submit"]["server_cpu_ms_per_request"] for r in capacity],
+            "capacity_server_context_switches_per_submit": [r["submit"]["server_context_switches_per_request"]
+                                                            for r in capacity],
             "submit_p99_ms_at_rate": [r["submit"]["p99_ms"] for r in at_rate],
         },
     }
