@@ -91,6 +91,17 @@ def _token(data_dir: Path, who: str) -> dict[str, str]:
 SPEC = {"name": "n", "project": "vision", "gpus_per_node": 1, "command": ["true"]}
 
 
+def call_in_thread(client: TestClient, data_dir: Path, answers: dict[str, int], name: str, method: str, path: str,
+                   **kw: Any) -> threading.Thread:
+    """Make the call as alice in a thread of its own; its status lands in answers[name]."""
+    def run() -> None:
+        answers[name] = client.request(method, path, headers=_token(data_dir, "alice"), **kw).status_code
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
 def test_a_submission_runs_on_the_event_loop(one_thread_gateway: tuple[TestClient, Path],
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """On the embedded SQLite and policy engine a submission takes no thread hop (gateway.jobs.submit)."""
@@ -122,19 +133,10 @@ def test_a_submission_waiting_for_the_ledger_holds_no_worker_thread(one_thread_g
 
     monkeypatch.setattr(store, "write_batch", held_write)
     answers: dict[str, int] = {}
-
-    def call(name: str, method: str, path: str, **kw: Any) -> threading.Thread:
-        def run() -> None:
-            answers[name] = client.request(method, path, headers=_token(data_dir, "alice"), **kw).status_code
-
-        t = threading.Thread(target=run)
-        t.start()
-        return t
-
-    submission = call("submit", "POST", "/v1/jobs", json=SPEC)
+    submission = call_in_thread(client, data_dir, answers, "submit", "POST", "/v1/jobs", json=SPEC)
     assert writing.wait(10)  # its decision is being written, and waits at the gate
     # With one API thread, a submission waiting in it would keep this call out until the ledger wrote.
-    listing = call("list", "GET", "/v1/jobs")
+    listing = call_in_thread(client, data_dir, answers, "list", "GET", "/v1/jobs")
     listing.join(timeout=10)
     assert answers == {"list": 200}
     gate.set()
@@ -149,24 +151,15 @@ def test_a_submission_whose_insert_would_wait_for_another_writer_waits_in_a_thre
         gw = client.app.state.gateway
         size = gw.ledger.size()
         answers: dict[str, int] = {}
-
-        def call(name: str, method: str, path: str, **kw: Any) -> threading.Thread:
-            def run() -> None:
-                answers[name] = client.request(method, path, headers=_token(tmp_path, "alice"), **kw).status_code
-
-            t = threading.Thread(target=run)
-            t.start()
-            return t
-
         with gw.db.transaction():  # another thread's write: it holds the write lock
-            submission = call("submit", "POST", "/v1/jobs", json=SPEC)
+            submission = call_in_thread(client, tmp_path, answers, "submit", "POST", "/v1/jobs", json=SPEC)
             deadline = time.monotonic() + 10
             while gw.ledger.size() == size:  # decided and recorded: next comes the insert, which must wait
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             time.sleep(0.1)
             # Waiting on the event loop, it would keep every other call out until the lock was let go.
-            listing = call("list", "GET", "/v1/jobs")
+            listing = call_in_thread(client, tmp_path, answers, "list", "GET", "/v1/jobs")
             listing.join(timeout=10)
             assert answers == {"list": 200}
         submission.join(timeout=30)
