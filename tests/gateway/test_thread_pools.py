@@ -64,12 +64,9 @@ def test_long_polls_do_not_starve_api_calls(one_thread_gateway: tuple[TestClient
     assert finished.count("poll") == 3
 
 
-def test_a_sync_call_takes_one_thread_hop(one_thread_gateway: tuple[TestClient, Path],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """The endpoint runs in the pool; FastAPI's validation and encoding of what it returns does not hop there
-    again (gateway.app.serialize_responses_in_the_loop)."""
-    client, data_dir = one_thread_gateway
-    alice = json.loads((data_dir / "demo-tokens.json").read_text())["alice"]
+@pytest.fixture
+def thread_hops(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The functions sent to a worker thread (anyio.to_thread.run_sync) from now on, in order."""
     hops: list[str] = []
     real_run_sync = anyio.to_thread.run_sync
 
@@ -78,10 +75,17 @@ def test_a_sync_call_takes_one_thread_hop(one_thread_gateway: tuple[TestClient, 
         return await real_run_sync(func, *args, **kwargs)
 
     monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
-    r = client.get("/v1/jobs", headers={"Authorization": f"Bearer {alice}"})
+    return hops
+
+
+def test_a_sync_call_takes_one_thread_hop(one_thread_gateway: tuple[TestClient, Path], thread_hops: list[str]) -> None:
+    """The endpoint runs in the pool; FastAPI's validation and encoding of what it returns does not hop there
+    again (gateway.app.serialize_responses_in_the_loop)."""
+    client, data_dir = one_thread_gateway
+    r = client.get("/v1/jobs", headers=_token(data_dir, "alice"))
     assert r.status_code == 200, r.text
     assert r.json() == {"jobs": []}  # still validated and encoded as the response model says
-    assert len(hops) == 1, hops
+    assert len(thread_hops) == 1, thread_hops
 
 
 def _token(data_dir: Path, who: str) -> dict[str, str]:
@@ -103,20 +107,12 @@ def call_in_thread(client: TestClient, data_dir: Path, answers: dict[str, int], 
 
 
 def test_a_submission_runs_on_the_event_loop(one_thread_gateway: tuple[TestClient, Path],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+                                             thread_hops: list[str]) -> None:
     """On the embedded SQLite and policy engine a submission takes no thread hop (gateway.jobs.submit)."""
     client, data_dir = one_thread_gateway
-    hops: list[str] = []
-    real_run_sync = anyio.to_thread.run_sync
-
-    async def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
-        hops.append(getattr(func, "__name__", repr(func)))
-        return await real_run_sync(func, *args, **kwargs)
-
-    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
     r = client.post("/v1/jobs", json=SPEC, headers=_token(data_dir, "alice"))
     assert r.status_code == 201, r.text
-    assert hops == []
+    assert thread_hops == []
 
 
 def test_a_submission_waiting_for_the_ledger_holds_no_worker_thread(one_thread_gateway: tuple[TestClient, Path],
