@@ -102,7 +102,13 @@ def release(gw: Gateway, job: Job, now: datetime) -> None:
     from sqlalchemy.orm import object_session
 
     session = object_session(job)
-    row = session.get(CheckpointRetention, job.id) if session is not None else None
+    if session is None:
+        return
+    # No autoflush: a row is `in_use` only once a resume committed it, so nothing this transaction has not yet
+    # written can change the answer, and flushing here wrote the caller's changes twice (once now, once at
+    # commit, where the flush overlaps the ledger's fsync).
+    with session.no_autoflush:
+        row = session.get(CheckpointRetention, job.id)
     if row is not None and row.state == "in_use":
         keep_checkpoints(gw, job, now)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from gateway_testkit import Api, job_spec, ledger_entries
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from gateway.approvals import Approval
 from gateway.models import Job
@@ -94,6 +94,28 @@ def test_targets_that_ended_meanwhile_are_skipped_and_reported(api: Api) -> None
     assert r.status_code == 200, r.text
     assert r.json()["resolution"]["skipped"] == [{"id": job_id, "state": "succeeded"}]
     assert job_state(api, job_id) == "succeeded"
+
+
+def test_an_approved_stop_of_a_queued_job_writes_each_row_once(api: Api) -> None:
+    """The approval's transaction flushes once, at its end: an autoflush midway (a lookup of the job's kept
+    checkpoint) wrote the approval row twice and moved the job's writes out from under the ledger's fsync."""
+    job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
+    approval_id = ask_stop(api, "carol", job_id)["approval_id"]
+    updates: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.startswith("UPDATE"):
+            updates.append(statement.split()[1])
+
+    engine = api.gateway.db._immediate_engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        r = api.post(f"/v1/approvals/{approval_id}/approve", "alice")
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert r.status_code == 200, r.text
+    assert job_state(api, job_id) == "stopped"
+    assert sorted(updates) == ["approvals", "jobs"]
 
 
 def test_expired_request_cannot_be_approved(api: Api) -> None:
