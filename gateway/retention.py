@@ -102,7 +102,9 @@ def release(gw: Gateway, job: Job, now: datetime) -> None:
     from sqlalchemy.orm import object_session
 
     session = object_session(job)
-    if session is None:
+    # Only a paused job is resumed: one whose history (every state it took, C3) never passed through `paused` has
+    # no checkpoint in use, and a stop of a queued job skips the lookup.
+    if session is None or not any(step.get("to") == "paused" for step in job.history):
         return
     # No autoflush: a row is `in_use` only once a resume committed it, so nothing this transaction has not yet
     # written can change the answer, and flushing here wrote the caller's changes twice (once now, once at
