@@ -220,24 +220,23 @@ def approver_record(gw: Gateway, caller: Caller, targets: Sequence[Job], now: da
     }
 
 
-def _check_approver_credential(session: Session, caller: Caller, approval: Approval) -> None:
+def _check_approver_credential(caller: Caller, approval: Approval, targets: Sequence[Job]) -> None:
     """The second person is a person, calling with a credential scoped to approve here (M2, F1): a pipeline's
     token approving as its responsible person would automate the confirmation, and a token its holder narrowed
     (to job.view, to one project) must not confirm a stop elsewhere. Raises Forbidden."""
     if caller.kind != "person":
         raise Forbidden(f"{caller.id} is a {caller.kind} identity; only a person can be the second person (M2)")
     projects = {approval.project} if approval.project else set()
-    if approval.target_ids:
-        projects |= set(session.scalars(select(Job.project).where(Job.id.in_(approval.target_ids))).all())
+    projects |= {j.project for j in targets}
     caller.check_scope("approval.grant", sorted(projects) or ["*"])
 
 
-def _check_second_person(session: Session, caller: Caller, approval: Approval) -> None:
+def _check_second_person(caller: Caller, approval: Approval, targets: Sequence[Job]) -> None:
     """Raises Forbidden for the requester (or the person behind them) or an unfit credential, Conflict for
     a second approval by the same person."""
     if caller.id == approval.requester or caller.real_identity == approval.requester_real:
         raise Forbidden(f"{caller.id} asked for this action; a second person must approve it (M2)")
-    _check_approver_credential(session, caller, approval)
+    _check_approver_credential(caller, approval, targets)
     if any(a["by"] == caller.real_identity for a in approval.approvals):
         raise Conflict(f"{caller.real_identity} already approved {approval.id}")
 
@@ -258,16 +257,16 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     now = gw.clock()
     approval = _load(session, approval_id)
     _check_open(gw, approval, now)
+    all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
+                                       .order_by(Job.id).with_for_update()).all())
     try:
-        _check_second_person(session, caller, approval)
+        _check_second_person(caller, approval, all_targets)
     except (Forbidden, Conflict) as e:
         # A confirmation refused is an attempt on someone else's job like any other: in the ledger (H3).
         record_outcome(gw, "outcome", {"action": "approval.grant", "approval_id": approval.id, "result": "refused",
                                        "operator": caller.id, "real_identity": caller.real_identity,
                                        "reason": e.detail})
         raise
-    all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
-                                       .order_by(Job.id).with_for_update()).all())
     # Never widen: only the approved ids, and of those only the ones still running.
     # Deleting acts on ended jobs; for every other action a job that ended meanwhile is skipped.
     ended = () if approval.action in ACTS_ON_ENDED_JOBS else ENDED_STATES
