@@ -106,11 +106,7 @@ def release(gw: Gateway, job: Job, now: datetime) -> None:
     # no checkpoint in use, and a stop of a queued job skips the lookup.
     if session is None or not any(step.get("to") == "paused" for step in job.history):
         return
-    # No autoflush: a row is `in_use` only once a resume committed it, so nothing this transaction has not yet
-    # written can change the answer, and flushing here wrote the caller's changes twice (once now, once at
-    # commit, where the flush overlaps the ledger's fsync).
-    with session.no_autoflush:
-        row = session.get(CheckpointRetention, job.id)
+    row = session.get(CheckpointRetention, job.id)
     if row is not None and row.state == "in_use":
         keep_checkpoints(gw, job, now)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from gateway_testkit import Api, job_spec, ledger_entries
-from sqlalchemy import event, select
+from sqlalchemy import Engine, event, select
 
 from gateway.approvals import Approval
 from gateway.models import Job
@@ -97,9 +97,9 @@ def test_targets_that_ended_meanwhile_are_skipped_and_reported(api: Api) -> None
 
 
 def test_an_approved_stop_of_a_queued_job_writes_each_row_once(api: Api) -> None:
-    """The approval's transaction flushes once, at its end: an autoflush midway (a lookup of the job's kept
-    checkpoint) wrote the approval row twice and moved the job's writes out from under the ledger's fsync. A job
-    never paused has no kept checkpoint in use, so that lookup is not made at all."""
+    """The approval's transaction flushes once, at its end, where the flush overlaps the ledger's fsync. A lookup of
+    the job's kept checkpoint autoflushed midway and wrote the approval row twice; a job never paused has no kept
+    checkpoint in use, so that lookup is not made."""
     job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
     approval_id = ask_stop(api, "carol", job_id)["approval_id"]
     statements: list[str] = []
@@ -107,12 +107,11 @@ def test_an_approved_stop_of_a_queued_job_writes_each_row_once(api: Api) -> None
     def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
         statements.append(statement)
 
-    engine = api.gateway.db._immediate_engine
-    event.listen(engine, "before_cursor_execute", seen)
+    event.listen(Engine, "before_cursor_execute", seen)
     try:
         r = api.post(f"/v1/approvals/{approval_id}/approve", "alice")
     finally:
-        event.remove(engine, "before_cursor_execute", seen)
+        event.remove(Engine, "before_cursor_execute", seen)
     assert r.status_code == 200, r.text
     assert job_state(api, job_id) == "stopped"
     assert sorted(s.split()[1] for s in statements if s.startswith("UPDATE")) == ["approvals", "jobs"]
