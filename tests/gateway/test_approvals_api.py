@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 from gateway_testkit import Api, job_spec, ledger_entries
@@ -116,6 +117,8 @@ def test_an_approved_stop_of_a_queued_job_writes_each_row_once(api: Api) -> None
     assert job_state(api, job_id) == "stopped"
     assert sorted(s.split()[1] for s in statements if s.startswith("UPDATE")) == ["approvals", "jobs"]
     assert not [s for s in statements if "checkpoint_retention" in s]
+    # The targets are read once, locked: the approver's credential is checked against those rows' projects.
+    assert len([s for s in statements if s.startswith("SELECT") and re.search(r"\bFROM jobs\b", s)]) == 1
 
 
 def test_expired_request_cannot_be_approved(api: Api) -> None:
