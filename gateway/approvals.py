@@ -220,25 +220,24 @@ def approver_record(gw: Gateway, caller: Caller, targets: Sequence[Job], now: da
     }
 
 
-def _check_approver_credential(caller: Caller, approval: Approval, targets: Sequence[Job]) -> None:
-    """The second person is a person, calling with a credential scoped to approve here (M2, F1): a pipeline's
-    token approving as its responsible person would automate the confirmation, and a token its holder narrowed
-    (to job.view, to one project) must not confirm a stop elsewhere. Raises Forbidden."""
+def _check_second_person(caller: Caller, approval: Approval) -> None:
+    """The second person is a person other than the requester (or the person behind them), approving once (M2,
+    F1): a pipeline's token approving as its responsible person would automate the confirmation. Raises
+    Forbidden, or Conflict for a second approval by the same person."""
+    if caller.id == approval.requester or caller.real_identity == approval.requester_real:
+        raise Forbidden(f"{caller.id} asked for this action; a second person must approve it (M2)")
     if caller.kind != "person":
         raise Forbidden(f"{caller.id} is a {caller.kind} identity; only a person can be the second person (M2)")
+    if any(a["by"] == caller.real_identity for a in approval.approvals):
+        raise Conflict(f"{caller.real_identity} already approved {approval.id}")
+
+
+def _check_approver_scope(caller: Caller, approval: Approval, targets: Sequence[Job]) -> None:
+    """The credential is scoped to approve in every affected project: a token its holder narrowed (to job.view,
+    to one project) must not confirm a stop elsewhere. Raises Forbidden."""
     projects = {approval.project} if approval.project else set()
     projects |= {j.project for j in targets}
     caller.check_scope("approval.grant", sorted(projects) or ["*"])
-
-
-def _check_second_person(caller: Caller, approval: Approval, targets: Sequence[Job]) -> None:
-    """Raises Forbidden for the requester (or the person behind them) or an unfit credential, Conflict for
-    a second approval by the same person."""
-    if caller.id == approval.requester or caller.real_identity == approval.requester_real:
-        raise Forbidden(f"{caller.id} asked for this action; a second person must approve it (M2)")
-    _check_approver_credential(caller, approval, targets)
-    if any(a["by"] == caller.real_identity for a in approval.approvals):
-        raise Conflict(f"{caller.real_identity} already approved {approval.id}")
 
 
 def _missing(rec: Recorded) -> int:
@@ -257,10 +256,11 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     now = gw.clock()
     approval = _load(session, approval_id)
     _check_open(gw, approval, now)
-    all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
-                                       .order_by(Job.id).with_for_update()).all())
     try:
-        _check_second_person(caller, approval, all_targets)
+        _check_second_person(caller, approval)  # before any target row is locked
+        all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
+                                           .order_by(Job.id).with_for_update()).all())
+        _check_approver_scope(caller, approval, all_targets)  # against the rows just read, not a query of its own
     except (Forbidden, Conflict) as e:
         # A confirmation refused is an attempt on someone else's job like any other: in the ledger (H3).
         record_outcome(gw, "outcome", {"action": "approval.grant", "approval_id": approval.id, "result": "refused",

@@ -129,3 +129,27 @@ def test_not_stoppable_jobs_are_blind_spots(api: Api, agent: FakeAgent) -> None:
     running_job(api, agent, environment="staging", stoppable=False)
     r = api.post("/v1/emergency-stops", "dave", json=body("environment", "staging"))
     assert r.status_code == 422 and r.json()["blind_spots"][0]["reason"].startswith("tracked but declared not")
+
+
+def test_the_approvers_token_must_cover_every_project_the_stop_reaches(api: Api, agent: FakeAgent) -> None:
+    """A scope stop names no project of its own: the projects of its frozen targets are the ones the second
+    person's credential must cover (F1, M2)."""
+    vision, _ = running_job(api, agent, environment="staging")
+    speech, _ = running_job(api, agent, who="mallory", project="speech", environment="staging")
+    es = api.post("/v1/emergency-stops", "sam", json=body("environment", "staging")).json()
+    assert sorted(j["job_id"] for j in es["jobs"]) == sorted([vision, speech])
+
+    def token(projects: list[str]) -> dict[str, str]:
+        r = api.post("/v1/tokens", "dave", json={"purpose": "approve from the pager", "projects": projects,
+                                                 "actions": ["approval.grant"], "expires_in_days": 1})
+        assert r.status_code == 201, r.text
+        return {"Authorization": f"Bearer {r.json()['token']}"}
+
+    r = api.client.post(f"/v1/approvals/{es['approval_id']}/approve", headers=token(["vision"]))
+    assert r.status_code == 403 and "speech is outside it" in r.json()["detail"], r.text
+    for job_id, owner in ((vision, "alice"), (speech, "mallory")):
+        assert api.get(f"/v1/jobs/{job_id}", owner).json()["state"] == "running"
+    r = api.client.post(f"/v1/approvals/{es['approval_id']}/approve", headers=token(["vision", "speech"]))
+    assert r.status_code == 200, r.text
+    for job_id, owner in ((vision, "alice"), (speech, "mallory")):
+        assert api.get(f"/v1/jobs/{job_id}", owner).json()["state"] == "stop_requested"
