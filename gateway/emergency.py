@@ -17,7 +17,7 @@ import secrets
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gateway import stops
@@ -243,40 +243,96 @@ SUMMARY_KEYS = ("stopped_graceful", "stopped_forced", "cancelled", "confirmed_by
 
 
 def report(session: Session, row: EmergencyStop, now: datetime) -> dict[str, Any]:
-    """Per-job state and the summary; marks the stop `done` once every target is accounted for."""
-    # Only the columns the report needs: polled while a thousand stops land, it must stay cheap.
-    cols = (Job.id, Job.state, Job.outcome, Job.placement, Job.project, Job.owner, Job.ended_at, Job.stop_request,
-            Job.evidence)
-    jobs = {j.id: j for j in session.execute(select(*cols).where(Job.id.in_(row.target_ids))).all()}
+    """Per-job state and the summary of one stop (see `reports`)."""
+    return reports(session, [row], now)[0]
+
+
+# Only the columns a report needs: polled while a thousand stops land, it must stay cheap.
+_REPORT_COLUMNS = (Job.id, Job.state, Job.outcome, Job.placement, Job.project, Job.owner, Job.ended_at,
+                   Job.stop_request, Job.evidence)
+_IN_CHUNK = 5000  # ids per IN list: well below the bound values one SQLite statement may hold
+
+
+def reports(session: Session, rows: list[EmergencyStop], now: datetime) -> list[dict[str, Any]]:
+    """Per-job state and the summary of each stop, in a handful of queries however many stops there are.
+
+    Only reads: the state a report shows is derived from its targets (`done` once every one is accounted for)
+    or its approval (refused or run out), so a GET needs no write lock; `settle` stores what changed."""
+    ids = sorted({i for row in rows for i in row.target_ids})
+    jobs = {j.id: j for k in range(0, len(ids), _IN_CHUNK)
+            for j in session.execute(select(*_REPORT_COLUMNS).where(Job.id.in_(ids[k:k + _IN_CHUNK]))).all()}
     lost = set(session.scalars(select(Node.id).where(Node.state == "lost")).all())
-    per_job = [job_status(jobs[i], row, lost) for i in row.target_ids if i in jobs]
+    holds = {h.emergency_id: h for h in session.scalars(
+        select(EmergencyHold).where(EmergencyHold.emergency_id.in_([row.id for row in rows]))).all()}
+    asked = [row.approval_id for row in rows if row.state == "pending_approval" and row.approval_id is not None]
+    approvals = {a.id: a for a in session.scalars(select(Approval).where(Approval.id.in_(asked))).all()}
+    out = []
+    for row in rows:
+        per_job = [job_status(jobs[i], row, lost) for i in row.target_ids if i in jobs]
+        out.append(_report(session, row, per_job, holds.get(row.id), approvals.get(row.approval_id or ""), now))
+    return out
+
+
+def _report(session: Session, row: EmergencyStop, per_job: list[dict[str, Any]], hold: EmergencyHold | None,
+            approval: Approval | None, now: datetime) -> dict[str, Any]:
     summary = dict.fromkeys(SUMMARY_KEYS, 0)
     for j in per_job:
         summary[j["category"]] += 1
-    if row.state == "executing" and summary["in_progress"] == 0 and summary["not_stopped"] == 0:
-        row.state, row.finished_at = "done", now
-    elif row.state == "pending_approval" and row.approval_id is not None:
+    state, finished_at = row.state, row.finished_at
+    if state == "executing" and summary["in_progress"] == 0 and summary["not_stopped"] == 0:
+        # When the last target was accounted for, not when someone first looked.
+        state, finished_at = "done", _last_step_at(session, row.target_ids) or now
+    elif state == "pending_approval" and approval is not None and approval.state in ("rejected", "expired"):
         # Refused, withdrawn or run out: nothing was stopped and nothing will be (without this the stop
         # showed as waiting for an approval that can no longer come).
-        approval = session.get(Approval, row.approval_id)
-        if approval is not None and approval.state in ("rejected", "expired"):
-            row.state, row.finished_at = approval.state, approval.resolved_at or now
+        state, finished_at = approval.state, approval.resolved_at or approval.expires_at
     latencies = sorted(j["stop_latency_s"] for j in per_job if j["stop_latency_s"] is not None)
-    hold = session.get(EmergencyHold, row.id)
     return {
-        "id": row.id, "state": row.state, "scope": {"kind": row.scope_kind, "value": row.scope_value.get("value")},
+        "id": row.id, "state": state, "scope": {"kind": row.scope_kind, "value": row.scope_value.get("value")},
         "granularity": row.granularity, "trigger": row.trigger, "reason": row.reason,
         "requested_by": row.requested_by, "deciders": row.deciders, "grace_seconds": row.grace_seconds,
         "approval_id": row.approval_id, "decision_seq": row.decision_seq,
         "created_at": row.created_at.isoformat(),
         "approved_at": row.approved_at.isoformat() if row.approved_at else None,
-        "finished_at": row.finished_at.isoformat() if row.finished_at else None,
+        "finished_at": finished_at.isoformat() if finished_at else None,
         "summary": {**summary, "targets": len(per_job), "blind_spots": len(row.skipped),
                     "accounted_for": len(per_job) - summary["in_progress"] - summary["not_stopped"]},
         "last_confirmed_after_s": latencies[-1] if latencies and summary["in_progress"] == 0 else None,
-        "hold": hold_out(hold, asked=bool(row.scope_value.get("hold")) and row.state == "pending_approval"),
+        "hold": hold_out(hold, asked=bool(row.scope_value.get("hold")) and state == "pending_approval"),
         "jobs": per_job, "blind_spots": row.skipped,
     }
+
+
+def _last_step_at(session: Session, job_ids: list[str]) -> datetime | None:
+    """The latest state change among these jobs (each change is timestamped in the job's history, C3)."""
+    last: datetime | None = None
+    for k in range(0, len(job_ids), _IN_CHUNK):
+        for history in session.scalars(select(Job.history).where(Job.id.in_(job_ids[k:k + _IN_CHUNK]))):
+            if history:
+                at = datetime.fromisoformat(history[-1]["at"])
+                last = at if last is None or at > last else last
+    return last
+
+
+def settle(session: Session, rows: list[EmergencyStop], shown: list[dict[str, Any]]) -> bool:
+    """Store the states `reports` derived where they differ from the rows': once per stop, the first time
+    it is seen done (or refused); only if the row still holds the state the report started from, so two
+    readers settling at once store it once. True if anything was stored."""
+    changed = False
+    for row, out in zip(rows, shown, strict=True):
+        if out["state"] != row.state:
+            session.execute(update(EmergencyStop).where(EmergencyStop.id == row.id, EmergencyStop.state == row.state)
+                            .values(state=out["state"], finished_at=datetime.fromisoformat(out["finished_at"])))
+            changed = True
+    return changed
+
+
+def settle_after_read(gw: Gateway, rows: list[EmergencyStop], shown: list[dict[str, Any]]) -> None:
+    """`settle` in a short write transaction of its own, after reports read without the write lock; only when
+    one of them found its stop ended, which happens once per stop."""
+    if any(out["state"] != row.state for row, out in zip(rows, shown, strict=True)):
+        with gw.transaction() as session:
+            settle(session, rows, shown)
 
 
 def hold_out(hold: EmergencyHold | None, *, asked: bool) -> dict[str, Any]:

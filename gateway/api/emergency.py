@@ -66,6 +66,7 @@ def create(body: EmergencyCreate, ctx: Ctx, response: Response) -> dict[str, Any
         if row.state == "pending_approval":
             response.status_code = status.HTTP_202_ACCEPTED
         out = emergency.report(session, row, ctx.gw.clock())
+        emergency.settle(session, [row], [out])  # (queued targets are cancelled at once: it may be done already)
         out["decision"] = decision_out(rec).model_dump()
         return out
 
@@ -75,12 +76,12 @@ def list_stops(
     ctx: Ctx, limit: Annotated[int, Query(ge=1, le=500, description="At most this many")] = 50
 ) -> dict[str, list[dict[str, Any]]]:
     """Trigger, scope, who asked, state and summary counts of each (per-job detail: the single stop)."""
-    with ctx.gw.transaction() as session:
+    with ctx.gw.transaction(immediate=False) as session:
         emergency.may_view(ctx.gw, ctx.caller(session), None)
-        now = ctx.gw.clock()
-        return {"emergency_stops": [
-            {k: v for k, v in emergency.report(session, row, now).items() if k not in ("jobs", "blind_spots")}
-            for row in emergency.list_stops(session, limit)]}
+        rows = emergency.list_stops(session, limit)
+        shown = emergency.reports(session, rows, ctx.gw.clock())
+    emergency.settle_after_read(ctx.gw, rows, shown)
+    return {"emergency_stops": [{k: v for k, v in out.items() if k not in ("jobs", "blind_spots")} for out in shown]}
 
 
 @router.get("/{emergency_id}", summary="Progress of one emergency stop: per-job state and a summary")
@@ -90,9 +91,12 @@ def show(
 ) -> dict[str, Any]:
     """Summary counts: stopped_graceful, stopped_forced, cancelled (was queued), stop_failed, unreachable
     (its node is lost), in_progress; `accounted_for` reaches `targets` when every job has an outcome."""
-    with ctx.gw.transaction() as session:
+    with ctx.gw.transaction(immediate=False) as session:
         row = emergency.load(ctx.gw, session, ctx.caller(session), emergency_id)
-        return emergency.report(session, row, ctx.gw.clock())
+        out = emergency.report(session, row, ctx.gw.clock())
+    emergency.settle_after_read(ctx.gw, [row], [out])
+    return out
+
 
 
 @router.post("/{emergency_id}/lift", summary="Lift the hold an emergency stop keeps on its scope")

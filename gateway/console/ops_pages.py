@@ -85,10 +85,11 @@ def _nodes(session: object) -> list[dict[str, object]]:
 @page
 def emergency_list(request: Request) -> Response:
     view = need_view(request)
-    with view.gw.transaction() as session:
+    with view.gw.transaction(immediate=False) as session:
         emergency.may_view(view.gw, view.caller(session), None)
-        now = view.gw.clock()
-        stops = [emergency.report(session, row, now) for row in emergency.list_stops(session, 50)]
+        rows = emergency.list_stops(session, 50)
+        stops = emergency.reports(session, rows, view.gw.clock())
+    emergency.settle_after_read(view.gw, rows, stops)
     return view.render("emergency.html", stops=stops, one=None, refresh=True)
 
 
@@ -97,9 +98,10 @@ def emergency_list(request: Request) -> Response:
 def emergency_one(request: Request, emergency_id: str) -> Response:
     """Per-job progress of one emergency stop; the page reloads itself every few seconds until it is over."""
     view = need_view(request)
-    with view.gw.transaction() as session:
+    with view.gw.transaction(immediate=False) as session:
         row = emergency.load(view.gw, session, view.caller(session), emergency_id)
         one = emergency.report(session, row, view.gw.clock())
+    emergency.settle_after_read(view.gw, [row], [one])
     return view.render("emergency.html", stops=[], one=one, refresh=one["state"] not in emergency.FINAL_STATES)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway_testkit import Api, job_spec
+from sqlalchemy import Engine, event
 from stop_helpers import FakeAgent, ledger, running_job, stopped_evidence
 from test_sched_api import advance, bring_up_nodes, job, report
 
@@ -116,3 +117,65 @@ def test_an_emergency_stop_with_a_longer_window_leaves_the_stop_in_progress_alon
     assert [c for c in agent.take() if c["kind"] == "stop"] == []
     (step,) = [e["body"] for e in ledger(api) if e["kind"] == "transition" and e["body"].get("takes_over_stop")]
     assert "grace_cut_to" not in step and job(api, j)["stop_request"].get("grace_seconds", 5) == 5
+
+
+def _placed(api: Api, n: int = 1) -> list[tuple[str, str]]:
+    """n running jobs; [(job, node)]."""
+    bring_up_nodes(api)
+    ids = [api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=1)).json()["id"] for _ in range(n)]
+    assert run_once(api.gateway) == n
+    out = [(j, job(api, j)["placement"][0]["node"]) for j in ids]
+    for j, node in out:
+        report(api, node, j, "started", pid=7)
+    return out
+
+
+def test_a_stop_is_done_when_its_last_target_stopped_not_when_someone_first_looked(api: Api) -> None:
+    """A stop became `done` when someone viewed it, and its finished_at was the time of that view: an auditor
+    reading the stop an hour later saw it finish an hour late."""
+    [(j, node)] = _placed(api)
+    es = api.post("/v1/emergency-stops", "dave", json=body("job", j)).json()
+    report(api, node, j, "stopping")
+    report(api, node, j, "stopped", evidence={"outcome": "graceful", **DONE})
+    stopped_at = job(api, j)["history"][-1]["at"]
+    advance(api, 3600)
+    shown = api.get(f"/v1/emergency-stops/{es['id']}", "dave").json()
+    assert shown["state"] == "done" and shown["finished_at"] == stopped_at
+    advance(api, 86400)  # stored as it was first seen, not found again later
+    listed = api.get("/v1/emergency-stops", "dave").json()["emergency_stops"]
+    assert [(s["id"], s["state"], s["finished_at"]) for s in listed] == [(es["id"], "done", stopped_at)]
+
+
+def test_viewing_emergency_stops_takes_no_write_lock_and_reads_as_often_for_one_stop_as_for_three(
+    api: Api,
+) -> None:
+    """The list and the single view ran in an immediate transaction (SQLite's write lock, which every
+    mutation waits for), and the list made four queries per stop while the console polled it."""
+    targets = [j for j, _ in _placed(api, 3)]
+    api.post("/v1/emergency-stops", "dave", json=body("job", targets[0]))
+
+    def statements_of(path: str) -> list[str]:
+        seen: list[str] = []
+
+        def note(conn: object, cursor: object, statement: str, *args: object) -> None:
+            seen.append(statement)
+
+        event.listen(Engine, "before_cursor_execute", note)
+        try:
+            r = api.get(path, "dave")
+        finally:
+            event.remove(Engine, "before_cursor_execute", note)
+        assert r.status_code == 200, r.text
+        return seen
+
+    statements_of("/v1/emergency-stops")  # warm: the caller's token is looked up once, then cached
+    one = statements_of("/v1/emergency-stops")
+    for j in targets[1:]:
+        api.post("/v1/emergency-stops", "dave", json=body("job", j))
+    three = statements_of("/v1/emergency-stops")
+    assert len(api.get("/v1/emergency-stops", "dave").json()["emergency_stops"]) == 3
+    assert len(three) == len(one)
+    writes = [s for s in one + three if s.split()[0] in ("INSERT", "UPDATE", "DELETE") or "IMMEDIATE" in s]
+    assert not writes
+    es_id = api.get("/v1/emergency-stops", "dave").json()["emergency_stops"][0]["id"]
+    assert not [s for s in statements_of(f"/v1/emergency-stops/{es_id}") if "IMMEDIATE" in s or s.startswith("UPDATE")]
