@@ -27,6 +27,7 @@ from gateway.models import Base, Job, Principal
 from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, ledger_batch, record, record_outcome
 from gateway.states import ENDED_STATES
+from ledger.errors import LedgerError
 
 ACTS_ON_ENDED_JOBS = frozenset({"job.delete", "job.confirm_stopped"})  # stop_failed counts as ended
 
@@ -146,6 +147,14 @@ def _people_to_tell(session: Session, approval: Approval) -> set[str]:
     return people
 
 
+def _tell_closed(session: Session, approval: Approval, kind: str, body: dict[str, Any], now: datetime,
+                 besides: str | None = None) -> None:
+    """A request closed with nothing done: the requester learns it, and so does everyone who was told of it (the
+    owners waiting to hear whether their jobs stop, A4), except `besides`, who closed it."""
+    for principal in sorted({approval.requester} | (_people_to_tell(session, approval) - {besides})):
+        notify(session, principal, kind, {"approval_id": approval.id, "action": approval.action, **body}, now)
+
+
 def _load(session: Session, approval_id: str) -> Approval:
     approval = session.scalars(select(Approval).where(Approval.id == approval_id).with_for_update()).first()
     if approval is None:
@@ -177,6 +186,7 @@ def expire_due(gw: Gateway, session: Session, approval_id: str | None = None) ->
         approval.resolved_at = now
         record_outcome(gw, "outcome", {"action": "approval.expire", "approval_id": approval.id, "result": "expired",
                                        "expires_at": approval.expires_at.isoformat()})
+        _tell_closed(session, approval, "approval_expired", {"expired_at": approval.expires_at.isoformat()}, now)
         closed.append(approval.id)
     return closed
 
@@ -232,11 +242,10 @@ def _check_second_person(caller: Caller, approval: Approval) -> None:
         raise Conflict(f"{caller.real_identity} already approved {approval.id}")
 
 
-def _check_approver_scope(caller: Caller, approval: Approval, targets: Sequence[Job]) -> None:
+def _check_approver_scope(caller: Caller, approval: Approval, target_projects: set[str]) -> None:
     """The credential is scoped to approve in every affected project: a token its holder narrowed (to job.view,
     to one project) must not confirm a stop elsewhere. Raises Forbidden."""
-    projects = {approval.project} if approval.project else set()
-    projects |= {j.project for j in targets}
+    projects = ({approval.project} if approval.project else set()) | target_projects
     caller.check_scope("approval.grant", sorted(projects) or ["*"])
 
 
@@ -260,7 +269,8 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
         _check_second_person(caller, approval)  # before any target row is locked
         all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
                                            .order_by(Job.id).with_for_update()).all())
-        _check_approver_scope(caller, approval, all_targets)  # against the rows just read, not a query of its own
+        # Against the rows just read, not a query of its own.
+        _check_approver_scope(caller, approval, {j.project for j in all_targets})
     except (Forbidden, Conflict) as e:
         # A confirmation refused is an attempt on someone else's job like any other: in the ledger (H3).
         record_outcome(gw, "outcome", {"action": "approval.grant", "approval_id": approval.id, "result": "refused",
@@ -342,17 +352,61 @@ def reject(gw: Gateway, session: Session, caller: Caller, approval_id: str, reas
     now = gw.clock()
     approval = _load(session, approval_id)
     _check_open(gw, approval, now)
-    if caller.real_identity != approval.requester_real and not may_approve(gw, session, caller, approval):
-        raise Forbidden(f"{caller.id} may neither approve nor withdraw {approval.id}")
+    # The requester withdraws, or the person behind the service account that asked; never the other way round.
+    withdrawn = caller.id in (approval.requester, approval.requester_real)
+    if not withdrawn:
+        try:
+            _check_refuser(gw, session, caller, approval)
+        except Forbidden as e:
+            record_outcome(gw, "outcome", {"action": "approval.reject", "approval_id": approval.id,
+                                           "result": "refused", "operator": caller.id,
+                                           "real_identity": caller.real_identity, "reason": e.detail})
+            raise
     approval.state = "rejected"
     approval.resolved_at = now
     approval.resolved_by = caller.real_identity
-    approval.resolution = {"reason": reason, "withdrawn": caller.real_identity == approval.requester_real}
+    approval.resolution = {"reason": reason, "withdrawn": withdrawn}
     record_outcome(gw, "outcome", {"action": approval.action, "approval_id": approval.id, "result": "rejected",
                                    "by": caller.to_json(), "reason": reason})
-    notify(session, approval.requester, "approval_rejected",
-           {"approval_id": approval.id, "by": caller.real_identity, "reason": reason}, now)
+    _tell_closed(session, approval, "approval_rejected", {"by": caller.real_identity, "reason": reason}, now,
+                 besides=caller.real_identity)
     return approval
+
+
+def _check_refuser(gw: Gateway, session: Session, caller: Caller, approval: Approval) -> None:
+    """Refusing someone else's request is the second person's other answer, held to the same bar: a person
+    (a pipeline must not veto as its responsible person), eligible to approve it, with a credential covering
+    approval.grant in every affected project. Raises Forbidden."""
+    if caller.kind != "person":
+        raise Forbidden(f"{caller.id} is a {caller.kind} identity; only a person can refuse a request (M2)")
+    if not may_approve(gw, session, caller, approval):
+        raise Forbidden(f"{caller.id} may neither approve nor withdraw {approval.id}")
+    projects = set(session.scalars(select(Job.project).where(Job.id.in_(approval.target_ids))).all())
+    _check_approver_scope(caller, approval, projects)
+
+
+def withdraw_made_with(gw: Gateway, session: Session, token_id: str, principal: str, by: str) -> list[str]:
+    """Close the pending requests a token made, now that it is revoked: a token revoked because it leaked must not
+    leave behind requests that a second person, unaware, then carries out. Which token made a request is in its
+    decision's ledger entry. Returns the ids closed."""
+    now = gw.clock()
+    closed = []
+    pending = select(Approval).where(Approval.state == "pending", Approval.requester == principal)
+    for approval in session.scalars(pending.order_by(Approval.id).with_for_update()).all():
+        try:
+            actor = gw.ledger.entry(approval.decision_seq).value["body"]["actor"]
+        except (LedgerError, KeyError, TypeError):
+            continue  # not a decision this gateway recorded (a request from before tokens were named): left open
+        if not isinstance(actor, dict) or actor.get("token_id") != token_id:
+            continue
+        reason = f"the requester's token {token_id} was revoked"
+        approval.state, approval.resolved_at, approval.resolved_by = "rejected", now, by
+        approval.resolution = {"reason": reason, "withdrawn": True, "token_revoked": token_id}
+        record_outcome(gw, "outcome", {"action": approval.action, "approval_id": approval.id, "result": "rejected",
+                                       "by": by, "reason": reason})
+        _tell_closed(session, approval, "approval_rejected", {"by": by, "reason": reason}, now)
+        closed.append(approval.id)
+    return closed
 
 
 def may_approve(gw: Gateway, session: Session, caller: Caller, approval: Approval) -> bool:
@@ -381,8 +435,17 @@ def visible_to(gw: Gateway, session: Session, caller: Caller, state: str | None)
     rows = list(session.scalars(stmt.limit(500)).all())
     if "ledger.read" in gw.policy.capabilities(caller.real_identity, "*"):
         return rows
-    return [a for a in rows
-            if a.requester_real == caller.real_identity or may_approve(gw, session, caller, a)]
+    return [a for a in rows if a.requester_real == caller.real_identity or may_approve(gw, session, caller, a)]
+
+
+def visible_one(gw: Gateway, session: Session, caller: Caller, approval_id: str) -> Approval:
+    """One request, however old, to the same people `visible_to` shows it to. Raises NotFound."""
+    approval = session.get(Approval, approval_id)
+    if approval is None or not (approval.requester_real == caller.real_identity
+                                or "ledger.read" in gw.policy.capabilities(caller.real_identity, "*")
+                                or may_approve(gw, session, caller, approval)):
+        raise NotFound(f"no approval request {approval_id!r} visible to {caller.id}")
+    return approval
 
 
 def to_json(approval: Approval) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from gateway.token_cache import TokenCache, TokenFacts
 from gateway.tokens import TOKEN_PATTERN, hash_token
 
 TRIGGER_HEADER = "X-Jobgate-Trigger"
+MAX_TRIGGER = 200  # characters; the width every table that keeps a trigger gives it
 
 # The actions a token or break-glass grant may name ('*' stands for all): those the gateway decides on, and
 # approval.grant. Any other name is a typo that grants nothing: an on-call engineer's grant for "job.stpo"
@@ -90,6 +91,17 @@ class Caller:
                     scope={"projects": list(self.token_projects)},
                 )
 
+    def check_hands_on(self, what: str, projects: list[str], actions: list[str]) -> None:
+        """A credential hands on only what it holds itself (F1): a token narrowed to job.view in one project, if
+        leaked, must not yield `what` (a token, a break-glass grant) for every action everywhere. Raises
+        Forbidden naming what is outside."""
+        scopes = (("actions", actions, self.token_actions), ("projects", projects, self.token_projects))
+        for kind, asked, held in scopes:
+            outside = sorted(set(asked) - set(held)) if "*" not in held else []
+            if outside:
+                raise Forbidden(f"token {self.token_id} is scoped to {kind} {list(held)}; {what} cannot hold"
+                                f" {', '.join(outside)}, which is outside it", scope={kind: list(held)})
+
 
 def bearer_secret(authorization: str | None) -> str:
     """The token of an `Authorization: Bearer jg_...` header; raises Unauthenticated when there is none, or
@@ -115,8 +127,14 @@ def authenticate(
 ) -> Caller:
     """Resolve an `Authorization: Bearer ...` header. Raises Unauthenticated or Invalid."""
     facts = token_facts(session, hash_token(bearer_secret(authorization)), now, cache=cache)
+    trigger = trigger.strip() if trigger else None
+    if trigger and (len(trigger) > MAX_TRIGGER or not trigger.isprintable()):
+        # Checked here, not where it is stored: PostgreSQL refused a longer one only once the decision was ledgered.
+        got = f"{len(trigger)} characters" if trigger.isprintable() else "characters that are not printable"
+        raise Invalid(f"the {TRIGGER_HEADER} header holds at most {MAX_TRIGGER} printable characters (pipeline and"
+                      f" run id); this one has {got}")
     # F1: an automation identity must say which pipeline run triggered it.
-    if facts.kind == "service" and not (trigger and trigger.strip()):
+    if facts.kind == "service" and not trigger:
         raise Invalid(
             f"service account {facts.principal_id} must send the {TRIGGER_HEADER} header"
             " (pipeline and run id, e.g. 'ci/train-nightly#4182'; from the CLI: --trigger or"
@@ -129,7 +147,7 @@ def authenticate(
         token_projects=facts.projects,
         token_actions=facts.actions,
         responsible=facts.responsible,
-        trigger=trigger.strip() if trigger else None,
+        trigger=trigger,
         source=source,
         token_expires_at=facts.expires_at,
     )
@@ -141,9 +159,10 @@ def token_facts(session: Session, token_hash: str, now: datetime, *, cache: Toke
     Shared by the API and the console. Raises Unauthenticated with the reason."""
     facts = cache.get(token_hash) if cache else None
     if facts is None:
+        generation = cache.generation() if cache else 0
         facts = _load(session, token_hash)
         if cache:
-            cache.put(token_hash, facts)
+            cache.put(token_hash, facts, generation)
     if facts.revoked_at is not None:
         raise Unauthenticated(f"token {facts.token_id} was revoked at {facts.revoked_at.isoformat()}")
     if facts.expires_at <= now.astimezone(UTC):

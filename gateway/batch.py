@@ -8,6 +8,7 @@ shows its blast radius instead of emptying a queue.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 from gateway.approvals import open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
-from gateway.errors import Invalid
+from gateway.errors import Forbidden, Invalid
 from gateway.jobs import decision_out, execute_stop, not_stoppable, refuse_if_denied, refuse_in_state, visible_projects
 from gateway.models import Job, Project
 from gateway.pipeline import Recorded, decide, ledger_batch
@@ -63,6 +64,20 @@ def resolve(gw: Gateway, session: Session, caller: Caller, ids: Sequence[str] | 
     return [j for j in jobs if all(j.labels.get(k) == v for k, v in selector.labels.items())]
 
 
+def _refuse_unseen(gw: Gateway, session: Session, caller: Caller, jobs: Sequence[Job]) -> None:
+    """A dry run answers with its targets' projects, GPUs and running work: named by id, jobs the caller may not
+    view would be shown to them that way (A1). A selector only reaches projects they may view. As for a single
+    job (jobs.refuse_in_state), seeing is the person's right, whatever actions their token names. Raises
+    Forbidden."""
+    viewer = replace(caller, token_actions=(*caller.token_actions, "job.view"))
+    seen = visible_projects(gw, session, viewer, sorted({j.project for j in jobs}))
+    unseen = [j.id for j in jobs if j.project not in seen and j.owner != caller.real_identity]
+    if unseen:
+        named = ", ".join(unseen[:5]) + (f" and {len(unseen) - 5} more" if len(unseen) > 5 else "")
+        raise Forbidden(f"{caller.real_identity} may not view {named}; a dry run shows a blast radius only to those"
+                        " who may see every target")
+
+
 def blast_radius(jobs: Sequence[Job], now: datetime) -> dict[str, Any]:
     """What a batch puts at stake: jobs, projects, GPUs, and GPU-hours of work already running."""
     gpus = sum(j.gpus_per_node * j.nodes for j in jobs)
@@ -82,6 +97,8 @@ def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, 
     Raises Invalid, PolicyDenied, LedgerUnavailable.
     """
     jobs = resolve(gw, session, caller, req.ids, req.selector)
+    if req.dry_run and req.ids is not None:
+        _refuse_unseen(gw, session, caller, jobs)
     radius = blast_radius(jobs, gw.clock())
     ids = [j.id for j in jobs]
     out: dict[str, Any] = {"dry_run": req.dry_run, "targets": ids, "blast_radius": radius}

@@ -76,6 +76,9 @@ def request_grant(gw: Gateway, session: Session, caller: Caller, *, projects: li
     """Ask for a grant; returns it with its one-time credential (shown once). Raises Invalid, PolicyDenied."""
     if caller.kind != "person" or caller.token_id.startswith("bg-"):
         raise Forbidden("break-glass grants are requested by a person with their own token")
+    # The grant acts without the policy's confirmations: a token narrowed to one project must not ask for one
+    # that reaches every project and action.
+    caller.check_hands_on("a break-glass grant it asks for", projects, actions)
     if duration > MAX_DURATION or duration <= timedelta(0):
         raise Invalid(f"a break-glass grant lasts more than 0 and at most {MAX_DURATION}; asked for {duration}")
     unknown = sorted(p for p in projects if p != "*" and session.get(Project, p) is None)

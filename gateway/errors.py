@@ -62,7 +62,12 @@ class LedgerUnavailable(GatewayError):
     status, kind, title = 503, "ledger-unavailable", "Ledger unavailable: mutation refused"
 
 
+_INSTANCE_MAX = 512  # characters of the request path kept in `instance`: a longer one is not echoed back whole
+
+
 def problem(status: int, kind: str, title: str, detail: str, instance: str, **extra: Any) -> JSONResponse:
+    if len(instance) > _INSTANCE_MAX:
+        instance = instance[:_INSTANCE_MAX] + "..."
     body = {"type": PROBLEM_BASE + kind, "title": title, "status": status, "detail": detail, "instance": instance}
     body.update(extra)
     return JSONResponse(body, status_code=status, media_type="application/problem+json")

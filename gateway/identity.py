@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.approvals import withdraw_made_with
 from gateway.auth import Caller, refuse_unknown_actions
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
@@ -51,6 +52,10 @@ def create_service_account(gw: Gateway, session: Session, caller: Caller, name: 
         raise Invalid(f"unknown project {project!r}")
     if "job.submit" not in gw.policy.capabilities(caller.id, project) and not _is_platform_admin(gw, caller):
         raise Forbidden(f"{caller.id} holds no role in project {project} that may submit jobs")
+    if caller.breakglass:
+        raise Forbidden(f"break-glass grant {caller.breakglass} cannot create service accounts; they would outlive it")
+    # The account submits jobs there: a credential narrowed to another project or to viewing must not make one.
+    caller.check_scope("job.submit", [project])
     if session.get(Principal, name) is not None:
         raise Conflict(f"a principal named {name!r} already exists")
     now = gw.clock()
@@ -95,9 +100,9 @@ def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id:
     refuse_unknown_actions(actions)
     now = gw.clock()
     lifetime = timedelta(days=expires_in_days)
-    if principal_id == caller.id and caller.token_expires_at is not None:
-        # Like its scope (above), a token's end binds what it mints for itself: renewing itself, a leaked token
-        # would last for ever. (A service account's token, made by its responsible person, has its own limit.)
+    if caller.token_expires_at is not None:
+        # Like its scope (above), a token's end binds what it mints: renewing itself, or handing a service account
+        # a 90-day token, a leaked token about to expire would last for ever.
         lifetime = min(lifetime, caller.token_expires_at - now)
     issued = issue_token(session, principal_id, purpose=purpose, now=now, lifetime=lifetime, projects=projects,
                          actions=actions)
@@ -109,16 +114,9 @@ def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id:
 
 
 def _check_within_caller_scope(caller: Caller, projects: list[str], actions: list[str]) -> None:
-    """A credential mints only what it could do itself (F1): a token narrowed to job.view in one project, if
-    leaked, must not yield one for every action everywhere. Raises Forbidden naming what is outside."""
     if caller.breakglass:
         raise Forbidden(f"break-glass grant {caller.breakglass} cannot mint tokens; they would outlive it (F2)")
-    scopes = (("actions", actions, caller.token_actions), ("projects", projects, caller.token_projects))
-    for kind, asked, held in scopes:
-        outside = sorted(set(asked) - set(held)) if "*" not in held else []
-        if outside:
-            raise Forbidden(f"token {caller.token_id} is scoped to {kind} {list(held)}; a token it creates cannot"
-                            f" hold {', '.join(outside)}, which is outside it", scope={kind: list(held)})
+    caller.check_hands_on("a token it creates", projects, actions)
 
 
 def list_tokens(gw: Gateway, session: Session, caller: Caller) -> list[Token]:
@@ -136,7 +134,9 @@ def revoke_token(gw: Gateway, session: Session, caller: Caller, token_id: str, r
         raise Conflict(f"token {token_id} was already revoked at {token.revoked_at.isoformat()}")
     token.revoked_at = gw.clock()
     gw.after_commit(session, lambda: gw.token_cache.forget(token.token_hash))
-    _ledger(gw, caller, "token.revoke", token_id=token_id, principal=token.principal_id, reason=reason)
+    withdrawn = withdraw_made_with(gw, session, token_id, token.principal_id, caller.real_identity)
+    _ledger(gw, caller, "token.revoke", token_id=token_id, principal=token.principal_id, reason=reason,
+            withdrawn_requests=withdrawn)
     return token
 
 

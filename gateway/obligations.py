@@ -10,8 +10,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.auth import Caller
 from gateway.context import Gateway
-from gateway.errors import Conflict, NotFound
+from gateway.errors import Conflict, Forbidden, NotFound
 from gateway.models import Job
 from gateway.notifications import Notification, notify
 from gateway.pipeline import record_outcome
@@ -41,11 +42,18 @@ def receipt_state(note: Notification, now: datetime) -> str:
     return "timed_out" if now - note.created_at > RECEIPT_TIMEOUT else "pending"
 
 
-def acknowledge(gw: Gateway, session: Session, principal: str, notification_id: str) -> Notification:
-    """The recipient confirms they saw the notice; ledgered as the receipt. Raises NotFound, Conflict."""
+def acknowledge(gw: Gateway, session: Session, caller: Caller, notification_id: str) -> Notification:
+    """The recipient confirms they saw the notice; ledgered as the receipt, with the credential used.
+
+    Raises NotFound, Conflict, Forbidden (A4's receipt says the owner saw it: a pipeline acting for them must not
+    produce it)."""
+    principal = caller.real_identity
     note = session.get(Notification, notification_id)
     if note is None or note.principal != principal:
         raise NotFound(f"no notification {notification_id!r} for {principal}")
+    if caller.kind != "person" or caller.breakglass:
+        raise Forbidden(f"{caller.id} cannot acknowledge {principal}'s notices: only {principal}, with their own"
+                        " token, can")
     now = gw.clock()
     if note.acknowledged_at is not None:
         raise Conflict(f"notification {notification_id} was already acknowledged")
@@ -53,7 +61,8 @@ def acknowledge(gw: Gateway, session: Session, principal: str, notification_id: 
     note.acknowledged_at = now
     if note.receipt_required:
         record_outcome(gw, "receipt", {"notification_id": note.id, "principal": principal, "receipt": "acknowledged",
-                                       "job_id": note.body.get("job_id"), "notified_at": note.created_at.isoformat()})
+                                       "actor": caller.to_json(), "job_id": note.body.get("job_id"),
+                                       "notified_at": note.created_at.isoformat()})
     return note
 
 

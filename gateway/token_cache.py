@@ -3,7 +3,8 @@
 Authenticating costs a joined SELECT on every request, more than the rest of a no-op call. The facts it
 reads (token scope, expiry, revocation, the principal's kind and responsible person) change only when a
 token is revoked, so they are kept for `ttl_s` seconds per token hash:
-- a revocation through this gateway forgets the token once its transaction commits (immediate here);
+- a revocation through this gateway forgets the token once its transaction commits (immediate here), and
+  a request that read the token's row before that commit cannot put it back afterwards (`generation`);
 - a revocation made through another replica, or a principal disabled in the database, is seen within
   `ttl_s` (like the Kubernetes webhook token cache, but seconds rather than minutes);
 - expiry is checked against the cached expiry on every call, so it is exact.
@@ -42,6 +43,11 @@ class TokenCache:
         self._clock = clock
         self._entries: dict[str, tuple[float, TokenFacts]] = {}
         self._lock = threading.Lock()
+        self._generation = 0  # how many times a token was forgotten
+
+    def generation(self) -> int:
+        """Read before loading a token's facts, and hand to `put`."""
+        return self._generation
 
     def get(self, token_hash: str) -> TokenFacts | None:
         if self.ttl_s <= 0:
@@ -51,14 +57,20 @@ class TokenCache:
             return None
         return hit[1]
 
-    def put(self, token_hash: str, facts: TokenFacts) -> None:
+    def put(self, token_hash: str, facts: TokenFacts, generation: int) -> None:
+        """Keep facts loaded since `generation()` returned `generation`, unless a token was forgotten meanwhile:
+        then they may predate a revocation that committed after they were read (PostgreSQL lets a request
+        read the row while the revocation is in flight), and putting them back would undo the forgetting."""
         if self.ttl_s <= 0:
             return
         with self._lock:
+            if generation != self._generation:
+                return
             if len(self._entries) >= MAX_ENTRIES:
                 self._entries.clear()
             self._entries[token_hash] = (self._clock(), facts)
 
     def forget(self, token_hash: str) -> None:
         with self._lock:
+            self._generation += 1
             self._entries.pop(token_hash, None)

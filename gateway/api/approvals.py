@@ -9,7 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import approvals
 from gateway.api.deps import ApprovalId, Ctx
-from gateway.errors import NotFound
 
 router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
 
@@ -36,7 +35,7 @@ def list_approvals(
 ) -> dict[str, list[dict[str, Any]]]:
     """Newest first: the requests you made, and those you are an eligible second person for (named, owner of
     a target, or holding an approving role in the affected projects). Auditors see all of them."""
-    with ctx.gw.transaction() as session:
+    with ctx.gw.transaction(immediate=False) as session:
         found = approvals.visible_to(ctx.gw, session, ctx.caller(session), state)
         return {"approvals": [approvals.to_json(a) for a in found]}
 
@@ -45,12 +44,8 @@ def list_approvals(
 def show_approval(approval_id: ApprovalId, ctx: Ctx) -> dict[str, Any]:
     """What exactly would be done and why: action, sorted target ids, parameters, reason, the digest they are
     bound to, the approvals so far and those still required, and when the request expires."""
-    with ctx.gw.transaction() as session:
-        caller = ctx.caller(session)
-        found = [a for a in approvals.visible_to(ctx.gw, session, caller, None) if a.id == approval_id]
-        if not found:
-            raise NotFound(f"no approval request {approval_id!r} visible to {caller.id}")
-        return approvals.to_json(found[0])
+    with ctx.gw.transaction(immediate=False) as session:
+        return approvals.to_json(approvals.visible_one(ctx.gw, session, ctx.caller(session), approval_id))
 
 
 @router.post("/{approval_id}/approve", summary="Approve as the second person; executes once enough approvals exist")

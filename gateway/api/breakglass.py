@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, status
+from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import breakglass
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, path_id
 from gateway.schemas import Name
 
 router = APIRouter(prefix="/v1/break-glass", tags=["break-glass"])
@@ -51,7 +51,7 @@ def list_grants(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
 
 @router.post("/{grant_id}/revoke", summary="End a grant early")
 def revoke(
-    grant_id: Annotated[str, Path(description="The grant's id, from the answer that created it.")], ctx: Ctx
+    grant_id: Annotated[str, path_id("The grant's id, from the answer that created it.")], ctx: Ctx
 ) -> dict[str, Any]:
     """The holder or a security reviewer ends the grant now; its credential stops working at once and the
     revocation is ledgered."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio.to_thread
 from fastapi import Depends, Header, Path, Request
@@ -65,7 +65,15 @@ async def get_context(
 
 
 Ctx = Annotated[RequestContext, Depends(get_context)]
+ID_MAX = 64  # characters in the widest id column
+
+
+def path_id(description: str) -> Any:
+    """An id in the path: one longer than any id column names nothing, and is refused rather than echoed back."""
+    return Path(max_length=ID_MAX, description=description)
+
+
 # Path parameters several routers share, described once for the OpenAPI document.
-JobId = Annotated[str, Path(description="The job's id, as returned when it was submitted.")]
-NodeId = Annotated[str, Path(description="The node's id; an agent's token names the one node it may speak for.")]
-ApprovalId = Annotated[str, Path(description="The approval request's id, from the 202 answer that opened it.")]
+JobId = Annotated[str, path_id("The job's id, as returned when it was submitted.")]
+NodeId = Annotated[str, path_id("The node's id; an agent's token names the one node it may speak for.")]
+ApprovalId = Annotated[str, path_id("The approval request's id, from the 202 answer that opened it.")]

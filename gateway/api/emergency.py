@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Response, status
+from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import emergency
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, path_id
 from gateway.jobs import decision_out
 from gateway.schemas import Entry, Name
 
@@ -86,7 +86,7 @@ def list_stops(
 
 @router.get("/{emergency_id}", summary="Progress of one emergency stop: per-job state and a summary")
 def show(
-    emergency_id: Annotated[str, Path(description="The emergency stop's id, from the answer that created it.")],
+    emergency_id: Annotated[str, path_id("The emergency stop's id, from the answer that created it.")],
     ctx: Ctx,
 ) -> dict[str, Any]:
     """Summary counts: stopped_graceful, stopped_forced, cancelled (was queued), stop_failed, unreachable
@@ -101,7 +101,7 @@ def show(
 
 @router.post("/{emergency_id}/lift", summary="Lift the hold an emergency stop keeps on its scope")
 def lift(
-    emergency_id: Annotated[str, Path(description="The emergency stop whose hold to lift.")],
+    emergency_id: Annotated[str, path_id("The emergency stop whose hold to lift.")],
     body: HoldLift,
     ctx: Ctx,
 ) -> dict[str, Any]:

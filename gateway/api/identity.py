@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, status
+from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import identity
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, path_id
 from gateway.schemas import Name
 
 router = APIRouter(tags=["identity"])
@@ -71,11 +71,13 @@ def list_tokens(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
 
 @router.post("/v1/tokens/{token_id}/revoke", summary="Revoke a token")
 def revoke_token(
-    token_id: Annotated[str, Path(description="The token's id (not its secret), as listed.")],
+    token_id: Annotated[str, path_id("The token's id (not its secret), as listed.")],
     body: RevokeBody,
     ctx: Ctx,
 ) -> dict[str, Any]:
-    """The token stops working at once; the revocation and its reason are ledgered."""
+    """The token stops working at once; the revocation and its reason are ledgered. Approval requests it made
+    that are still pending are closed with it (rejected, the requester and the owners told): revoked because
+    it leaked, it must not leave behind a stop that an unaware second person then approves."""
     with ctx.gw.transaction() as session:
         token = identity.revoke_token(ctx.gw, session, ctx.caller(session), token_id, body.reason)
         return identity.token_json(token)

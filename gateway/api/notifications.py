@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter
 from sqlalchemy import select
 
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, path_id
 from gateway.notifications import Notification
 from gateway.obligations import acknowledge, note_json
 
@@ -28,9 +28,10 @@ def my_notifications(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
 
 @router.post("/{notification_id}/ack", summary="Acknowledge a notice (the receipt the ledger records)")
 def ack(
-    notification_id: Annotated[str, Path(description="The notice's id, as listed.")], ctx: Ctx
+    notification_id: Annotated[str, path_id("The notice's id, as listed.")], ctx: Ctx
 ) -> dict[str, Any]:
-    """Yours only, once. The receipt is ledgered; an action waiting for your acknowledgement (A4) goes on."""
+    """Yours only, once, and in person: a service account or break-glass credential sees your notices but
+    cannot acknowledge them. The receipt is ledgered; an action waiting for your acknowledgement (A4) goes on."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
-        return note_json(acknowledge(ctx.gw, session, caller.real_identity, notification_id), ctx.gw.clock())
+        return note_json(acknowledge(ctx.gw, session, caller, notification_id), ctx.gw.clock())

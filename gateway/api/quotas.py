@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, status
+from fastapi import APIRouter, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
 
 from gateway import jobs, quotas
-from gateway.api.deps import Ctx
+from gateway.api.deps import Ctx, path_id
 from gateway.scheduler_tables import MountRow
 from gateway.schemas import Name, Timestamp
 
@@ -69,7 +69,7 @@ def list_quotas(ctx: Ctx) -> dict[str, Any]:
 @router.put("/v1/quotas/{project}", summary="Change a tenant's (or, with '*', the cluster's) quota (A7)",
             status_code=status.HTTP_200_OK, responses={202: {"description": "A second platform admin must approve"}})
 def change_quota(
-    project: Annotated[str, Path(description="The tenant (project) id, or '*' for the cluster.")],
+    project: Annotated[str, path_id("The tenant (project) id, or '*' for the cluster.")],
     body: QuotaChangeBody,
     ctx: Ctx,
 ) -> Any:

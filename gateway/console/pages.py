@@ -187,7 +187,7 @@ def ack_notice(request: Request, notification_id: str, csrf: Field_ = None) -> R
     view = need_view(request)
     view.require_csrf(csrf)
     with view.gw.transaction() as session:
-        acknowledge(view.gw, session, view.caller(session).real_identity, notification_id)
+        acknowledge(view.gw, session, view.caller(session), notification_id)
     return RedirectResponse("/ui/#notices", status_code=303)
 
 

@@ -27,20 +27,33 @@ FACTS = TokenFacts(token_id="tok-1", projects=("*",), actions=("*",), expires_at
 def test_entries_live_for_the_stated_seconds_and_can_be_forgotten() -> None:
     clock = FakeClock()
     cache = TokenCache(5, clock=clock)
-    cache.put("h", FACTS)
+    cache.put("h", FACTS, cache.generation())
     clock.now += 4.9
     assert cache.get("h") is FACTS
     clock.now += 0.1
     assert cache.get("h") is None
-    cache.put("h", FACTS)
+    cache.put("h", FACTS, cache.generation())
     cache.forget("h")
     assert cache.get("h") is None
 
 
 def test_a_zero_lifetime_turns_the_cache_off() -> None:
     cache = TokenCache(0)
-    cache.put("h", FACTS)
+    cache.put("h", FACTS, cache.generation())
     assert cache.get("h") is None
+
+
+def test_facts_read_before_a_revocation_are_not_put_back_after_it_forgot_them() -> None:
+    """A request that read the token's row while its revocation was in flight (PostgreSQL lets it) put the stale
+    'not revoked' facts into the cache after the revocation's forget(): the token worked on for the cache's
+    lifetime, though a revocation here is documented to apply at once."""
+    cache = TokenCache(5)
+    before = cache.generation()  # the request starts loading the row
+    cache.forget("h")  # the revocation commits and forgets the token
+    cache.put("h", FACTS, before)  # the request's stale facts arrive
+    assert cache.get("h") is None
+    cache.put("h", FACTS, cache.generation())  # a load that began after it is kept
+    assert cache.get("h") is FACTS
 
 
 def test_a_revocation_made_elsewhere_applies_once_the_cached_facts_age_out(api: Api) -> None:
