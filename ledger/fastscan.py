@@ -189,6 +189,10 @@ def _check_line(
         got = bytes(buf[pos:sp])
         if sp <= pos or not got.isdigit():
             part.problem = (seq, "corrupt", f"entry line for seq {seq} is not '<seq> <hash> <entry>'")
+        elif int(got) < seq:
+            part.problem = (seq, "inserted", f"a line for seq {int(got)} appears again where entry {seq} belongs")
+        elif buf.find(b"\n%d " % seq, nl) >= 0:  # (only on this failure path: a search of the rest of the lines)
+            part.problem = (seq, "reordered", f"entry {seq} comes after entry {int(got)}")
         else:
             part.problem = (seq, "missing", f"entry {seq} is missing (the next stored entry is {int(got)})")
         raise _Stop

@@ -96,11 +96,13 @@ def _batch_insert(n: int) -> str:
 
 
 def _row(seq: Any, h: Any, data: Any) -> Row:
-    """Normalise a fetched row; a tampered SQLite file may hold TEXT or NULL where BLOBs belong."""
+    """Normalise a fetched row; a tampered SQLite file may hold TEXT, a number or NULL where BLOBs belong."""
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogateescape")
-    elif data is None:
-        data = b""
+    elif not isinstance(data, bytes | bytearray | memoryview):
+        # NULL, or a number: bytes(9_000_000_000_000_000_000) would try to allocate that many zero bytes. As
+        # text, it fails its hash like any other edit.
+        data = b"" if data is None else str(data).encode()
     return int(seq), str(h), bytes(data)
 
 

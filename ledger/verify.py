@@ -178,13 +178,22 @@ def verify_material(
             leaves, rotations, blob_refs = _scan_bundle(m, state, progress, deep, verifier)
         else:
             leaves, rotations, blob_refs = _scan_entries(m, state, progress, deep)
-        _check_blobs(m, blob_refs)
-        schedule = _schedule(m, verifier, leaves, rotations)
-        roots = _Roots(m, leaves, state.end, state.tree)
-        n_cp = _check_checkpoints(m, schedule, roots, state)
-        if trusted is not None:
-            t_size = _check_trusted(trusted, schedule, roots, verifier)
-            state.trusted_size = t_size
+        # A bad blob is reported after the checks below, unless they find an earlier bad seq: the verdict
+        # names the first bad entry.
+        blob_fail = _first_fail(_check_blobs, m, blob_refs)
+        try:
+            schedule = _schedule(m, verifier, leaves, rotations)
+            roots = _Roots(m, leaves, state.end, state.tree, also=_trusted_size(trusted))
+            n_cp = _check_checkpoints(m, schedule, roots, state)
+            if trusted is not None:
+                t_size = _check_trusted(trusted, schedule, roots, verifier)
+                state.trusted_size = t_size
+        except _Fail as f:
+            if blob_fail is not None and (f.seq is None or (blob_fail.seq is not None and blob_fail.seq < f.seq)):
+                raise blob_fail from f
+            raise
+        if blob_fail is not None:
+            raise blob_fail
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, ProofError) as e:
         # Safety net: a verifier must report, never crash, on whatever bytes it is handed.
         return _verdict_fail(state, verifier, None, "malformed", f"unexpected data ({type(e).__name__}: {e})")
@@ -215,6 +224,7 @@ def verify_material(
 
 class _State:
     def __init__(self, start: int) -> None:
+        self.start = start
         self.end = start
         self.trusted_size: int | None = None
         self.tree: MerkleTree | None = None  # prebuilt by parallel workers
@@ -271,7 +281,7 @@ class _Prefetch:
 
 def _verdict_fail(state: _State, v: NoteVerifier, seq: int | None, problem: str, message: str) -> Verdict:
     where = f"seq {seq} " if seq is not None else ""
-    return Verdict(False, state.end, seq, problem, f"{where}{problem}: {message}", origin=v.name)
+    return Verdict(False, state.end, seq, problem, f"{where}{problem}: {message}", origin=v.name, start=state.start)
 
 
 def _scan_entries(
@@ -391,6 +401,22 @@ def _scan_here(
     return part
 
 
+def _first_fail(check: Callable[..., None], *args: Any) -> _Fail | None:
+    try:
+        check(*args)
+    except _Fail as f:
+        return f
+    return None
+
+
+def _trusted_size(note: str | None) -> int | None:
+    """The size of a trusted checkpoint, if it parses (its checks come later, with their own errors)."""
+    try:
+        return peek_checkpoint(note).size if note is not None else None
+    except LedgerError:
+        return None
+
+
 def _check_blobs(m: Material, refs: list[tuple[int, str, str]]) -> None:
     for seq, name, digest in refs:
         problem = m.blob_problem(digest)
@@ -401,9 +427,12 @@ def _check_blobs(m: Material, refs: list[tuple[int, str, str]]) -> None:
 class _Roots:
     """Tree roots at the sizes the checks need: inside the held range, and at the anchor."""
 
-    def __init__(self, m: Material, leaves: bytearray, end: int, tree: MerkleTree | None = None) -> None:
+    def __init__(self, m: Material, leaves: bytearray, end: int, tree: MerkleTree | None = None,
+                 also: int | None = None) -> None:
+        """`also`: one more size to hold the root of (a trusted checkpoint's, which the bundle may not carry)."""
         self.start, self.end = m.start, end
-        sizes = sorted({c.size for c in m.checkpoints if m.start <= c.size <= end})
+        sizes = sorted({c.size for c in m.checkpoints if m.start <= c.size <= end}
+                       | ({also} if also is not None and m.start <= also <= end else set()))
         largest = max((c.size for c in m.checkpoints), default=0)
         self.anchor = m.anchor if m.anchor is not None else largest
         self._at: dict[int, bytes] = {}
@@ -530,12 +559,17 @@ def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots, state:
     anchor_root = roots.anchor_root
     if anchor_root is None:
         anchor_root = roots.at(anchor)  # at 0 the empty root, which no checkpoint past 0 is consistent with
-    # 3. Roots: rebuilt inside the held range, by consistency proof outside it.
+    # 3. Roots: rebuilt inside the held range, by consistency proof outside it. Those inside first, in order:
+    # they name the first entry that differs; the ones outside only say that something in the range does.
+    def outside(size: int) -> bool:
+        return not roots.held(size) or (size == anchor and roots.anchor_root is not None)
+
     good = roots.start
-    for size, cp, proof in opened:
+    for size, cp, proof in sorted(opened, key=lambda o: (outside(o[0]), o[0])):
         if size == anchor and roots.anchor_root is not None:
             if cp.root != anchor_root:
-                raise _Fail(None, "modified", f"the held entries and hashes do not give the root signed at size {size}")
+                raise _Fail(good if good < end else None, "modified", f"the held entries from seq {good} on, or the"
+                            f" hashes beside them, do not give the root signed at size {size}")
         elif roots.held(size):
             if cp.root != roots.at(size):
                 raise _Fail(
@@ -546,7 +580,9 @@ def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots, state:
             good = size
         else:
             if proof is None or not verify_consistency(size, anchor, proof, cp.root, anchor_root):
-                raise _Fail(None, "modified", f"checkpoint at size {size} is not consistent with size {anchor}")
+                raise _Fail(good if good < end else None, "modified", f"checkpoint at size {size} is not consistent"
+                            f" with size {anchor}: the held entries from seq {good} on, or the hashes beside them,"
+                            " differ from those signed")
     if end > anchor:
         raise _Fail(anchor, "inserted", f"entries from seq {anchor} on are not covered by any signed checkpoint")
     # 4. Key history items outside the range are leaves of the anchor tree.
