@@ -23,8 +23,10 @@ def fail(message: str) -> NoReturn:
 
 
 def _header_value(value: str, what: str) -> str:
-    """VALUE, fit for an HTTP header; raises ApiError otherwise (httpx would raise UnicodeEncodeError on
-    non-ASCII, and h11's refusal of a line break would read as an unreachable gateway). Never echoes it."""
+    """VALUE without the spaces a paste leaves around it, fit for an HTTP header; raises ApiError otherwise
+    (httpx would raise UnicodeEncodeError on non-ASCII, and h11's refusal of a trailing space or a line break
+    read as an unreachable gateway, with the whole secret in the message). Never echoes it."""
+    value = value.strip()
     if not (value.isascii() and value.isprintable()):
         fail(f"{what} must be printable ASCII, on one line")
     return value
@@ -77,6 +79,8 @@ class Client:
             fail(f"cannot send this request: a value in it cannot be written as JSON ({e})")
         try:
             r = self.http.send(built)
+        except httpx.LocalProtocolError as e:  # its text may quote a header: the token
+            fail(f"cannot send this request to {self.url} ({e.__class__.__name__}); check --token and --trigger")
         except httpx.HTTPError as e:
             fail(f"cannot reach the gateway at {self.url} ({e.__class__.__name__}: {e})")
         if r.status_code >= 400:

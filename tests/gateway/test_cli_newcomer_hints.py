@@ -31,6 +31,7 @@ TOKEN = "jg_" + "x" * 43
 
 class Canned(ThreadingHTTPServer):
     answers: dict[tuple[str, str], tuple[int, dict[str, Any]]]
+    authorization: str | None = None  # the header of the last request
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -39,6 +40,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         self.rfile.read(length)
+        self.server.authorization = self.headers.get("authorization")
         status, body = self.server.answers.get((self.command, self.path), (404, {"detail": "not canned"}))
         data = json.dumps(body).encode()
         self.send_response(status)
@@ -114,6 +116,16 @@ def test_a_missing_token_says_where_one_goes(canned: Canned) -> None:
     assert code == 1 and "(no token given: set JOBGATE_TOKEN or pass --token)" in out, out
     code, out = run(canned, "job", "list")
     assert code == 1 and "no token given" not in out, out  # a token was sent: the server's word is the news
+
+
+def test_a_pasted_token_with_spaces_around_it_works_and_is_never_echoed(canned: Canned) -> None:
+    """A trailing space made the request unsendable; the message blamed the network and printed the token."""
+    canned.answers[("GET", "/v1/jobs")] = (200, {"jobs": []})
+    code, out = run(canned, "job", "list", token=f" {TOKEN} \n")
+    assert code == 0, out
+    assert canned.authorization == f"Bearer {TOKEN}"
+    code, out = run(canned, "job", "list", token=f"{TOKEN[:10]}\n{TOKEN[10:]}")
+    assert code == 1 and "must be printable ASCII, on one line" in out and TOKEN[10:] not in out, out
 
 
 def test_a_non_object_error_body_is_still_one_line(canned: Canned) -> None:
