@@ -21,7 +21,7 @@ from gateway.models import Job
 from gateway.obligations import notify_owners
 from gateway.pipeline import record_outcome
 from gateway.queue_snapshot import snapshot_blob
-from gateway.states import ENDED_STATES
+from gateway.states import PAST_STATES
 
 
 def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by: str, request_id: str,
@@ -29,7 +29,7 @@ def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by:
                    obligations: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Set the job's effective priority; record before/after, basis, a queue snapshot and the owners told (the
     policy's notify_owner obligations, as for a stop). Raises Conflict."""
-    if job.state in ENDED_STATES:
+    if job.state in PAST_STATES:
         raise Conflict(f"job {job.id} already ended ({job.state})", state=job.state)
     notified = notify_owners(gw, session, obligations, job=job, actor=by, action="job.priority", reason=reason)
     now = gw.clock()

@@ -221,6 +221,16 @@ class AgentReport(BaseModel):
     evidence: dict[str, Any] | None = Field(
         None, description="For stops and exits: log tail, exit code, signals sent, checkpoint state.")
 
+    @model_validator(mode="after")
+    def _exit_code_is_an_exit_code(self) -> AgentReport:
+        """The gateway computes with the exit code (a gang's worst, a job's outcome) and stores it in an INTEGER
+        column: a string or list in it was a 500 that rolled back the agent's whole batch, and a float on SQLite
+        broke every later read of the job."""
+        code = (self.evidence or {}).get("exit_code")
+        if code is not None and (type(code) is not int or not -(2**31) <= code < 2**31):
+            raise ValueError(f"evidence.exit_code must be an integer process exit status or null, not {code!r:.40}")
+        return self
+
 
 class AgentReports(BaseModel):
     """Process events a node agent reports, oldest first."""

@@ -8,6 +8,8 @@ ACTIVE_STATES = ("starting", "running", "stop_requested", "stopping")
 # planned around.
 WITHHELD_STATES = ("lost", "stop_failed")
 ENDED_STATES = ("stopped", "stop_failed", "succeeded", "failed")
+# Ended, or ended and then deleted (A6): nothing about its scheduling can change any more.
+PAST_STATES = (*ENDED_STATES, "deleted")
 # A stop starts from these; a job already stopping keeps the stop in progress (gateway/jobs.execute_stop).
 STOPPABLE_STATES = ("pending", "starting", "running", "lost")
 STOPPING_STATES = ("stop_requested", "stopping")

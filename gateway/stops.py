@@ -98,6 +98,8 @@ def escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> 
         grace = float(stop_request.get("grace_seconds", grace_seconds))
         if job_id in on_lost or now - asked > timedelta(seconds=grace + STOP_CONFIRM_MARGIN_S):
             due.append(job_id)
+    # Each locked job is judged by its own stop request: judged by the last row's above, a stop asked for just
+    # now kept every older overdue stop from escalating.
     # Locked and read again (PostgreSQL): the node's `stopped` may have committed since the query above, and
     # stop_failed written over it would page on-call for a stop that succeeded.
     for job in lock_jobs(session, due).values():
@@ -107,11 +109,17 @@ def escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> 
             escalate(gw, session, job, now, f"node {', '.join(sorted(on_lost[job.id]))} is unreachable",
                      unreachable=True)
             count += 1
-        elif now - asked > timedelta(seconds=grace_of(job) + STOP_CONFIRM_MARGIN_S):
+        elif now - asked_at(job) > timedelta(seconds=grace_of(job) + STOP_CONFIRM_MARGIN_S):
             window = f"{grace_of(job):g}s grace + {STOP_CONFIRM_MARGIN_S:g}s margin"
             escalate(gw, session, job, now, f"stop not confirmed within {window}", unreachable=False)
             count += 1
     return count
+
+
+def asked_at(job: Job) -> datetime:
+    """When this stop was asked for (a job cancelled before it had a stop request: when it was submitted)."""
+    at = job.stop_request.get("at")
+    return datetime.fromisoformat(at) if at else job.submitted_at
 
 
 def grace_of(job: Job) -> float:

@@ -26,7 +26,7 @@ from gateway.jobs import decision_out, load_job, refuse_if_denied, refuse_in_sta
 from gateway.pipeline import decide
 from gateway.priority import apply_priority
 from gateway.schemas import DecisionOut
-from gateway.states import ENDED_STATES
+from gateway.states import PAST_STATES
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -59,7 +59,7 @@ def change_priority(gw: Gateway, session: Session, caller: Caller, job_id: str,
     """Decide, then apply or open an approval. Returns (response, waiting). Raises NotFound, PolicyDenied,
     Conflict, LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
-    if job.state in ENDED_STATES:
+    if job.state in PAST_STATES:
         refuse_in_state(gw, session, caller, job, f"job {job.id} already ended ({job.state})")
     params = {"priority": body.priority}
     rec = decide(gw, session, caller, "job.priority", targets=[job], project=job.project, params=params,

@@ -182,3 +182,15 @@ def test_a_renewal_asks_no_value_and_stays_the_owners(api: Api) -> None:
     decided = last_priority_decision(api)
     assert decided["decision"]["rules"] == ["A2.own"]
     assert "priority" not in decided["input"]["targets"][0]
+
+
+def test_a_deleted_job_takes_no_priority_change(api: Api) -> None:
+    """Only ended states were refused: a deleted job took a new priority, with a ledgered outcome, a queue
+    snapshot, a history step and a scheduler run, for a job that can never run again."""
+    job_id = submit(api)
+    assert api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "cancel it"}).status_code in (200, 202)
+    with api.gateway.db.transaction() as s:
+        s.get(Job, job_id).state = "deleted"  # as an executed A6 deletion leaves it
+    before = len(changes(api))
+    assert_problem(set_priority(api, "alice", job_id, -5), 409, "conflict", "already ended (deleted)")
+    assert len(changes(api)) == before

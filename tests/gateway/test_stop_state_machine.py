@@ -96,6 +96,41 @@ def test_unconfirmed_stop_escalates_once_and_never_retries(api: Api, settled: Fa
     assert agent.take() == []  # no silent retry: nothing new is sent
 
 
+def test_an_overdue_stop_escalates_though_a_fresher_stop_is_still_within_its_window(
+    api: Api, settled: FakeAgent
+) -> None:
+    """Every overdue stop was judged by the time of the last stop in the query: a stop asked for just now kept
+    all older unconfirmed ones from escalating, and each new stop pushed their escalation back again."""
+    agent = settled
+    old, _ = running_job(api, agent, grace_seconds=5)
+    fresh, _ = running_job(api, agent, grace_seconds=5)
+    api.post(f"/v1/jobs/{old}/stop", "alice", json={"reason": "enough"})
+    agent.take()  # the stop command, never answered
+    shift_clock(api, 5 + 31)
+    agent.beat(running=[old, fresh])
+    api.post(f"/v1/jobs/{fresh}/stop", "alice", json={"reason": "this one too"})
+    run_once(api.gateway)
+    assert api.get(f"/v1/jobs/{old}", "alice").json()["state"] == "stop_failed"
+    assert api.get(f"/v1/jobs/{fresh}", "alice").json()["state"] == "stop_requested"
+
+
+@pytest.mark.parametrize("code", ["abc", [1], 1.5, True, 2**70])
+def test_an_exit_code_that_is_no_exit_status_is_refused_and_the_job_stays_readable(
+    api: Api, settled: FakeAgent, code: object
+) -> None:
+    """A string, list or huge number was a 500 that rolled back the agent's whole batch of reports; a float
+    was stored on SQLite, and every read of the job (and of the job list) then failed with a 500."""
+    job_id, nonce = running_job(api, settled)
+    body = {"reports": [{"job_id": job_id, "event": "exited", "nonce": nonce, "pid": 4242,
+                         "at": api.gateway.clock().timestamp(), "evidence": {"exit_code": code}}]}
+    r = api.client.post(f"/v1/agents/{settled.node}/reports", json=body, headers=settled._headers())
+    assert r.status_code == 422 and "evidence.exit_code must be an integer" in r.text, r.text
+    assert api.get(f"/v1/jobs/{job_id}", "alice").json()["state"] == "running"
+    assert api.get("/v1/jobs", "alice").status_code == 200
+    settled.report(job_id, "exited", nonce, pid=4242, evidence={"exit_code": -9, "process_group_gone": True})
+    assert api.get(f"/v1/jobs/{job_id}", "alice").json()["exit_code"] == -9
+
+
 def test_commands_are_resent_until_acknowledged(api: Api, agent: FakeAgent) -> None:
     (first,) = agent.take()
     assert agent.take() == []  # handed out, not yet due again
