@@ -147,6 +147,11 @@ def _organisation(session: Session, project: str) -> str | None:
     return session.connection().execute(_ORGANISATION, {"id": project}).scalar()
 
 
+def _member(gw: Gateway, principal: str, project: str) -> bool:
+    roles = gw.policy.roles_of(principal)
+    return bool(roles.get(project) or roles.get("*"))
+
+
 def _principal_kind(session: Session, principal: str) -> str | None:
     return session.connection().execute(_KIND, {"id": principal}).scalar()
 
@@ -166,7 +171,7 @@ async def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: J
     network (PostgreSQL, an OPA server) or on another thread's write, it runs in a worker thread (_off_loop).
     """
     remote = not gw.db.is_sqlite or gw.settings.policy_engine != "embedded"
-    job, rec, problems = await _off_loop(partial(_read_and_decide, gw, authenticate, spec), blocks=remote)
+    job, rec, problems, submitter = await _off_loop(partial(_read_and_decide, gw, authenticate, spec), blocks=remote)
     assert rec.ticket is not None  # decided with wait=False
     try:
         await durable(rec.ticket)  # the decision is durable before anyone hears of it
@@ -178,7 +183,7 @@ async def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: J
                                    "result": "rejected", "problems": problems})
         raise Invalid("the job can never run here: " + "; ".join(problems), problems=problems)
     assert job is not None  # allowed, and nothing against it
-    rows = on_submit(gw, job, mounts=spec.mounts, datasets=spec.datasets)  # Q3
+    rows = on_submit(gw, job, submitter=submitter, mounts=spec.mounts, datasets=spec.datasets)  # Q3
     try:
         await _off_loop(partial(insert_submission, gw.db, job, *rows), blocks=remote or gw.db.writer_busy)
     except Exception as e:
@@ -204,10 +209,12 @@ async def _record_outcome(gw: Gateway, body: dict[str, Any]) -> None:
 
 
 def _read_and_decide(gw: Gateway, authenticate: Callable[[Session], Caller],
-                     spec: JobSubmit) -> tuple[Job | None, Recorded, list[str]]:
-    """submit()'s read-only transaction: see _admit."""
+                     spec: JobSubmit) -> tuple[Job | None, Recorded, list[str], str]:
+    """submit()'s read-only transaction: see _admit. Also returns the person who submitted (behind a service
+    account, its responsible person)."""
     with gw.transaction(immediate=False) as session:
-        return _admit(gw, session, authenticate(session), spec)
+        caller = authenticate(session)
+        return (*_admit(gw, session, caller, spec), caller.real_identity)
 
 
 def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tuple[Job | None, Recorded, list[str]]:
@@ -221,6 +228,11 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
     # A person submitting for themselves was just authenticated as that person: no need to look them up.
     if not (owner_id == caller.id and caller.kind == "person") and _principal_kind(session, owner_id) != "person":
         raise Invalid(f"owner {owner_id!r} is not a known person")
+    if owner_id != caller.real_identity and not _member(gw, owner_id, spec.project):
+        # The owner answers for the job in its project (R2); naming an outsider also charged the job to their
+        # user quota and gave it their standing (Q3, Q4).
+        raise Invalid(f"owner {owner_id!r} holds no role in project {spec.project}; a job's owner must be a member"
+                      " of its project")
     if spec.beneficiary_project and _organisation(session, spec.beneficiary_project) is None:
         raise Invalid(f"unknown beneficiary project {spec.beneficiary_project!r}")
     # The rights holder is a tenant (project) whose people can consent for the data (A6); its
@@ -242,7 +254,8 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
     shape = cluster_shape(session)
     problems = precheck(spec.gpus_per_node, spec.nodes, shape) if shape else []
     problems += admission_problems(session, gw.clock(), project=spec.project, owner=owner_id,  # Q1 quotas, mounts
-                                   gpus=spec.gpus_per_node * spec.nodes, mounts=spec.mounts, datasets=spec.datasets)
+                                   gpus=spec.gpus_per_node * spec.nodes, mounts=spec.mounts, datasets=spec.datasets,
+                                   submitter=caller.real_identity)
     if problems:
         return None, rec, problems
     job = Job(

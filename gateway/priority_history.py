@@ -22,14 +22,17 @@ from gateway.scheduler_tables import PastRun, PriorityChange, SchedJob
 AGING_STEP = 1.0
 
 
-def on_submit(gw: Gateway, job: Job, *, mounts: list[str], datasets: list[str]) -> tuple[SchedJob, PriorityChange]:
-    """The new job's scheduling row and its first priority entry (baseline + contribution), to insert."""
+def on_submit(gw: Gateway, job: Job, *, submitter: str, mounts: list[str],
+              datasets: list[str]) -> tuple[SchedJob, PriorityChange]:
+    """The new job's scheduling row and its first priority entry (baseline + contribution), to insert. The
+    contribution is the owner's, or the submitter's if lower: naming an owner lends the job no one's standing."""
     from gateway.quotas import contribution_of
     from gateway.scheduling import scheduler_config
 
     now = gw.clock()
     config = scheduler_config(gw)
-    contribution = contribution_of(gw, job.owner)
+    whose = min({job.owner, submitter}, key=lambda user: (contribution_of(gw, user), user != job.owner))
+    contribution = contribution_of(gw, whose)
     baseline = config.queue_baseline[job.queue]
     parts = {"baseline": baseline, "contribution": contribution, "aging": 0.0, "manual": 0.0,
              "compensation": 0.0, "fairshare": 0.0, "total": baseline + contribution}
@@ -37,7 +40,7 @@ def on_submit(gw: Gateway, job: Job, *, mounts: list[str], datasets: list[str]) 
                    datasets=list(datasets), priority=baseline + contribution, parts=parts,
                    recorded_priority=baseline + contribution)
     return row, change(job.id, now, "submit", None, parts, note=f"queue {job.queue} baseline {baseline:g} + "
-                       f"contribution of {job.owner} {contribution:g}")
+                       f"contribution of {whose} {contribution:g}")
 
 
 def ensure(session: Session, job: Job) -> SchedJob:

@@ -311,3 +311,20 @@ def test_a_stored_runtime_limit_past_any_date_does_not_stop_scheduling(api: Api)
         s.get(Job, old).runtime_limit_s = 1e308
     assert run_once(api.gateway) == 2
     assert job(api, old)["state"] == job(api, new)["state"] == "starting"
+
+
+def test_naming_another_owner_lends_the_submitter_no_quota_and_no_standing(api: Api) -> None:
+    """The user quota and the contribution score followed whatever owner the submitter named: bob, limited to 2
+    GPUs, ran 8 by naming mallory (of another project), and took her higher contribution with it (Q3, Q4)."""
+    bring_up_nodes(api)
+    set_quota(api, "vision", 16, users={"bob": 2})
+    r = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=8, owner="mallory"))
+    assert_problem(r, 422, "invalid-request", "owner 'mallory' holds no role in project vision")
+    r = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=8, owner="alice"))
+    assert r.status_code == 422 and "more than the user quota of bob in tenant vision (2)" in r.text, r.text
+    r = api.post("/v1/jobs", "bob", json=job_spec(gpus_per_node=2, owner="alice"))  # within bob's own limit
+    assert r.status_code == 201 and r.json()["ownership"]["owner"] == "alice", r.text
+    parts = api.get(f"/v1/jobs/{r.json()['id']}/queue", "bob").json()["priority"]["parts"]
+    assert parts["contribution"] == 10  # bob's, not alice's 20
+    mine = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=2)).json()["id"]
+    assert api.get(f"/v1/jobs/{mine}/queue", "alice").json()["priority"]["parts"]["contribution"] == 20
