@@ -188,14 +188,17 @@ class EmbeddedEngine:
         doc = dict(request)
         actor = dict(request["actor"])
         principal = str(actor["id"])
-        projects = {GLOBAL}
+        roles = self.roles_of(principal)
+        # The request's projects, and the actor's own: A4's owner-consent branch asks whether the actor may stop
+        # others' jobs in some project of theirs, which a stop in another project never names.
+        projects = {GLOBAL, *roles}
         if isinstance(request.get("project"), str):
             projects.add(request["project"])
         for target in request.get("targets") or ():
             projects.add(str(target["project"]))
         # Whatever the caller put in `granted` or `actor.roles` is replaced: only Casbin says.
         doc["granted"] = {p: sorted(self.capabilities(principal, p)) for p in sorted(projects)}
-        actor["roles"] = self.roles_of(principal)
+        actor["roles"] = roles
         doc["actor"] = actor
         return doc
 

@@ -121,6 +121,25 @@ def test_an_approved_stop_of_a_queued_job_writes_each_row_once(api: Api) -> None
     assert len([s for s in statements if s.startswith("SELECT") and re.search(r"\bFROM jobs\b", s)]) == 1
 
 
+def test_a_queue_admin_stops_a_job_of_another_project_with_its_owners_consent(api: Api) -> None:
+    """A4's owner-consent branch asks whether the actor may stop others' jobs in some project of theirs; the
+    decision input held capabilities only for the projects the request named, so through the API the branch
+    was never reached and carol's stop of mallory's speech job was refused outright."""
+    job_id = running_job(api, "mallory", project="speech")
+    out = ask_stop(api, "carol", job_id)
+    assert out["decision"]["effect"] == "needs_approval", out
+    assert out["decision"]["rules"] == ["A4.cross_project_owner_consent"]
+    assert out["decision"]["approvals_required"]["principals"] == ["mallory"]
+    r = api.post(f"/v1/approvals/{out['approval_id']}/approve", "dave")  # on-call is not the owner
+    assert r.status_code == 403, r.text
+    r = api.post(f"/v1/approvals/{out['approval_id']}/approve", "mallory")
+    assert r.status_code == 200 and r.json()["state"] == "executed", r.text
+    assert job_state(api, job_id) == "stop_requested"
+    # Without a role that may stop others' jobs anywhere, it is still refused.
+    r = api.post(f"/v1/jobs/{running_job(api, 'mallory', project='speech')}/stop", "bob", json={"reason": "mine now"})
+    assert r.status_code == 403 and "A4.no_capability" in r.text, r.text
+
+
 def test_expired_request_cannot_be_approved(api: Api) -> None:
     job_id = running_job(api)
     approval_id = ask_stop(api, "carol", job_id)["approval_id"]
