@@ -105,6 +105,15 @@ class Selector(BaseModel):
     labels: dict[Name, Entry] = Field(default_factory=dict, max_length=64,
                                       description="Only jobs carrying every one of these labels.")
 
+    @model_validator(mode="after")
+    def _narrows(self) -> Selector:
+        """A script whose selector lost its fields (an unset variable, a typo in a key the model forbids is
+        caught, an empty map is not) must not select every job the caller can see (H2)."""
+        if not (self.project or self.queue or self.environment or self.workload or self.owner or self.labels):
+            raise ValueError("a selector must name at least one of project, queue, environment, workload, owner or"
+                             " labels; an empty one would select every job you can see")
+        return self
+
 
 class BatchRequest(BaseModel):
     """Act on several jobs as one decision: by explicit ids or by a selector, never both."""

@@ -63,14 +63,25 @@ def test_explicit_ids_must_all_exist(api: Api) -> None:
 
 
 def test_ids_and_selector_together_are_refused(api: Api) -> None:
-    r = api.post("/v1/jobs:stop", "alice", json={"ids": ["j-1"], "selector": {}, "reason": "cleanup"})
+    r = api.post("/v1/jobs:stop", "alice", json={"ids": ["j-1"], "selector": {"project": "vision"},
+                                                 "reason": "cleanup"})
     assert r.status_code == 422 and "exactly one" in r.json()["detail"]
 
 
 def test_selector_never_reaches_into_projects_the_caller_cannot_see(api: Api) -> None:
     submit_many(api, 2)
-    r = api.post("/v1/jobs:stop", "mallory", json={"selector": {}, "reason": "free the GPUs", "dry_run": True})
+    r = api.post("/v1/jobs:stop", "mallory", json={"selector": {"queue": "normal"}, "reason": "free the GPUs",
+                                                   "dry_run": True})
     assert r.status_code == 422 and "matches no job" in r.json()["detail"]
+
+
+def test_a_selector_that_narrows_nothing_is_refused_not_taken_for_every_job(api: Api) -> None:
+    """An empty selector (a script whose variables came out empty) selected every job the caller could see."""
+    ids = submit_many(api, 2)
+    for selector in ({}, {"labels": {}}, {"state": "pending"}):
+        r = api.post("/v1/jobs:stop", "alice", json={"selector": selector, "reason": "cleanup", "dry_run": True})
+        assert r.status_code == 422 and "a selector must name at least one of" in r.json()["detail"], r.text
+    assert states(api, ids) == {"pending"}
 
 
 def test_others_jobs_in_a_batch_need_approval_bound_to_the_exact_list(api: Api) -> None:
