@@ -16,6 +16,7 @@ from gateway.api.routes import ROUTERS
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.bootstrap import open_gateway
 from gateway.console.web import ConsoleHeadersMiddleware
+from gateway.context import Gateway
 from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
@@ -57,7 +58,10 @@ def serialize_responses_in_the_loop() -> None:
     fastapi.routing.serialize_response = in_the_loop
 
 
-def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
+               gateway: Gateway | None = None) -> FastAPI:
+    """The app; it opens its gateway from `settings` when it starts, unless given one already open (`jobgate up`
+    opens it first, so that a start-up failure is one line rather than uvicorn's traceback)."""
     settings = settings or Settings()
     serialize_responses_in_the_loop()
 
@@ -67,7 +71,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True) 
         # Long polls from node agents each hold a thread for up to a minute: their own pool, so they never
         # take the API's threads (see gateway/api/agents.py).
         app.state.long_poll_limiter = anyio.CapacityLimiter(LONG_POLL_THREADS)
-        gw = open_gateway(settings)
+        gw = gateway or open_gateway(settings)
         app.state.gateway = gw
         # Before serving: an allowed decision the last run left without an outcome is closed with one.
         reconcile_at_startup(gw)

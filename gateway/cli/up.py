@@ -7,10 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
 from gateway.demo import DEMO_GPUS_PER_NODE, DEMO_NODES
+from gateway.settings import Settings
+
+if TYPE_CHECKING:
+    from gateway.context import Gateway
 
 
 def _start_agents(data_dir: Path, url: str) -> list[subprocess.Popen[bytes]]:
@@ -75,6 +80,37 @@ def _check_startable(policies_dir: Path, rate_limit_storage: str) -> None:
         raise click.ClickException(f"rate limit storage {rate_limit_storage!r} cannot be used: {e}") from e
 
 
+def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
+    """Seed the demo (if asked) and open the gateway's stores, keys and policy engine before uvicorn starts:
+    (the gateway, whether the demo was seeded now). Raises ClickException with the reason in one line (another
+    gateway writing this data dir's ledger, a data dir that cannot be created, an OPA server not there), which
+    inside uvicorn's start-up was a traceback of a hundred lines or more after a banner saying it ran."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gateway.bootstrap import open_gateway
+    from gateway.demo import prepare_demo
+    from gateway.keys import load_or_create_command_key
+    from gateway.policy.errors import PolicyError, PolicyLoadError
+    from ledger.errors import LedgerError
+
+    try:
+        seeded = None
+        if demo:
+            settings.data_dir.mkdir(parents=True, exist_ok=True)
+            load_or_create_command_key(settings.keys_dir)
+            seeded = prepare_demo(settings)
+        return open_gateway(settings), seeded
+    except PolicyLoadError as e:
+        raise click.ClickException("cannot start: " + "; ".join(str(p) for p in e.errors)) from e
+    except (LedgerError, PolicyError) as e:
+        raise click.ClickException(f"cannot start: {e.diagnostics()}") from e
+    except OSError as e:
+        raise click.ClickException(f"cannot start: data dir {settings.data_dir}: {e.strerror or e}") from e
+    except SQLAlchemyError as e:
+        raise click.ClickException(f"cannot start: the business database refused: {e.__class__.__name__}:"
+                                   f" {str(getattr(e, 'orig', e)).splitlines()[0]}") from e
+
+
 def _banner(url: str, data_dir: Path, demo: bool) -> str:
     lines = [
         "",
@@ -116,8 +152,6 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.keys import load_or_create_command_key
-    from gateway.settings import Settings
 
     data_dir = data_dir.resolve()
     if policy_engine == "opa" and not opa_url:
@@ -126,13 +160,9 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url)
     _check_startable(settings.policies_dir, settings.rate_limit_storage)
     url = f"http://{host}:{port}"
+    gateway, seeded = _open(settings, demo)
     agents: list[subprocess.Popen[bytes]] = []
     if demo:
-        from gateway.demo import prepare_demo
-
-        data_dir.mkdir(parents=True, exist_ok=True)
-        load_or_create_command_key(settings.keys_dir)
-        seeded = prepare_demo(settings)
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
         agents = _start_agents(data_dir, url)
     click.echo(_banner(url, data_dir, demo))
@@ -141,7 +171,7 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _terminate)
-    app = create_app(settings)
+    app = create_app(settings, gateway=gateway)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:

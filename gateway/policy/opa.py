@@ -121,7 +121,9 @@ class OpaEngine(EmbeddedEngine):
             for key, value in self.policy_set.data.items():
                 self._put_data(key, value)
         except _CLIENT_ERRORS as e:
-            problem = PolicyProblem("opa", 0, f"the OPA server at {self.url} refused the set: {e}")
+            unreachable = isinstance(e, requests.ConnectionError | ConnectionsError)
+            said = "could not be reached" if unreachable else "refused the set"
+            problem = PolicyProblem("opa", 0, f"the OPA server at {self.url} {said}: {e}")
             raise PolicyLoadError([problem]) from e
 
     def _put_data(self, key: str, value: Any) -> None:

@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from gateway.cli.approvals import _radius
 from gateway.cli.main import cli
 from gateway.cli.queue import describe_why
+from ledger.store import open_store
 
 TOKEN = "jg_" + "x" * 43
 
@@ -208,3 +209,36 @@ def test_up_on_a_taken_port_says_so_before_seeding_or_printing_the_banner(tmp_pa
     assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in r.stderr
     assert f"`jobgate up --port {port + 1}` (`make run PORT={port + 1}`)" in r.stderr
     assert "Try, in another terminal" not in r.stdout and not data_dir.exists()
+
+
+def _up(port: int, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gateway.cli", "up", "--demo", "--port", str(port),
+                           "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "JOBGATE_URL": ""})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_up_beside_a_running_gateway_or_on_an_unusable_data_dir_says_why_in_one_line(tmp_path: Path) -> None:
+    """Both failed inside uvicorn's start-up, after the banner said the gateway ran: a traceback of 140 lines
+    or more (the second gateway's ledger claim), or one ending in FileNotFoundError (the data dir)."""
+    data_dir = tmp_path / "var"
+    data_dir.mkdir()
+    held = open_store(f"sqlite:///{data_dir / 'ledger.db'}")  # as a first gateway on this data dir holds it
+    try:
+        held.claim_writer()
+        r = _up(_free_port(), data_dir)
+    finally:
+        held.close()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("Error: cannot start: ") and "already being written by another process" in r.stderr
+    assert "API docs" not in r.stdout  # no banner for a gateway that is not running
+    (tmp_path / "a-file").write_text("")
+    r = _up(_free_port(), tmp_path / "a-file" / "var")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert "cannot start: data dir" in r.stderr, r.stderr
