@@ -330,6 +330,9 @@ def visible_projects(gw: Gateway, session: Session, caller: Caller, projects: li
 
 def list_jobs(gw: Gateway, session: Session, caller: Caller, *, project: str | None, state: str | None,
               limit: int) -> list[Job]:
+    """Raises Forbidden for a token whose scope has no job.view (or not that project): its answer was an empty
+    list, which read as "no jobs" to a pipeline or an on-call engineer holding the wrong token."""
+    caller.check_scope("job.view", [project] if project else [])
     projects = [project] if project else list(session.scalars(select(Project.id)).all())
     allowed = visible_projects(gw, session, caller, projects)
     if not allowed:

@@ -198,3 +198,16 @@ def test_revoking_a_token_closes_the_requests_it_left_pending(api: Api) -> None:
     assert api.get(f"/v1/approvals/{made_otherwise}", "dave").json()["state"] == "pending"
     [revoked] = [e["body"] for e in ledger_entries(api) if e["body"].get("action") == "token.revoke"]
     assert revoked["withdrawn_requests"] == [made_with_it]
+
+
+def test_listing_jobs_with_a_token_that_may_not_view_them_is_refused_not_an_empty_list(api: Api) -> None:
+    """A pipeline token scoped to job.submit listed "(none)" right after submitting: no jobs, it seemed."""
+    running_job(api)
+    submit_only = mint(api, "alice", projects=["vision"], actions=["job.submit"])
+    r = api.client.get("/v1/jobs", headers=submit_only)
+    assert_problem(r, 403, "forbidden", "job.view is outside it")
+    speech_only = mint(api, "alice", projects=["speech"], actions=["job.view"])
+    assert_problem(api.client.get("/v1/jobs", headers=speech_only, params={"project": "vision"}), 403, "forbidden",
+                   "vision is outside it")
+    assert api.client.get("/v1/jobs", headers=speech_only).json()["jobs"] == []  # its own project: none there
+    assert len(api.get("/v1/jobs", "alice").json()["jobs"]) == 1
