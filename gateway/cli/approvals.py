@@ -1,12 +1,18 @@
-"""`jobgate approvals list`, `jobgate approve ID`, `jobgate reject ID --reason`: the second person's tools."""
+"""`jobgate approvals list|show`, `jobgate approve ID`, `jobgate reject ID --reason`: the second person's tools.
+
+M2: the second person sees exactly what they confirm, every field the request's digest binds (action, target
+ids, project, parameters, reason, granularity) before they approve it.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import click
 
 from gateway.cli.client import Client, client_options, emit_json, table
+from gateway.cli.jobs import who_confirms
 
 
 def _client(gateway: str, token: str | None, trigger: str | None) -> Client:
@@ -27,12 +33,18 @@ def _radius(radius: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _text(text: str | None) -> str:
+    """Free text (a reason, a ticket) as is, unless it holds a character that could fake the lines around it
+    (a newline, a control or direction character): then JSON-escaped."""
+    return "-" if text is None else text if text.isprintable() else json.dumps(text)
+
+
 def _summary(a: dict[str, Any]) -> str:
     lines = [
         f"{a['id']}  {a['action']}  [{a['state']}]  requested by {a['requester']}"
         + (f" (for {a['requester_real']})" if a["requester_real"] != a["requester"] else ""),
         f"  targets ({len(a['targets'])}): {', '.join(a['targets'])}",
-        f"  reason: {a['reason']}" + (f"  ticket: {a['ticket']}" if a.get("ticket") else ""),
+        f"  reason: {_text(a['reason'])}" + (f"  ticket: {_text(a['ticket'])}" if a.get("ticket") else ""),
         f"  expires {a['expires_at']}; approvals so far: {', '.join(x['by'] for x in a['approvals']) or 'none'}",
     ]
     if a.get("blast_radius"):
@@ -40,6 +52,102 @@ def _summary(a: dict[str, Any]) -> str:
     if a.get("resolution", {}).get("skipped"):
         skipped = [f"{j['id']} ({j['state']})" if isinstance(j, dict) else str(j) for j in a["resolution"]["skipped"]]
         lines.append(f"  skipped (ended meanwhile): {', '.join(skipped)}")
+    return "\n".join(lines)
+
+
+LIST_TARGETS = 2  # target ids a row of `approvals list` names before "+N more"
+_QUOTA_FIELDS = ("gpus", "borrow_limit", "lend_limit", "users", "effective_from", "effective_until")
+
+
+def _value(value: Any) -> str:
+    """A parameter as the digest binds it: JSON (`null`, `"a b"`, `["a"]`), not Python's repr, with every
+    newline and control or direction character escaped, so no value can draw lines of its own."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _changes(params: dict[str, Any]) -> str:
+    """`gpus 32 -> 64, borrow_limit 0 -> 8`: the fields a quota change sets, each with what it was."""
+    before = params.get("before") if isinstance(params.get("before"), dict) else None
+    parts = []
+    for key in _QUOTA_FIELDS:
+        if key not in params:
+            continue
+        new = _value(params[key])
+        if before is None:
+            parts.append(f"{key} {new}")
+        elif before.get(key) != params[key]:
+            parts.append(f"{key} {_value(before.get(key))} -> {new}")
+    return ", ".join(parts) or "no field changes"
+
+
+def what(a: dict[str, Any]) -> str:
+    """What a request without target jobs would do, in a line: `quota vision: gpus 32 -> 64`,
+    `break-glass for vision: job.stop.any, 2h, 3 use(s)`; otherwise the action and its parameters."""
+    params = a.get("params") or {}
+    if a["action"] == "quota.change":
+        project = a.get("project")
+        tenant = "cluster cap" if project == "*" else f"quota {project}"
+        return f"{tenant}{' (new)' if params.get('before') is None else ''}: {_changes(params)}"
+    if a["action"] == "breakglass.request":
+        hours = float(params.get("duration_seconds") or 0) / 3600
+        return (f"break-glass for {', '.join(params.get('projects') or []) or '-'}:"
+                f" {', '.join(params.get('actions') or []) or '-'}, {hours:g}h, {params.get('max_uses')} use(s)")
+    shown = ", ".join(f"{k}={_value(v)}" for k, v in sorted(params.items()))
+    return f"{a['action']} {shown}".strip()
+
+
+def targets_cell(a: dict[str, Any]) -> str:
+    """`j-1, j-2 +3 more` for a list row; a request without targets says what it would do instead."""
+    ids = a["targets"]
+    if not ids:
+        text = what(a)
+        return text if len(text) <= 60 else text[:57] + "..."
+    more = len(ids) - LIST_TARGETS
+    return ", ".join(ids[:LIST_TARGETS]) + (f" +{more} more" if more > 0 else "")
+
+
+def _still_required(required: dict[str, Any]) -> str:
+    count = int(required.get("count") or 0)
+    if count <= 0:
+        return "none"
+    who = who_confirms(required)
+    return f"{count} approval(s)" + (f", from {who}" if who else "")
+
+
+def describe(a: dict[str, Any]) -> str:
+    """Every field of one request, for `approvals show`: what the second person confirms (M2)."""
+    lines = [
+        f"{a['id']}  {a['action']}  [{a['state']}]",
+        f"  requested by {a['requester']}" + (f" (for {a['requester_real']})"
+                                              if a["requester_real"] != a["requester"] else "")
+        + f" at {a['created_at']}; decision recorded at ledger seq {a['decision_seq']}",
+        f"  reason: {_text(a['reason'])}" + (f"  ticket: {_text(a['ticket'])}" if a.get("ticket") else ""),
+        f"  project: {a.get('project') or '-'}, granularity: {a['granularity']}",
+    ]
+    if a["targets"]:
+        lines.append(f"  targets ({len(a['targets'])}):")
+        lines.extend(f"    {t}" for t in a["targets"])
+    else:
+        lines.append(f"  targets: none; what: {what(a)}")
+    params = a.get("params") or {}
+    lines.append("  params:" + ("" if params else " none"))
+    lines.extend(f"    {k}: {_value(v)}" for k, v in sorted(params.items()))
+    lines.append(f"  blast radius: {_radius(a['blast_radius']) if a.get('blast_radius') else '-'}")
+    lines.append(f"  digest: {a['digest']}")
+    given = [f"{x['by']}" + (f" at {x['at']}" if x.get("at") else "")
+             + (f" ({_text(x['comment'])})" if x.get("comment") else "") for x in a["approvals"]]
+    lines.append(f"  approvals so far: {'; '.join(given) or 'none'}")
+    if a["state"] == "pending":
+        lines.append(f"  still required: {_still_required(a.get('required') or {})}")
+        lines.append(f"  expires {a['expires_at']}")
+    else:
+        lines.append(f"  {a['state']} at {a.get('resolved_at') or '-'}"
+                     + (f" by {a['resolved_by']}" if a.get("resolved_by") else "")
+                     + f" (it would have expired {a['expires_at']})")
+        if a.get("resolution", {}).get("skipped"):
+            skipped = [f"{j['id']} ({j['state']})" if isinstance(j, dict) else str(j)
+                       for j in a["resolution"]["skipped"]]
+            lines.append(f"  skipped (ended meanwhile): {', '.join(skipped)}")
     return "\n".join(lines)
 
 
@@ -54,14 +162,28 @@ def approvals_group() -> None:
               show_default=True, help="Only requests in this state.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def list_approvals(gateway: str, token: str | None, trigger: str | None, state: str, as_json: bool) -> None:
-    """Requests you made or could approve."""
+    """Requests you made or could approve; `jobgate approvals show ID` prints one in full."""
     found = _client(gateway, token, trigger).request("GET", "approvals", params={"state": state})["approvals"]
     if as_json:
         emit_json(found)
         return
-    rows = [{**a, "targets": ",".join(a["targets"]), "n": len(a["targets"])} for a in found]
-    click.echo(table(rows, [("id", "id"), ("action", "action"), ("requester", "requester"), ("n", "jobs"),
+    rows = [{**a, "targets": targets_cell(a), "reason": _text(a["reason"])} for a in found]
+    click.echo(table(rows, [("id", "id"), ("action", "action"), ("requester", "requester"), ("targets", "targets"),
                             ("reason", "reason"), ("expires_at", "expires")]))
+
+
+@approvals_group.command("show")
+@client_options
+@click.argument("approval_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def show_approval(gateway: str, token: str | None, trigger: str | None, approval_id: str, as_json: bool) -> None:
+    """Everything APPROVAL_ID would do: action, every target id, parameters, reason, blast radius, the digest
+    an approval is bound to, who approved so far, who still must, and when it expires."""
+    found = _client(gateway, token, trigger).request("GET", "approvals", approval_id)
+    if as_json:
+        emit_json(found)
+    else:
+        click.echo(describe(found))
 
 
 @click.command("approve")

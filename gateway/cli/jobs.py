@@ -23,7 +23,7 @@ def _row(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _who_confirms(required: dict[str, Any]) -> str:
+def who_confirms(required: dict[str, Any]) -> str:
     """`alice, or someone holding oncall or queue_admin in vision or cluster-wide`: whom to hand the id to."""
     projects = [p for p in required.get("projects") or [] if p != "*"]
     roles = " or ".join(required.get("roles") or [])
@@ -38,10 +38,11 @@ def echo_needs_approval(job_id: str, decision: dict[str, Any], approval_id: str 
     """What a 202 means for JOB_ID: why, who may confirm, and the command they run."""
     click.echo(f"{job_id}: needs approval ({'; '.join(decision['reasons'])})")
     if approval_id:
-        who = _who_confirms(decision.get("approvals_required") or {})
+        who = who_confirms(decision.get("approvals_required") or {})
         click.echo(f"  approval {approval_id}: nothing changes until a second person"
                    + (f" ({who})" if who else "")
-                   + f" runs `jobgate approve {approval_id}` (they see it in `jobgate approvals list`)")
+                   + f" runs `jobgate approve {approval_id}` (`jobgate approvals show {approval_id}` shows them"
+                   " exactly what)")
 
 
 @click.group("job")

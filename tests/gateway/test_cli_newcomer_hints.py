@@ -149,6 +149,7 @@ def test_a_stop_that_needs_a_second_person_names_the_approval(canned: Canned) ->
     assert code == 0, out
     assert "j-1: needs approval (carol stops alice's job j-1; a second person must confirm)" in out
     assert "approval apr-42: nothing changes until a second person runs `jobgate approve apr-42`" in out
+    assert "(`jobgate approvals show apr-42` shows them exactly what)" in out
     code, out = run(canned, "job", "stop", "j-1", "--reason", "urgent eval needs the GPUs", "--json")
     assert code == 0 and json.loads(out)["approval_id"] == "apr-42", out
 
