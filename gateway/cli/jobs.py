@@ -126,6 +126,19 @@ def _when(unix: float | None) -> str:
     return datetime.fromtimestamp(unix, UTC).isoformat(timespec="seconds") if unix else "-"
 
 
+def _yes_no(flag: bool | None) -> str:
+    return "unknown" if flag is None else "yes" if flag else "no"
+
+
+def _exit_status(ev: dict[str, Any]) -> str:
+    """`exit code 1`, `ended by SIGKILL`, or, when the agent saw neither (it had no such process), unknown."""
+    if ev.get("exit_code") is not None:
+        return f"exit code {ev['exit_code']}"
+    if ev.get("exit_signal"):
+        return f"ended by {ev['exit_signal']}"
+    return "exit status unknown"
+
+
 def _describe(job: dict[str, Any]) -> str:
     own = job["ownership"]
     lines = [
@@ -145,10 +158,10 @@ def _describe(job: dict[str, Any]) -> str:
         lines.append(f"  outcome: {job['outcome']}" + (f", exit code {job['exit_code']}" if job["exit_code"] is not None
                                                         else ""))
     for node, ev in (job["evidence"].get("nodes") or {}).items():
-        ended = (f"exit code {ev['exit_code']}" if ev.get("exit_code") is not None
-                 else f"ended by {ev.get('exit_signal') or 'a signal'}")
-        lines.append(f"  evidence from {node}: {ev.get('signal')} sent at {_when(ev.get('signal_sent_at'))},"
-                     f" {ended}, process group gone: {ev.get('process_group_gone')}")
+        sent = f"{ev['signal']} sent at {_when(ev.get('signal_sent_at'))}" if ev.get("signal") else "no signal sent"
+        lines.append(f"  evidence from {node}: {sent}, {_exit_status(ev)},"
+                     f" process group gone: {_yes_no(ev.get('process_group_gone'))}"
+                     + (f" ({ev['note']})" if ev.get("note") else ""))
         for c in ev.get("checkpoints") or []:
             lines.append(f"    checkpoint {c['path']} {c['size']} bytes sha256 {c['sha256'][:16]}...")
     return "\n".join(lines)

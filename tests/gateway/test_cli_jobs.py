@@ -1,0 +1,51 @@
+"""`jobgate job show|list`: a stop's evidence reads as words, and a state filter with a typo is an error.
+
+Answers come from the canned HTTP server of test_cli_newcomer_hints.py; the gateway's own answers are tested in
+test_jobs_api.py and test_stop_lifecycle.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_cli_newcomer_hints import Canned, canned, run  # noqa: F401  (canned is the fixture)
+
+
+def stopped_job(evidence: dict[str, Any]) -> dict[str, Any]:
+    """A stopped job as GET /v1/jobs/{id} answers it, with one node's stop evidence."""
+    return {
+        "id": "j-1", "name": "train", "project": "vision", "queue": "normal", "state": "stopped",
+        "state_reason": "forced", "nodes": 1, "gpus_per_node": 2, "placement": [], "command": ["python", "t.py"],
+        "ownership": {"creator": "alice", "creator_kind": "person", "owner": "alice",
+                      "beneficiary_project": "vision", "rights_holder": "vision", "external_rights": False},
+        "stop_request": {"by": "carol", "at": "2025-01-01T10:00:00+00:00", "reason": "urgent eval"},
+        "outcome": "forced", "exit_code": None, "evidence": {"nodes": {"node-1": evidence}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("evidence", "line"),
+    [
+        ({"signal": "SIGTERM", "signal_sent_at": 1735725600, "exit_code": None, "exit_signal": "SIGKILL",
+          "process_group_gone": True},
+         "  evidence from node-1: SIGTERM sent at 2025-01-01T10:00:00+00:00, ended by SIGKILL,"
+         " process group gone: yes"),
+        ({"signal": "SIGTERM", "signal_sent_at": 1735725600, "exit_code": 143, "exit_signal": None,
+          "process_group_gone": False},
+         "  evidence from node-1: SIGTERM sent at 2025-01-01T10:00:00+00:00, exit code 143, process group gone: no"),
+        ({"process_group_gone": True, "note": "not running on this node", "exit_code": None},
+         "  evidence from node-1: no signal sent, exit status unknown, process group gone: yes"
+         " (not running on this node)"),
+        ({"signal": "SIGTERM", "signal_sent_at": 1735725600, "exit_code": None, "exit_signal": None},
+         "  evidence from node-1: SIGTERM sent at 2025-01-01T10:00:00+00:00, exit status unknown,"
+         " process group gone: unknown"),
+    ],
+    ids=["killed", "exited", "agent-had-no-process", "nothing-known"],
+)
+def test_stop_evidence_reads_as_words(canned: Canned, evidence: dict[str, Any], line: str) -> None:  # noqa: F811
+    canned.answers[("GET", "/v1/jobs/j-1")] = (200, stopped_job(evidence))
+    code, out = run(canned, "job", "show", "j-1")
+    assert code == 0, out
+    assert line in out.splitlines(), out
+    assert "True" not in out and "False" not in out and "None" not in out, out
