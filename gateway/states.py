@@ -13,3 +13,7 @@ PAST_STATES = (*ENDED_STATES, "deleted")
 # A stop starts from these; a job already stopping keeps the stop in progress (gateway/jobs.execute_stop).
 STOPPABLE_STATES = ("pending", "starting", "running", "lost")
 STOPPING_STATES = ("stop_requested", "stopping")
+# Every state a job row can hold, in life-cycle order: the groups above, and a paused job (stopped with its
+# checkpoint kept, to be resumed; gateway/lifecycle.py) and a deleted one. `jobgate job list --state` offers these.
+JOB_STATES = ("pending", "starting", "running", "stop_requested", "stopping", "paused", "stopped", "stop_failed",
+              "succeeded", "failed", "lost", "deleted")

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from gateway.cli.client import Client, client_options, emit_json, fail, table
+from gateway.states import JOB_STATES
 
 JOB_COLUMNS = [("id", "id"), ("name", "name"), ("project", "project"), ("queue", "queue"), ("state", "state"),
                ("gpus", "gpus"), ("owner", "owner"), ("where", "where")]
@@ -109,7 +110,7 @@ def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: i
 
 @job_group.command("list")
 @click.option("--project", help="Only this project.")
-@click.option("--state", help="Only jobs in this state.")
+@click.option("--state", type=click.Choice(JOB_STATES), help="Only jobs in this state.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def list_jobs(client: Client, project: str | None, state: str | None, as_json: bool) -> None:

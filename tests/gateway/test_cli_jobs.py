@@ -49,3 +49,14 @@ def test_stop_evidence_reads_as_words(canned: Canned, evidence: dict[str, Any], 
     assert code == 0, out
     assert line in out.splitlines(), out
     assert "True" not in out and "False" not in out and "None" not in out, out
+
+
+def test_list_refuses_a_state_no_job_can_be_in(canned: Canned) -> None:  # noqa: F811
+    """A typo used to list nothing and exit 0, as if no job were running."""
+    canned.answers[("GET", "/v1/jobs?state=running")] = (200, {"jobs": []})
+    code, out = run(canned, "job", "list", "--state", "running")
+    assert (code, out) == (0, "(none)\n")
+    code, out = run(canned, "job", "list", "--state", "runing")
+    assert code == 2, out
+    assert "Invalid value for '--state': 'runing' is not one of 'pending', 'starting', 'running'" in out, out
+
