@@ -1,6 +1,6 @@
 """What a newcomer following the README is told when they slip: where `--token` goes, why a call was refused
 and where the refusal is recorded, which approval to confirm, why a finished job "waits", what a blast radius
-is, that `--plot` needs matplotlib, and that :8080 is taken.
+is, that `--plot` needs matplotlib, and that :8080 is taken; and that the README's curl never saves a refusal.
 
 Answers come from a canned HTTP server (a real socket, `http.server`) so the CLI's formatting is tested
 without a whole gateway; the gateway's own answers are tested in test_jobs_api.py and test_approvals_api.py.
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -243,3 +245,22 @@ def test_up_beside_a_running_gateway_or_on_an_unusable_data_dir_says_why_in_one_
     r = _up(_free_port(), tmp_path / "a-file" / "var")
     assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert "cannot start: data dir" in r.stderr, r.stderr
+
+
+def _readme_curls() -> list[list[str]]:
+    """The curl commands of the README's sh blocks, continuation lines joined, as argv (comments dropped)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"^```sh\n(.*?)^```", readme, flags=re.S | re.M)
+    commands = [c.strip() for b in blocks for c in b.replace("\\\n", " ").splitlines()]
+    return [shlex.split(c, comments=True) for c in commands if c.startswith("curl ")]
+
+
+def test_a_curl_in_the_readme_that_saves_its_answer_fails_on_a_refusal() -> None:
+    """`curl ... > saved-checkpoint.txt` saved a 403's problem+json as the trusted checkpoint, and exited 0."""
+    saving = [argv for argv in _readme_curls() if {"-o", "--output", ">"} & set(argv)]
+    assert any("/v1/ledger/checkpoint" in " ".join(argv) for argv in saving), _readme_curls()
+    for argv in saving:
+        short = "".join(a[1:] for a in argv if re.fullmatch(r"-[A-Za-z]+", a))
+        assert "f" in short or "--fail" in argv, argv  # an HTTP error is a failed command, its body unsaved
+        assert "s" not in short or "S" in short, argv  # silent, but the error still shown
+        assert ">" not in argv, argv  # the shell would create (or empty) the file even when curl fails
