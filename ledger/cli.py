@@ -17,8 +17,8 @@ import click
 
 from ledger.admin import init_db, rotate_key
 from ledger.bundle import export_bundle, open_bundle
-from ledger.errors import LedgerError
-from ledger.keys import VERIFIER_FILE, NoteVerifier, load_verifier
+from ledger.errors import KeyFormatError, LedgerError
+from ledger.keys import VERIFIER_FILE, NoteVerifier
 from ledger.proofs import consistency, inclusion, tree_from_store
 from ledger.store import open_store
 from ledger.verify import Verdict, verify_material, verify_store
@@ -78,6 +78,36 @@ def _read_text(path: Path, what: str) -> str:
         _error(f"cannot read {what} {path}: {getattr(e, 'strerror', None) or e}")
 
 
+MAX_VKEY_BYTES = 4096  # a vkey is about 100; a larger file (a bundle, a ledger) is not read whole to say so
+
+
+def _verifier(path: Path, given: bool) -> NoteVerifier:
+    """The verifier key in PATH (`--public-key`, or the data directory's when `given` is false); a file that is
+    not one is named with the option it came from, and why. Exits 2."""
+    what = f"--public-key {path}" if given else f"the data directory's verifier key {path}"
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_VKEY_BYTES + 1)
+    except OSError as e:
+        _error(f"cannot read {what}: {e.strerror or e}")
+    if len(raw) > MAX_VKEY_BYTES:
+        _error(f"{what} is not a verifier key: a verifier key is one short line, this file is over"
+               f" {MAX_VKEY_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        _error(f"{what} is not a verifier key: it is not text")
+    if text.startswith("PRIVATE+KEY+"):
+        _error(f"{what} is not a verifier key: it is a private signing key; give its public half, the"
+               f" {VERIFIER_FILE} beside it (the signing key stays with the gateway)")
+    if len(text.splitlines()) > 1:
+        _error(f"{what} is not a verifier key: a verifier key is one line, this file holds {len(text.splitlines())}")
+    try:
+        return NoteVerifier.from_vkey(text)
+    except KeyFormatError as e:
+        _error(f"{what} is not a verifier key: {e.diagnostics()}")
+
+
 def _print_verdict(verdict: Verdict, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(json.dumps(verdict.to_json(), sort_keys=True))
@@ -116,14 +146,15 @@ def verify_cmd(
     sources = sum(x is not None for x in (data_dir, db, bundle))
     if sources != 1:
         _error("give exactly one of --bundle, --data-dir or --db")
+    given = public_key is not None
     if public_key is None:
         if data_dir is None:
             _error("--public-key is required with --bundle or --db")
         public_key = data_dir / "keys" / VERIFIER_FILE
+    verifier = _verifier(public_key, given)
     trusted = _read_text(trusted_checkpoint, "trusted checkpoint") if trusted_checkpoint is not None else None
     progress = progress_bar("verifying")
     try:
-        verifier = load_verifier(public_key)
         if bundle is not None:
             verdict = _verify_bundle(bundle, verifier, progress, deep, trusted)
         else:
@@ -174,11 +205,11 @@ def export_cmd(
     <data-dir>/keys/ledger.vkey the auditor obtained from the operators beforehand.
     """
     url = _url(data_dir, db)
+    keys = [_verifier(public_key, given=True).vkey] if public_key is not None else []
     if public_key is None and data_dir is not None and (data_dir / "keys" / VERIFIER_FILE).is_file():
-        public_key = data_dir / "keys" / VERIFIER_FILE
+        keys = [_verifier(data_dir / "keys" / VERIFIER_FILE, given=False).vkey]
     progress = progress_bar("exporting")
     try:
-        keys = [load_verifier(public_key).vkey] if public_key is not None else []
         store = open_store(url, create=False)
         try:
             summary = export_bundle(

@@ -86,6 +86,40 @@ def test_wrong_key_format_exits_2(data_dir: Path) -> None:
     (data_dir / "keys/ledger.vkey").write_text("not-a-key\n")
     code, _, err = run("verify", "--data-dir", str(data_dir))
     assert code == 2 and err.startswith("Error: ") and err.count("\n") == 1
+    assert f"the data directory's verifier key {data_dir / 'keys/ledger.vkey'} is not a verifier key: " in err, err
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ("not-a-key\n", "verifier key must be <name>+<hex key id>+<base64 key>"),
+        (None, "it is a private signing key; give its public half, the ledger.vkey beside it (the signing key"
+               " stays with the gateway)"),
+        ("a+0000abcd+AQ==\nb+0000abcd+AQ==\n", "a verifier key is one line, this file holds 2"),
+        (b"\xff\xfe\x00", "it is not text"),
+        ("x" * 5000, "a verifier key is one short line, this file is over 4096 bytes"),
+    ],
+    ids=["garbage", "signing-key", "key-history", "binary", "a-bundle"],
+)
+@pytest.mark.parametrize("command", ["verify", "export"])
+def test_a_public_key_that_is_not_one_names_the_option_and_file(
+    data_dir: Path, tmp_path: Path, content: str | bytes | None, why: str, command: str
+) -> None:
+    key = data_dir / "keys/ledger.key" if content is None else tmp_path / "given.vkey"
+    if isinstance(content, bytes):
+        key.write_bytes(content)
+    elif content is not None:
+        key.write_text(content)
+    more = ["--out", str(tmp_path / "out.bundle")] if command == "export" else []
+    code, out, err = run(command, "--data-dir", str(data_dir), "--public-key", str(key), *more)
+    assert (code, out) == (2, "")
+    assert err == f"Error: --public-key {key} is not a verifier key: {why}\n", err
+    assert "PRIVATE" not in err
+
+
+def test_a_missing_public_key_names_the_option(data_dir: Path) -> None:
+    code, _, err = run("verify", "--data-dir", str(data_dir), "--public-key", str(data_dir / "nope.vkey"))
+    assert code == 2 and err == f"Error: cannot read --public-key {data_dir / 'nope.vkey'}: No such file or directory\n"
 
 
 def test_prove_and_consistency_print_verifiable_json(data_dir: Path) -> None:
