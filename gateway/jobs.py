@@ -26,7 +26,7 @@ from gateway.pipeline import Recorded, decide, durable, ledger_batch, record
 from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
 from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
-from gateway.states import ENDED_STATES, STOPPABLE_STATES, STOPPING_STATES
+from gateway.states import ENDED_STATES, JOB_STATES, STOPPABLE_STATES, STOPPING_STATES
 from gateway.submission_rows import insert_submission
 from ledger.errors import LedgerError
 from scheduler.admission import precheck
@@ -333,6 +333,8 @@ def list_jobs(gw: Gateway, session: Session, caller: Caller, *, project: str | N
     """Raises Forbidden for a token whose scope has no job.view (or not that project): its answer was an empty
     list, which read as "no jobs" to a pipeline or an on-call engineer holding the wrong token."""
     caller.check_scope("job.view", [project] if project else [])
+    if state is not None and state not in JOB_STATES:  # a typo answered an empty list, read as "no jobs"
+        raise Invalid(f"unknown state {state!r}; a job is in one of: {', '.join(JOB_STATES)}")
     projects = [project] if project else list(session.scalars(select(Project.id)).all())
     allowed = visible_projects(gw, session, caller, projects)
     if not allowed:

@@ -211,3 +211,5 @@ def test_listing_jobs_with_a_token_that_may_not_view_them_is_refused_not_an_empt
                    "vision is outside it")
     assert api.client.get("/v1/jobs", headers=speech_only).json()["jobs"] == []  # its own project: none there
     assert len(api.get("/v1/jobs", "alice").json()["jobs"]) == 1
+    typo = api.get("/v1/jobs", "alice", params={"state": "runing"})
+    assert_problem(typo, 422, "invalid-request", "unknown state 'runing'")
