@@ -143,12 +143,21 @@ def test_cmd(directory: Path | None, as_json: bool, failures_only: bool) -> None
               help="JSON: a decision input (as recorded in a ledger entry's body.input), a whole ledger entry "
                    "(`jobgate audit show SEQ --json` > FILE), or a compact table case input.")
 @click.option("--bindings", "bindings_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Role bindings, `g, principal, role, project` per line (default: DIR/tests/bindings.csv).")
+              help="Role bindings, `g, principal, role, project` per line (default: the policy tests' fixture,"
+                   " DIR/tests/bindings.csv).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Use a gateway's current role bindings, read from DATA_DIR/jobgate.db.")
+@click.option("--database-url", help="Use the current role bindings of this business DB.")
 @click.option("--policies", "directory", type=click.Path(file_okay=False, path_type=Path),
               help="Policy directory (default: the repository's policies/).")
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
-def explain_cmd(input_file: Path, bindings_file: Path | None, directory: Path | None, as_json: bool) -> None:
-    """Decide one request and show every rule that fired, why, and where it is written."""
+def explain_cmd(input_file: Path, bindings_file: Path | None, data_dir: Path | None, database_url: str | None,
+                directory: Path | None, as_json: bool) -> None:
+    """Decide one request and show every rule that fired, why, and where it is written.
+
+    Given a decision's ledger entry, it also shows the decision recorded then, and says so when today's answer
+    differs: other role bindings (the default is the tests' fixture; --data-dir reads a gateway's) or another
+    policy set."""
     from gateway.policy.explain import explain, render
     from gateway.policy.testing import BINDINGS_FILE, expand_input
 
@@ -161,26 +170,47 @@ def explain_cmd(input_file: Path, bindings_file: Path | None, directory: Path | 
         fail(f"{input_file}:{e.lineno}: not JSON ({e.msg})")
     if isinstance(doc, dict) and isinstance(doc.get("entry"), dict):
         doc = doc["entry"]  # `jobgate audit show SEQ --json` (GET /v1/audit/entries/{seq}): the entry and its proof
+    recorded = None
     if isinstance(doc, dict) and isinstance(doc.get("body"), dict) and "input" in doc["body"]:
+        recorded = doc["body"].get("decision") if isinstance(doc["body"].get("decision"), dict) else None
         doc = doc["body"]["input"]  # a whole ledger entry
     if not isinstance(doc, dict) or "action" not in doc or "actor" not in doc:
         fail(f"{input_file} must hold an object with at least `action` and `actor` (a decision input), or a"
              " decision's ledger entry, e.g. from `jobgate audit show SEQ --json`")
     if isinstance(doc["actor"], str) or any("creator" not in t for t in doc.get("targets") or []):
         doc = expand_input(doc)  # compact, as in policies/tests/*.yaml
-    bindings_path = bindings_file or path / "tests" / BINDINGS_FILE
+    if sum(x is not None for x in (bindings_file, data_dir, database_url)) > 1:
+        fail("give at most one of --bindings, --data-dir and --database-url")
+    if data_dir is not None:
+        if not (data_dir / "jobgate.db").is_file():
+            fail(f"no business database at {data_dir / 'jobgate.db'} (is {data_dir} a gateway's data dir?)")
+        database_url = f"sqlite:///{data_dir.resolve() / 'jobgate.db'}"
+    if database_url is not None:
+        bindings = _current_bindings(database_url)
+        source = f"current bindings of {database_url}"
+    else:
+        bindings_path = bindings_file or path / "tests" / BINDINGS_FILE
+        bindings = _bindings_file(bindings_path)
+        source = str(bindings_path) + ("" if bindings_file else " (the policy tests' fixture, not a gateway's:"
+                                       " --data-dir or --database-url reads a gateway's)")
     try:
-        engine = EmbeddedEngine(load_policy_set(path), _bindings_file(bindings_path))
+        engine = EmbeddedEngine(load_policy_set(path), bindings)
         result = explain(engine, doc)
     except PolicyError as e:
         fail(e.diagnostics())
     except (KeyError, TypeError) as e:
         fail(f"{input_file}: malformed request ({type(e).__name__}: {e})")
+    differs = recorded is not None and (recorded.get("effect"), list(recorded.get("rules") or [])) != (
+        result["decision"]["effect"], list(result["decision"]["rules"]))
     if as_json:
-        emit_json({**result, "bindings": str(bindings_path)})
-    else:
-        click.echo(render(result))
-        click.echo(f"bindings: {bindings_path}")
+        emit_json({**result, "bindings": source, **({"recorded": recorded, "differs": differs} if recorded else {})})
+        return
+    click.echo(render(result))
+    click.echo(f"bindings: {source}")
+    if recorded is not None:
+        click.echo(f"recorded then: {str(recorded.get('effect')).upper()} ({', '.join(recorded.get('rules') or [])})"
+                   + ("; DIFFERS from the answer above: other role bindings or another policy set" if differs
+                      else "; the same as now"))
 
 
 def _parse_since(value: str | None) -> datetime | None:

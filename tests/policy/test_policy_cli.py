@@ -120,3 +120,31 @@ def test_explain_bad_input_is_one_line(tmp_path: Path, text: str, needle: str) -
     (tmp_path / "bad.json").write_text(text)
     code, out = run("policy", "explain", "--input", str(tmp_path / "bad.json"))
     assert code == 1 and out.startswith("Error: ") and needle in out and out.count("\n") == 1, out
+
+
+def test_explain_of_a_ledger_entry_sets_the_recorded_decision_beside_todays_and_reads_a_gateways_bindings(
+    tmp_path: Path,
+) -> None:
+    """By default explain judged a real entry with the policy tests' fixture bindings: carol's recorded
+    needs_approval came out as a DENY, with nothing to say that it was not what had happened."""
+    from gateway.demo import prepare_demo
+    from gateway.settings import Settings
+
+    entry = {"kind": "decision", "body": {
+        "decision": {"effect": "needs_approval", "rules": ["A4.second_person"]},
+        "input": {"action": "job.stop", "actor": {"id": "carol", "kind": "person"}, "project": "vision",
+                  "reason": "urgent eval",
+                  "targets": [{"id": "j-9", "project": "vision", "creator": "alice", "creator_kind": "person",
+                               "owner": "alice", "external_rights": False, "gpus": 1, "expired": False}],
+                  "approvals": [], "granularity": "job", "now": "2026-11-29T10:00:00Z"}}}
+    (tmp_path / "entry.json").write_text(json.dumps(entry))
+    code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"))
+    assert code == 0 and out.startswith("decision: DENY"), out
+    assert "the policy tests' fixture, not a gateway's" in out
+    assert "recorded then: NEEDS_APPROVAL (A4.second_person); DIFFERS from the answer above" in out
+    prepare_demo(Settings(data_dir=tmp_path / "var"))  # carol is a queue admin of vision there
+    code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"), "--data-dir", str(tmp_path / "var"))
+    assert code == 0 and out.startswith("decision: NEEDS_APPROVAL"), out
+    assert "recorded then: NEEDS_APPROVAL (A4.second_person); the same as now" in out
+    code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"), "--data-dir", str(tmp_path / "no"))
+    assert code == 1 and "no business database at" in out, out
