@@ -76,6 +76,18 @@ def stated(job: Job, important: int) -> dict[str, str]:
     return {"tier": tier, "keep": f"until the next job on quota {job.project} starts"}
 
 
+def retention_out(session: Session, job_id: str) -> dict[str, Any] | None:
+    """Where the job's checkpoints stand under retention (P1), for the job's owner to read; None if nothing was
+    ever kept. state: kept, in_use (a resumed run reads it), cleaning (removal sent to the nodes), cleaned."""
+    row = session.get(CheckpointRetention, job_id)
+    if row is None:
+        return None
+    return {"tier": row.tier, "state": row.state, "kept_since": row.kept_since.isoformat(),
+            "keep_until": row.keep_until.isoformat() if row.keep_until else None,
+            "until_next_job_on_quota": row.quota if row.keep_until is None else None,
+            "cleaned_at": row.cleaned_at.isoformat() if row.cleaned_at else None}
+
+
 def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
     """Put a stopped or paused job's checkpoints under its tier's retention (ledgered)."""
     from sqlalchemy.orm import object_session

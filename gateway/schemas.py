@@ -186,6 +186,10 @@ class JobOut(BaseModel):
     stop_request: dict[str, Any] = Field(description="Who asked for the stop, why, under which decision and approvals.")
     evidence: dict[str, Any] = Field(description="Stop evidence from the nodes: logs, exit code, checkpoint (C3, C5).")
     history: list[dict[str, Any]] = Field(description="Every state transition: state, time, by whom.")
+    checkpoint_retention: dict[str, Any] | None = Field(
+        None, description="How long its checkpoints are kept (P1): tier; state kept, in_use, cleaning or cleaned"
+                          " (removed from the nodes, at cleaned_at); keep_until, or until_next_job_on_quota."
+                          " Shown for one job (GET /v1/jobs/{id}); absent in lists.")
 
 
 class StopResponse(BaseModel):

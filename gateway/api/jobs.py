@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
-from gateway import jobs
+from gateway import jobs, retention
 from gateway.api.deps import Ctx, JobId
 from gateway.schemas import JobList, JobOut, JobSubmit, StopRequest, StopResponse
 
@@ -35,9 +35,11 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobOut, summary="Show one job")
 def show_job(job_id: JobId, ctx: Ctx) -> JobOut:
-    """State, placement, the four ownerships and, once stopped, the stop evidence."""
+    """State, placement, the four ownerships and, once stopped, the stop evidence and how long its checkpoints
+    are kept."""
     with ctx.gw.transaction(immediate=False) as session:
-        return jobs.job_out(jobs.get_job(ctx.gw, session, ctx.caller(session), job_id))
+        job = jobs.get_job(ctx.gw, session, ctx.caller(session), job_id)
+        return jobs.job_out(job).model_copy(update={"checkpoint_retention": retention.retention_out(session, job.id)})
 
 
 @router.post(

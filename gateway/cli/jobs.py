@@ -164,8 +164,24 @@ def _describe(job: dict[str, Any]) -> str:
                      f" process group gone: {_yes_no(ev.get('process_group_gone'))}"
                      + (f" ({ev['note']})" if ev.get("note") else ""))
         for c in ev.get("checkpoints") or []:
-            lines.append(f"    checkpoint {c['path']} {c['size']} bytes sha256 {c['sha256'][:16]}...")
+            lines.append(f"    checkpoint {c['path']} {c['size']} bytes sha256 {c['sha256']}")
+    if kept := job.get("checkpoint_retention"):
+        lines.append(f"  checkpoints: {_retention(kept)}")
     return "\n".join(lines)
+
+
+def _retention(kept: dict[str, Any]) -> str:
+    """Whether the checkpoints listed above are still there (a stop never deletes them; retention later may)."""
+    tier = f"{kept['tier']} tier"
+    if kept["state"] == "cleaned":
+        return f"removed from the nodes at {kept['cleaned_at']} ({tier} retention ended)"
+    if kept["state"] == "cleaning":
+        return f"being removed from the nodes ({tier} retention ended)"
+    if kept["state"] == "in_use":
+        return "in use by the resumed run"
+    until = (f"until {kept['keep_until']}" if kept["keep_until"]
+             else f"until the next job on quota {kept['until_next_job_on_quota']} starts")
+    return f"kept ({tier}) {until}"
 
 
 @job_group.command("show")
@@ -173,7 +189,7 @@ def _describe(job: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def show(client: Client, job_id: str, as_json: bool) -> None:
-    """Show one job: state, placement, ownerships, stop evidence."""
+    """Show one job: state, placement, ownerships, stop evidence, and whether its checkpoints are still kept."""
     job = client.request("GET", "jobs", job_id)
     if as_json:
         emit_json(job)

@@ -60,3 +60,26 @@ def test_list_refuses_a_state_no_job_can_be_in(canned: Canned) -> None:  # noqa:
     assert code == 2, out
     assert "Invalid value for '--state': 'runing' is not one of 'pending', 'starting', 'running'" in out, out
 
+
+
+@pytest.mark.parametrize(
+    ("kept", "line"),
+    [
+        ({"tier": "normal", "state": "kept", "keep_until": None, "until_next_job_on_quota": "vision"},
+         "  checkpoints: kept (normal tier) until the next job on quota vision starts"),
+        ({"tier": "important", "state": "kept", "keep_until": "2025-01-15T10:00:00+00:00"},
+         "  checkpoints: kept (important tier) until 2025-01-15T10:00:00+00:00"),
+        ({"tier": "normal", "state": "cleaned", "cleaned_at": "2025-01-02T08:00:00+00:00"},
+         "  checkpoints: removed from the nodes at 2025-01-02T08:00:00+00:00 (normal tier retention ended)"),
+    ],
+    ids=["until-next-job", "until-a-date", "removed"],
+)
+def test_show_says_whether_the_checkpoints_are_still_kept(canned: Canned, kept: dict[str, Any],  # noqa: F811
+                                                           line: str) -> None:
+    """The checkpoints listed as stop evidence read as still there after retention had removed them."""
+    evidence = {"signal": "SIGTERM", "signal_sent_at": 1735725600, "exit_code": 0, "process_group_gone": True,
+                "checkpoints": [{"path": "checkpoints/last.ckpt", "size": 7, "sha256": "9a" * 32}]}
+    canned.answers[("GET", "/v1/jobs/j-1")] = (200, {**stopped_job(evidence), "checkpoint_retention": kept})
+    code, out = run(canned, "job", "show", "j-1")
+    assert code == 0 and line in out.splitlines(), out
+    assert "sha256 " + "9a" * 32 in out  # whole, to compare with the file

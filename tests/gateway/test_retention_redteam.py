@@ -152,3 +152,22 @@ def test_a_gang_jobs_cleanup_stays_open_while_a_node_left_files_behind(api: Api,
     assert _retention_state(api, job_id) == "cleaning"
     _deleted(sent["demo-node-1"][0], job_id, sent["demo-node-1"][1])
     assert _retention_state(api, job_id) == "cleaning"
+
+
+def test_a_jobs_answer_says_whether_its_checkpoints_are_still_kept(api: Api, agent: FakeAgent) -> None:
+    """`job show` kept listing a normal-tier checkpoint as evidence after retention had removed it from the node
+    (the next job on the quota started): nothing in the job said it was gone."""
+    job_id, _ = running_job(api, agent, gpus_per_node=8)
+    assert api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "done for today"}).status_code == 202
+    (stop,) = [c for c in agent.take() if c["kind"] == "stop"]
+    agent.report(job_id, "stopped", stop["nonce"], evidence=stopped_evidence(checkpoints=CKPT))
+    kept = api.get(f"/v1/jobs/{job_id}", "alice").json()["checkpoint_retention"]
+    assert (kept["tier"], kept["state"], kept["until_next_job_on_quota"]) == ("normal", "kept", "vision")
+    running_job(api, agent, gpus_per_node=8)  # the next job on quota vision starts
+    lifecycle.run_chores(api.gateway)
+    (cleanup,) = [c for c in agent.take() if c["kind"] == "delete_artifacts"]
+    assert api.get(f"/v1/jobs/{job_id}", "alice").json()["checkpoint_retention"]["state"] == "cleaning"
+    _deleted(agent, job_id, cleanup)
+    gone = api.get(f"/v1/jobs/{job_id}", "alice").json()["checkpoint_retention"]
+    assert gone["state"] == "cleaned" and gone["cleaned_at"] is not None
+    assert all(j["checkpoint_retention"] is None for j in api.get("/v1/jobs", "alice").json()["jobs"])  # one job
