@@ -6,12 +6,14 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio.to_thread
 import fastapi.routing
 from fastapi import FastAPI
 
+from gateway.api import openapi_doc
 from gateway.api.routes import ROUTERS
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.bootstrap import open_gateway
@@ -100,6 +102,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
             gw.close()
 
     app = FastAPI(title="jobgate", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.openapi = partial(openapi_doc.document, app)  # type: ignore[method-assign]
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

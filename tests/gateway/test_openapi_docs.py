@@ -10,7 +10,7 @@ import pytest
 
 from gateway.app import create_app
 
-# FastAPI's own models for its 422 bodies: not ours to describe.
+# FastAPI's own models for its 422 bodies: not ours to describe (and replaced by Problem: see the last test).
 FRAMEWORK_SCHEMAS = {"HTTPValidationError", "ValidationError"}
 
 
@@ -41,3 +41,20 @@ def test_every_schema_and_field_is_described(spec: dict[str, Any]) -> None:
     bare += [f"{name}.{field}" for name, s in schemas.items() for field, f in s.get("properties", {}).items()
              if not f.get("description")]
     assert not bare, f"schemas or fields without a description: {bare}"
+
+
+def test_errors_are_documented_as_the_problem_json_they_are_and_tokens_as_a_bearer_scheme(spec: dict[str, Any]) -> None:
+    """/docs had no Authorize button (the token was a header parameter of each call) and documented every 422 as
+    FastAPI's own shape, while every error answer is problem+json."""
+    assert spec["components"]["securitySchemes"]["bearer"] == {**spec["components"]["securitySchemes"]["bearer"],
+                                                                "type": "http", "scheme": "bearer"}
+    assert not set(spec["components"]["schemas"]) & FRAMEWORK_SCHEMAS
+    submit = spec["paths"]["/v1/jobs"]["post"]
+    assert submit["security"] == [{"bearer": []}]
+    assert "authorization" not in [p["name"].lower() for p in submit.get("parameters", [])]
+    for code in ("401", "403", "422", "4XX"):
+        assert submit["responses"][code]["content"] == {
+            "application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}, code
+    every = [op for _, op in operations(spec)]
+    assert all("security" in op for op in every if op.get("responses", {}).get("401"))
+    assert "security" not in spec["paths"]["/healthz"]["get"]
