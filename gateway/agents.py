@@ -49,11 +49,30 @@ def heartbeat(gw: Gateway, session: Session, node_id: str, beat: Heartbeat, inst
     was = node.state
     if node.state != "alive" or node.gpus != beat.gpus:
         gw.scheduler_kick.set()
+    if node.gpus != beat.gpus:
+        _alert_if_short(gw, session, node_id, beat.gpus, now)
     node.gpus = beat.gpus
     node.state = "alive"
     node.last_heartbeat = now
     node.running = beat.running
     stops.on_heartbeat(gw, session, node, was, instance, beat.running, now)
+
+
+def _alert_if_short(gw: Gateway, session: Session, node_id: str, reported: int, now: datetime) -> None:
+    """A node now reporting fewer GPUs than its jobs hold takes no new work until they fit (the scheduler marks
+    it degraded, gateway/scheduling.py); its jobs are not touched. Told once per change of count, not per beat."""
+    beyond: set[int] = set()
+    jobs: set[str] = set()
+    for job_id, gpus in session.execute(select(Allocation.job_id, Allocation.gpus).where(
+            Allocation.node == node_id, Allocation.released.is_(False))).all():
+        missing = {g for g in gpus if g >= reported}
+        if missing:
+            beyond |= missing
+            jobs.add(job_id)
+    if beyond:
+        stops.alert(gw, session, now, "node_gpus_missing", {
+            "node": node_id, "reported_gpus": reported, "allocated_beyond": sorted(beyond), "jobs": sorted(jobs),
+            "effect": "no new work is placed on this node until its jobs fit the GPUs it reports"})
 
 
 def take_commands(gw: Gateway, session: Session, node_id: str) -> list[dict[str, Any]]:

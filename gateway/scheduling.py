@@ -97,11 +97,7 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     ).all():
         used[node_id].update(gpus)
         held[job_id].append(Placement(node=NodeId(node_id), gpus=tuple(gpus)))
-    nodes = tuple(
-        NodeState(id=NodeId(n.id), gpus=n.gpus, free=frozenset(set(range(n.gpus)) - used[n.id]),
-                  alive=n.state == "alive")
-        for n in session.scalars(select(Node).order_by(Node.id)).all()
-    )
+    nodes = tuple(_node_state(n, used[n.id]) for n in session.scalars(select(Node).order_by(Node.id)).all())
     rows = session.execute(
         select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
         .where(Job.state.in_(("pending", *ACTIVE_STATES, *WITHHELD_STATES)))).all()
@@ -129,6 +125,16 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
     usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
     return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage,
                     withheld=tuple(withheld))
+
+
+def _node_state(node: Node, used: set[int]) -> NodeState:
+    """The node as the scheduler sees it. One whose agent reports fewer GPUs than its unreleased allocations
+    reach (a GPU fell off the bus, a misconfigured agent; gateway/agents.py alerts on-call) is degraded: sized
+    to cover them, so the snapshot stays consistent and the rest of the cluster keeps scheduling, and closed to
+    new work until its jobs fit what it reports. Its free GPUs are only ever among those it reports."""
+    gpus = max(node.gpus, max(used, default=-1) + 1)
+    return NodeState(id=NodeId(node.id), gpus=gpus, free=frozenset(set(range(node.gpus)) - used),
+                     alive=node.state == "alive", degraded=gpus > node.gpus)
 
 
 def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:

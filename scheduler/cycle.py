@@ -77,8 +77,9 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
     1. Order waiting jobs by effective priority (queue baseline + contribution + capped aging),
        highest first, then by submitted_at, then by job id, so the result is deterministic.
     2. Gang placement, in that order: a job needs `nodes` distinct alive nodes each with at least
-       `gpus_per_node` free GPUs, all or nothing. Best fit against fragmentation: the nodes with the
-       fewest free GPUs that are still enough (ties by node id), the lowest GPU indices on each.
+       `gpus_per_node` free GPUs, all or nothing; a degraded node takes nothing, and rules 3 and 6 count on
+       nothing it frees (its GPUs still count in the quotas' capacity). Best fit against fragmentation: the
+       nodes with the fewest free GPUs that are still enough (ties by node id), the lowest GPU indices on each.
        Each admit is applied to a working copy of the free GPUs before the next job is tried.
        A job that needs more than the alive nodes could ever offer is skipped (it blocks nobody).
     3. Head of line: the first job that does not fit gets the pool's one reservation: the earliest
@@ -119,23 +120,26 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     and reasons are the same, only slower.
     """
     _check(snapshot, now)
-    alive = sorted((n for n in snapshot.nodes if n.alive), key=lambda n: n.id)
-    index = make_index(alive)
-    rank_of = {n.id: r for r, n in enumerate(alive)}
-    largest_alive = max((n.gpus for n in alive), default=0)
-    # ever_fitting[g]: alive nodes with at least g GPUs in all, busy or not.
+    # Only these take work; one degraded node must not stop the cycle, nor be counted on by it.
+    schedulable = sorted((n for n in snapshot.nodes if n.schedulable), key=lambda n: n.id)
+    index = make_index(schedulable)
+    rank_of = {n.id: r for r, n in enumerate(schedulable)}
+    largest_alive = max((n.gpus for n in schedulable), default=0)
+    # ever_fitting[g]: schedulable nodes with at least g GPUs in all, busy or not.
     ever_fitting = [0] * (largest_alive + 2)
-    for alive_node in alive:
-        ever_fitting[alive_node.gpus] += 1
+    for node in schedulable:
+        ever_fitting[node.gpus] += 1
     ever_fitting = list(accumulate(reversed(ever_fitting)))[::-1]
 
     # Rule 1: order.
     share = fair_share_points(snapshot, config) if config.fairshare_weight else {}
     totals = priority_totals(snapshot.pending, now, config, share)
     parts = LazyParts({job.id: job for job in snapshot.pending}, now, config, share)
-    # Withheld GPUs on nodes that are not alive are still physically in use: capacity includes them.
-    withheld_off = sum(len(p.gpus) for j in snapshot.withheld for p in j.placement if p.node not in rank_of)
-    quota = (QuotaUsage.of(snapshot.quotas, sum(n.gpus for n in alive) + withheld_off,
+    # Withheld GPUs on nodes that are not alive are still physically in use: capacity includes them. A degraded
+    # node's GPUs are in use too (its jobs count against the quotas), so they count although nothing is placed there.
+    up = {n.id: n.gpus for n in snapshot.nodes if n.alive}
+    withheld_off = sum(len(p.gpus) for j in snapshot.withheld for p in j.placement if p.node not in up)
+    quota = (QuotaUsage.of(snapshot.quotas, sum(up.values()) + withheld_off,
                            (*snapshot.running, *snapshot.withheld))
              if snapshot.quotas is not None else None)
     if quota is not None:
@@ -204,7 +208,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             attempts += 1
             if victim_pool is None:
                 victim_pool = eligible(snapshot.running, now=now, config=config)
-            planned = _plan_preemption(job, totals[job.id], borrowed, quota, snapshot, stopping, alive, index,
+            planned = _plan_preemption(job, totals[job.id], borrowed, quota, snapshot, stopping, schedulable, index,
                                        victim_pool, config)
             if planned is not None:
                 preemptions.append(planned)
@@ -220,7 +224,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             else:
                 index.hold(plan.gpus_by_rank)
                 reservation = Reserve(job_id=job.id, expected_start=plan.start,
-                                      nodes=tuple(alive[r].id for r in sorted(plan.gpus_by_rank)))
+                                      nodes=tuple(schedulable[r].id for r in sorted(plan.gpus_by_rank)))
                 why[job.id] = reasons.reserved(n, g, fitting, plan.start)
             if plan is not None and plan.assumed:
                 why[job.id] += reasons.guessed_start(config.default_runtime_s)
@@ -270,14 +274,14 @@ def _may_preempt(job: PendingJob, borrowed: bool, quota: QuotaUsage | None, snap
 
 
 def _plan_preemption(job: PendingJob, priority: float, borrowed: bool, quota: QuotaUsage | None,
-                     snapshot: Snapshot, stopping: Sequence[RunningJob], alive: Sequence[NodeState],
+                     snapshot: Snapshot, stopping: Sequence[RunningJob], schedulable: Sequence[NodeState],
                      index: FreeIndex, pool: Sequence[tuple[RunningJob, Victim]],
                      config: SchedulerConfig) -> Preempt | None:
     """Rule 6: a reclaim or a priority preemption for a job that passed its quotas but does not fit."""
     reclaim = _reclaims(job, borrowed, quota, snapshot)
     by_priority = job.queue in config.preempting_queues
     # Rule 4 of scheduler.preemption: counts copied from this cycle's working index, not live state.
-    copy = [NodeState(n.id, n.gpus, frozenset(index.free[r]), n.alive) for r, n in enumerate(alive)]
+    copy = [NodeState(n.id, n.gpus, frozenset(index.free[r]), n.alive) for r, n in enumerate(schedulable)]
     kind = "reclaim" if reclaim else "priority"
     ordered = for_preemptor(pool, preemptor_priority=priority, preemptor_project=job.project, reclaim=reclaim)
     victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping)
@@ -316,6 +320,7 @@ def _check(snapshot: Snapshot, now: datetime) -> None:
             if clash:
                 raise InconsistentSnapshot(f"job {r.id} runs on GPUs {sorted(clash)} of node {node.id}, "
                                            "which are also listed as free")
+            # A node reporting fewer GPUs than its jobs hold must come sized to cover them and marked degraded.
             stray = [x for x in pl.gpus if not 0 <= x < node.gpus]
             if stray:
                 raise InconsistentSnapshot(f"job {r.id} runs on GPUs {stray} that node {node.id} lacks")

@@ -48,7 +48,8 @@ def after_admits(snapshot: Snapshot, admits: Sequence[Admit], *, now: datetime) 
 def estimate_starts(snapshot: Snapshot, order: Sequence[PendingJob], *, now: datetime,
                     config: SchedulerConfig = DEFAULT_CONFIG) -> dict[JobId, datetime | None]:
     """Expected start of every job in `order` (the cycle's priority order). Raises nothing."""
-    alive = sorted((n for n in snapshot.nodes if n.alive), key=lambda n: n.id)
+    # A degraded node takes no work (model.NodeState.degraded): no start is estimated on it.
+    alive = sorted((n for n in snapshot.nodes if n.schedulable), key=lambda n: n.id)
     rank = {n.id: r for r, n in enumerate(alive)}
     top = max((n.gpus for n in alive), default=0)
     free = [len(n.free) for n in alive]

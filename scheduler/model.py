@@ -31,6 +31,15 @@ class NodeState:
     gpus: int
     free: frozenset[int]
     alive: bool = True
+    # Alive, but closed to new work: the gateway marks a node whose agent reports fewer GPUs than its jobs hold,
+    # since which physical GPU an index names is then in doubt. Its jobs run on and count against capacity and
+    # quotas, but nothing is placed or held on it, and no plan counts on the GPUs it frees.
+    degraded: bool = False
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether new work may be placed here: alive and not degraded."""
+        return self.alive and not self.degraded
 
     def __post_init__(self) -> None:
         if self.gpus < 0:

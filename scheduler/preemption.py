@@ -80,14 +80,14 @@ def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob,
     The number of nodes with at least gpus_per_node free is kept up to date victim by victim, so a plan
     costs O(victims tried × their nodes), not a scan of the cluster per step.
     """
-    free: dict[NodeId, int] = {n.id: len(n.free) for n in nodes if n.alive}
+    free: dict[NodeId, int] = {n.id: len(n.free) for n in nodes if n.schedulable}
     fitting = sum(1 for c in free.values() if c >= gpus_per_node)
 
     def give(job: RunningJob, sign: int) -> None:
         nonlocal fitting
         for p in job.placement:
             before = free.get(p.node)
-            if before is None:  # a dead or unknown node frees nothing usable
+            if before is None:  # a dead, degraded or unknown node frees nothing usable
                 continue
             after = before + sign * len(p.gpus)
             free[p.node] = after
@@ -118,7 +118,7 @@ def plan_victims_naive(nodes: Sequence[NodeState], ordered: Sequence[tuple[Runni
                        gpus_per_node: int, nodes_needed: int, *, coming_free: Sequence[RunningJob] = ()
                        ) -> tuple[Victim, ...] | None:
     """The same plan with a full scan of the cluster after every step: the benchmark's baseline."""
-    base = {n.id: len(n.free) for n in nodes if n.alive}
+    base = {n.id: len(n.free) for n in nodes if n.schedulable}
 
     def fits(chosen: Sequence[RunningJob]) -> bool:
         free = dict(base)

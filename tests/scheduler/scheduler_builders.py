@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from scheduler.cycle import CycleResult
@@ -87,9 +88,11 @@ def job(job_id: str, project: str = "vision", user: str = "ada") -> JobBuilder:
     return JobBuilder(job_id, project, user)
 
 
-def node(node_id: str, gpus: int = 8, *, busy: Iterable[int] = (), alive: bool = True) -> NodeState:
+def node(node_id: str, gpus: int = 8, *, busy: Iterable[int] = (), alive: bool = True,
+         degraded: bool = False) -> NodeState:
     """A node with every GPU free except `busy` (snap() also removes GPUs of running jobs)."""
-    return NodeState(id=NodeId(node_id), gpus=gpus, free=frozenset(range(gpus)) - frozenset(busy), alive=alive)
+    return NodeState(id=NodeId(node_id), gpus=gpus, free=frozenset(range(gpus)) - frozenset(busy), alive=alive,
+                     degraded=degraded)
 
 
 def running(job_id: str, on: dict[str, Iterable[int]], *, started: datetime = NOW,
@@ -112,7 +115,7 @@ def snap(nodes: Iterable[NodeState], pending: Iterable[JobBuilder | PendingJob] 
         for p in r.placement:
             used[p.node].update(p.gpus)
     return Snapshot(
-        nodes=tuple(NodeState(n.id, n.gpus, n.free - used[n.id], n.alive) for n in nodes),
+        nodes=tuple(replace(n, free=n.free - used[n.id]) for n in nodes),
         pending=tuple(j.build() if isinstance(j, JobBuilder) else j for j in pending),
         running=run,
         quotas=quotas,

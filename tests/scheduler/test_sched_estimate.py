@@ -31,6 +31,15 @@ def test_no_runtime_limit_uses_the_configured_default_and_stopping_jobs_their_de
     assert est[s.pending[1].id] == at(3)
 
 
+def test_no_start_is_estimated_on_a_degraded_node() -> None:
+    """Its job ends in an hour, but it takes no new work until it is whole again: the wait is for the healthy
+    node's job, not a start on GPUs the node may no longer have."""
+    s = snap([node("a", degraded=True), node("b")], [job("p").gpus(8)],
+             [running("soon", {"a": range(8)}, started=at(-1), limit_h=2),
+              running("later", {"b": range(8)}, started=at(-1), limit_h=3)])
+    assert estimate_starts(s, list(s.pending), now=NOW) == {s.pending[0].id: at(2)}
+
+
 def test_an_idle_cluster_starts_now() -> None:
     s = snap([node("a")], [job("p").gpus(2)])
     assert estimate_starts(s, list(s.pending), now=NOW) == {s.pending[0].id: NOW}

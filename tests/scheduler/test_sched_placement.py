@@ -68,6 +68,15 @@ def test_dead_node_makes_gang_impossible_and_it_blocks_no_one() -> None:
     assert result.reservations == ()
 
 
+def test_a_degraded_node_takes_no_new_work_though_it_has_free_gpus() -> None:
+    """Its GPU count is in doubt (its agent reports fewer than its jobs hold): best fit would pick its six idle
+    GPUs first, for both jobs; they go to the healthy node, and what does not fit there waits."""
+    result = run_cycle(snap([node("a", busy=(6, 7), degraded=True), node("b")],
+                            [job("x").gpus(4), job("y").gpus(4), job("z").gpus(2)]), now=NOW)
+    assert admitted(result) == {"x": {"b": (0, 1, 2, 3)}, "y": {"b": (4, 5, 6, 7)}}
+    assert "z" in reasons(result)
+
+
 def test_larger_than_any_alive_node() -> None:
     result = run_cycle(snap([node("a", 4)], [job("j").gpus(8)]), now=NOW)
     assert reasons(result)["j"] == "needs 8 GPUs per node; the largest alive node has 4"

@@ -100,6 +100,16 @@ def test_pruning_drops_a_victim_that_is_not_needed() -> None:
     assert [v.job_id for v in result.preemptions[0].victims] == ["b"]
 
 
+def test_a_victim_on_a_degraded_node_frees_nothing_a_plan_may_count_on() -> None:
+    """A degraded node takes no new work, so stopping its job makes no room for the preemptor: the cheaper
+    victim there would be stopped for nothing, and the urgent job would still wait. Nor is a start held there."""
+    run = [running("cheap", {"a": range(8)}, started=at(-2), priority=100),
+           running("dear", {"b": range(8)}, started=at(-2), priority=200)]
+    result = run_cycle(snap([node("a", degraded=True), node("b")], [URGENT], run), now=NOW)
+    assert [v.job_id for p in result.preemptions for v in p.victims] == ["dear"]
+    assert all(r.nodes == ("b",) for r in result.reservations)
+
+
 def test_no_new_plan_while_stopping_jobs_will_free_enough() -> None:
     run = [running("going", {"a": range(8)}, started=at(-2), stop_by=at(minutes=1)),
            running("lo", {"b": range(8)}, started=at(-2))]
