@@ -113,7 +113,7 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
                 gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=s.queued_at if s else j.submitted_at,
                 base_priority=(s.contribution if s else 0.0) + j.base_priority, runtime_limit_s=_limit(j),
                 wait_credit_s=s.wait_credit_s if s else 0.0, compensation=s.compensation if s else 0.0,
-                manual=s.manual if s else 0.0))
+                manual=s.manual if s else 0.0, stoppable=j.stoppable))
         else:
             (withheld if j.state in WITHHELD_STATES else running).append(RunningJob(
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,

@@ -97,7 +97,8 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        waiting jobs (1-based, in the order of rule 1).
     5. Quotas (Q4, Q5), when the snapshot has them: before placement a job must fit the cluster, user
        and tenant tiers; it is admitted owned within its tenant's quota, else borrowed within its
-       borrow limit and the idle GPUs others lend. A job refused by a quota waits without holding
+       borrow limit and the idle GPUs others lend; never borrowed if it cannot be stopped (R5: no
+       reclaim could take those GPUs back). A job refused by a quota waits without holding
        anything (it blocks nobody and gets no reservation).
     6. Preemption (Q5, Q8), at most one plan per cycle, tried for at most max_preemption_attempts
        jobs that pass their quotas but do not fit, in priority order: a job within its tenant's
@@ -172,7 +173,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         # Rule 5: quotas before placement.
         borrowed = False
         if quota is not None:
-            verdict = quota.check(job.project, job.user, job.gpus)
+            verdict = quota.check(job.project, job.user, job.gpus, may_borrow=job.stoppable)
             if not verdict.ok:
                 why[job.id] = verdict.reason
                 continue

@@ -75,6 +75,9 @@ class PendingJob:
     # Q8 compensation after being preempted, and an admin's manual adjustment (Q3 parts).
     compensation: float = 0.0
     manual: float = 0.0
+    # R5: declared stoppable from here. One that is not runs only on its tenant's owned quota: borrowed GPUs go
+    # back when their lender reclaims them, by preempting the borrower, and such a job is never a victim.
+    stoppable: bool = True
 
     @property
     def gpus(self) -> int:

@@ -100,8 +100,10 @@ class QuotaUsage:
         pool = self._lend_sum - self._lends.get(borrower, 0) + max(0, self.cluster_limit() - self._owned_quota)
         return max(0, pool - self.lent)
 
-    def check(self, project: ProjectId, user: str, gpus: int) -> QuotaVerdict:
-        """Whether `gpus` more GPUs for this tenant and user fit every tier, and whether they are borrowed."""
+    def check(self, project: ProjectId, user: str, gpus: int, *, may_borrow: bool = True) -> QuotaVerdict:
+        """Whether `gpus` more GPUs for this tenant and user fit every tier, and whether they are borrowed.
+
+        may_borrow False (a job that cannot be stopped, so never reclaimed): only the owned quota may take it."""
         # Physical capacity is placement's business (and preemption's); this is the configured hard cap.
         if self.quotas.cluster_gpus is not None and self.total + gpus > self.cluster_limit():
             return QuotaVerdict(False, tier="cluster", reason=(
@@ -120,6 +122,10 @@ class QuotaUsage:
         owned = self.owned.get(project, 0)
         if owned + gpus <= q.gpus:
             return QuotaVerdict(True, borrowed=False)
+        if not may_borrow:
+            return QuotaVerdict(False, tier="tenant", reason=(
+                f"tenant quota of {project}: {owned} of {q.gpus} owned GPUs in use, the job needs {gpus}; a job that "
+                "cannot be stopped runs only on its tenant's own quota, as borrowed GPUs must go back when reclaimed"))
         borrowed = self.borrowed.get(project, 0)
         if q.borrow_limit is not None and borrowed + gpus > q.borrow_limit:
             return QuotaVerdict(False, tier="tenant", reason=(

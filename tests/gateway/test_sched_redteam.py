@@ -46,6 +46,31 @@ def test_a_job_declared_not_stoppable_is_never_chosen_as_a_preemption_victim(api
     assert job(api, other)["state"] == "stop_requested"
 
 
+def test_a_job_declared_not_stoppable_waits_for_its_own_quota_rather_than_borrow(api: Api) -> None:
+    """Q5, R5: borrowed GPUs go back when their lender reclaims them, by preempting the borrower; a job that
+    cannot be stopped is never a victim. Any submitter may declare that, so it was a way to keep borrowed GPUs
+    for ever: admitted on vision's idle quota, it left vision's own job waiting with nothing to reclaim."""
+    bring_up_nodes(api)
+    set_quota(api, "vision", 8)
+    set_quota(api, "speech", 8, borrow_limit=8)
+    own = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name="own")).json()["id"]
+    blind = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name="blind",
+                                                          stoppable=False)).json()["id"]
+    assert run_once(api.gateway) == 1
+    assert job(api, own)["state"] == "starting"
+    assert job(api, blind)["state"] == "pending"
+    reason = api.get(f"/v1/jobs/{blind}/queue", "mallory").json()["blocking_reason"]
+    assert "cannot be stopped" in reason and "own quota" in reason, reason
+    lender = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name="lender")).json()["id"]
+    assert run_once(api.gateway) == 1
+    assert {p["quota"] for p in job(api, lender)["placement"]} == {"owned"}
+    node = job(api, own)["placement"][0]["node"]
+    report(api, node, own, "started", pid=1)
+    report(api, node, own, "exited", evidence={"process_group_gone": True, "exit_code": 0})
+    assert run_once(api.gateway) == 1  # speech's own quota is free again: the job starts on it
+    assert {p["quota"] for p in job(api, blind)["placement"]} == {"owned"}
+
+
 def test_a_resumed_job_ages_by_its_time_in_the_queue_not_by_its_time_running(api: Api) -> None:
     """Q3, P2: aging rewards waiting. A job that ran ten hours, was paused and resumed had those hours of
     running counted as wait (its queue entry time was kept), so it came back aged as if it had queued all

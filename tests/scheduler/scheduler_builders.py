@@ -42,6 +42,7 @@ class JobBuilder:
         self._limit: float | None = None
         self._credit = 0.0
         self._compensation = 0.0
+        self._stoppable = True
 
     def gpus(self, n: int) -> JobBuilder:
         self._gpus = n
@@ -71,6 +72,11 @@ class JobBuilder:
         self._limit = hours * HOUR
         return self
 
+    def not_stoppable(self) -> JobBuilder:
+        """Declared not stoppable from here (R5)."""
+        self._stoppable = False
+        return self
+
     def requeued(self, waited_before_h: float, compensation: float) -> JobBuilder:
         """A job back in the queue after a preemption: earlier wait carried over, plus compensation."""
         self._credit = waited_before_h * HOUR
@@ -81,7 +87,7 @@ class JobBuilder:
         return PendingJob(id=self._id, project=self._project, user=self._user, queue=self._queue,
                           gpus_per_node=self._gpus, nodes=self._nodes, submitted_at=self._submitted,
                           base_priority=self._priority, runtime_limit_s=self._limit,
-                          wait_credit_s=self._credit, compensation=self._compensation)
+                          wait_credit_s=self._credit, compensation=self._compensation, stoppable=self._stoppable)
 
 
 def job(job_id: str, project: str = "vision", user: str = "ada") -> JobBuilder:
