@@ -23,8 +23,9 @@ from ledger.cli import ledger_group
 
 def _misplaced_option(e: click.NoSuchOption) -> click.NoSuchOption | None:
     """A `--token`, `--gateway` or `--trigger` written after the subcommand (`jobgate job list --token T`) belongs
-    to the group before it (`jobgate job --token T list`); say so, and name its environment variable, instead of
-    click's "No such option ... Did you mean '--json'?". None when the option is unknown to every parent too."""
+    to the group before it (`jobgate job --token T list`), or, for the groups that take it on each command, the
+    other way round (`jobgate token list --token T`); say so, and name its environment variable, instead of
+    click's "No such option ... Did you mean '--json'?". None when no command near it knows the option."""
     if e.ctx is None:
         return None
     ctx = e.ctx.parent
@@ -40,6 +41,19 @@ def _misplaced_option(e: click.NoSuchOption) -> click.NoSuchOption | None:
                     ctx=e.ctx,
                 )
         ctx = ctx.parent
+    # The other way round: the token, identity, break-glass and approvals commands take them after the subcommand.
+    group = e.ctx.command
+    if isinstance(group, click.Group):
+        for sub in group.commands.values():
+            for param in sub.params:
+                if isinstance(param, click.Option) and e.option_name in param.opts:
+                    env = f", or set {param.envvar}" if isinstance(param.envvar, str) else ""
+                    return click.NoSuchOption(
+                        e.option_name,
+                        f"{e.option_name} goes after the subcommand here:"
+                        f" `{e.ctx.command_path} SUBCOMMAND {e.option_name} VALUE ...`{env}",
+                        ctx=e.ctx,
+                    )
     return None
 
 

@@ -88,8 +88,12 @@ def run(server: Canned | None, *args: str, token: str | None = TOKEN) -> tuple[i
         (["audit", "show", "3", "--gateway", "http://x"],
          "`jobgate audit --gateway VALUE show ...`, or set JOBGATE_URL"),
         (["job", "list", "--nope"], "No such option '--nope'"),
+        (["token", "--token", "t", "list"], "--token goes after the subcommand here:"
+                                            " `jobgate token SUBCOMMAND --token VALUE ...`, or set JOBGATE_TOKEN"),
+        (["approvals", "--gateway", "http://x", "list"], "`jobgate approvals SUBCOMMAND --gateway VALUE ...`"),
     ],
-    ids=["token-after-list", "trigger-after-submit", "gateway-after-show", "really-unknown"],
+    ids=["token-after-list", "trigger-after-submit", "gateway-after-show", "really-unknown", "token-before-list",
+         "gateway-before-approvals-list"],
 )
 def test_a_client_option_after_the_subcommand_says_where_it_goes(args: list[str], expect: str) -> None:
     code, out = run(None, *args)
