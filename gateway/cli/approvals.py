@@ -205,7 +205,7 @@ def approve(gateway: str, token: str | None, trigger: str | None, approval_id: s
 @click.command("reject")
 @client_options
 @click.argument("approval_id")
-@click.option("--reason", required=True, help="Why; kept in the ledger and sent to the requester.")
+@click.option("--reason", required=True, help="Why (3 characters or more); ledgered and sent to the requester.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def reject(gateway: str, token: str | None, trigger: str | None, approval_id: str, reason: str,
            as_json: bool) -> None:

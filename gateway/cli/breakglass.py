@@ -17,7 +17,8 @@ def break_glass_group() -> None:
 @click.option("--project", "projects", multiple=True, required=True, help="Project covered; repeatable.")
 @click.option("--action", "actions", multiple=True, required=True,
               help="Action covered, e.g. job.stop or job.pause; repeatable. A misspelt one is refused with the list.")
-@click.option("--minutes", type=float, required=True, help="Lifetime, at most 240.")
+@click.option("--minutes", type=click.FloatRange(0, 240, min_open=True), required=True,
+              help="Lifetime in minutes, at most 240 (4 hours).")
 @click.option("--uses", type=int, default=1, show_default=True, help="Calls it may make.")
 @click.option("--reason", required=True, help="Why you need it (10 characters or more); kept in the ledger.")
 @click.option("--ticket", required=True, help="Incident ticket.")

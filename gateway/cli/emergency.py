@@ -112,7 +112,7 @@ def emergency_group(ctx: click.Context, gateway: str, token: str | None, trigger
               help="job=ID, workload=NAME, environment=research|staging|production, or label=key:value[,k:v].")
 @click.option("--trigger", "concern", type=click.Choice(["safety", "security"]), required=True,
               help="The concern behind the stop (recorded in the ledger).")
-@click.option("--reason", required=True, help="Written reason, kept in the ledger.")
+@click.option("--reason", required=True, help="Written reason (3 characters or more), kept in the ledger.")
 @click.option("--grace", "grace_seconds", type=click.FloatRange(0, 300), default=5.0, show_default=True,
               help="Grace window for every target (0 = SIGKILL at once).")
 @click.option("--ticket", help="Incident or ticket id.")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
 import click
 
 from gateway.cli.client import Client, client_options, emit_json, fail, table
+from gateway.schemas import StopSignal
 from gateway.states import JOB_STATES
 
 JOB_COLUMNS = [("id", "id"), ("name", "name"), ("project", "project"), ("queue", "queue"), ("state", "state"),
@@ -59,11 +60,14 @@ def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str 
 @click.option("--project", required=True, help="Project to run in.")
 @click.option("--queue", type=click.Choice(["urgent", "normal", "batch"]), default="normal", show_default=True,
               help="Queue to wait in; urgent jobs may preempt others', so only queue admins may use it.")
-@click.option("--gpus", "gpus_per_node", type=int, default=1, show_default=True, help="GPUs per node.")
-@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes in the gang.")
-@click.option("--grace", "grace_seconds", type=float, default=30.0, show_default=True,
-              help="Seconds between the prepare signal and SIGKILL.")
-@click.option("--signal", "stop_signal", default="SIGTERM", show_default=True, help="Prepare signal.")
+# The API's bounds (gateway/schemas.py JobSubmit), checked here so that a refusal names the option typed.
+@click.option("--gpus", "gpus_per_node", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="GPUs per node (1-64).")
+@click.option("--nodes", type=click.IntRange(1, 1024), default=1, show_default=True, help="Nodes in the gang.")
+@click.option("--grace", "grace_seconds", type=click.FloatRange(0, 3600), default=30.0, show_default=True,
+              help="Seconds between the prepare signal and SIGKILL (0-3600).")
+@click.option("--signal", "stop_signal", type=click.Choice(get_args(StopSignal)), default="SIGTERM",
+              show_default=True, help="Prepare signal.")
 @click.option("--owner", help="Responsible owner (default: you).")
 @click.option("--environment", type=click.Choice(["research", "staging", "production"]), default="research",
               show_default=True, help="Environment the job belongs to (policy and emergency stops select by it).")
@@ -199,7 +203,7 @@ def show(client: Client, job_id: str, as_json: bool) -> None:
 
 @job_group.command("stop")
 @click.argument("job_id")
-@click.option("--reason", required=True, help="Written reason; kept in the ledger.")
+@click.option("--reason", required=True, help="Written reason (3 characters or more); kept in the ledger.")
 @click.option("--ticket", help="Linked ticket or incident id.")
 @click.option("--wait", "wait_s", type=float, default=0, help="Wait up to this many seconds for the final state.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")

@@ -83,3 +83,20 @@ def test_show_says_whether_the_checkpoints_are_still_kept(canned: Canned, kept: 
     code, out = run(canned, "job", "show", "j-1")
     assert code == 0 and line in out.splitlines(), out
     assert "sha256 " + "9a" * 32 in out  # whole, to compare with the file
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["job", "submit", "--name", "t", "--project", "vision", "--gpus", "0", "--", "true"], "'--gpus'"),
+        (["job", "submit", "--name", "t", "--project", "vision", "--grace", "-1", "--", "true"], "'--grace'"),
+        (["job", "submit", "--name", "t", "--project", "vision", "--signal", "SIGFOO", "--", "true"], "'--signal'"),
+        (["break-glass", "request", "--project", "vision", "--action", "job.stop", "--minutes", "300",
+          "--reason", "the pager went off", "--ticket", "INC-1"], "'--minutes'"),
+    ],
+    ids=["gpus", "grace", "signal", "minutes"],
+)
+def test_an_option_out_of_the_apis_bounds_is_named_as_typed(args: list[str], said: str) -> None:
+    """These reached the gateway and came back as `422 gpus_per_node: ...`, a field the user never typed."""
+    code, out = run(None, *args)
+    assert code == 2 and said in out and "422" not in out, out
