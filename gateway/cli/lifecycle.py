@@ -119,3 +119,24 @@ def resume(client: Client, job_id: str, reason: str | None, as_json: bool) -> No
             f"{job_id}: {r['job']['state']}  [decision recorded at ledger seq {r['decision']['ledger_seq']}];"
             f" `jobgate job why {job_id}` shows its place in the queue"
         )
+
+
+@job_group.command("confirm-stopped")
+@click.argument("job_id")
+@click.option("--reason", required=True, help="How you know it no longer runs (3 characters or more); ledgered.")
+@click.option("--ticket", help="Linked ticket or incident id.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def confirm_stopped(client: Client, job_id: str, reason: str, ticket: str | None, as_json: bool) -> None:
+    """On-call: confirm that JOB_ID, whose stop its node could not confirm (stop_failed) or whose node is lost,
+    no longer runs. It becomes `stopped` (outcome confirmed) and its withheld GPUs are released; if the node
+    comes back, its agent is told to stop the job."""
+    body = {"reason": reason, **({"ticket": ticket} if ticket else {})}
+    r = client.request("POST", "jobs", job_id, "confirm-stopped", json=body)
+    if as_json:
+        emit_json(r)
+    elif r.get("approval_id"):
+        echo_needs_approval(job_id, r["decision"], r["approval_id"])
+    else:
+        click.echo(f"{job_id}: {r['job']['state']} (confirmed)  [decision recorded at ledger seq"
+                   f" {r['decision']['ledger_seq']}]")

@@ -15,7 +15,7 @@ COLUMNS = [("id", "node"), ("state", "state"), ("gpus", "gpus"), ("gpus_used", "
 @click.option("--json", "as_json", is_flag=True, help="Print the nodes as JSON.")
 def nodes_cmd(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
     """List nodes: `alive`, `lost` (missed heartbeats: its jobs are `lost` and their GPUs withheld until the
-    node returns or on-call confirms with `POST /v1/jobs/ID/confirm-stopped`), or `registered`."""
+    node returns or on-call confirms with `jobgate job confirm-stopped ID --reason ...`), or `registered`."""
     data = Client(gateway, token, trigger).request("GET", "nodes")
     if as_json:
         emit_json(data)

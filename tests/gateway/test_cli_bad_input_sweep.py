@@ -151,7 +151,9 @@ def _good(p: click.Parameter) -> str:
     if isinstance(t, click.Choice):
         return str(t.choices[0])
     if isinstance(t, click.IntRange | click.FloatRange):
-        return str(t.min if t.min is not None else 1)
+        if t.min is None:
+            return "1"
+        return str(t.max if t.min_open and t.max is not None else t.min)  # an open minimum is not in the range
     if isinstance(t, click.types.IntParamType | click.types.FloatParamType):
         return "1"
     if isinstance(t, click.Path):

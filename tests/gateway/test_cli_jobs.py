@@ -100,3 +100,13 @@ def test_an_option_out_of_the_apis_bounds_is_named_as_typed(args: list[str], sai
     """These reached the gateway and came back as `422 gpus_per_node: ...`, a field the user never typed."""
     code, out = run(None, *args)
     assert code == 2 and said in out and "422" not in out, out
+
+
+def test_on_call_confirms_a_stop_from_the_command_line(canned: Canned) -> None:  # noqa: F811
+    """`jobgate nodes` told on-call to confirm with a curl to POST /v1/jobs/ID/confirm-stopped."""
+    job = {**stopped_job({}), "state": "stopped", "outcome": "confirmed"}
+    canned.answers[("POST", "/v1/jobs/j-1/confirm-stopped")] = (200, {"job": job, "decision": {"ledger_seq": 41}})
+    code, out = run(canned, "job", "confirm-stopped", "j-1", "--reason", "node power-cycled, GPUs idle")
+    assert (code, out) == (0, "j-1: stopped (confirmed)  [decision recorded at ledger seq 41]\n"), out
+    code, out = run(None, "job", "confirm-stopped", "j-1")
+    assert code == 2 and "Missing option '--reason'" in out, out
