@@ -115,6 +115,7 @@ def _banner(url: str, data_dir: Path, demo: bool) -> str:
     lines = [
         "",
         f"jobgate gateway   {url}",
+        f"  console         {url}/ui  (sign in with a token)",
         f"  API docs        {url}/docs",
         f"  health          {url}/healthz",
         f"  data dir        {data_dir}  (business DB jobgate.db, ledger ledger.db, keys/)",
