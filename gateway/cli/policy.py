@@ -18,7 +18,7 @@ import click
 from gateway.cli.client import emit_json, fail, table
 from gateway.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.policy.errors import PolicyError, PolicyLoadError
-from gateway.policy.loader import load_policy_set
+from gateway.policy.loader import load_policy_set, lookalike_roles
 from gateway.settings import REPO_POLICIES
 from ledger.cli import end_progress_bar, progress_bar
 
@@ -57,9 +57,11 @@ def policy_group() -> None:
 
 @policy_group.command("check")
 @_dir_arg
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too (a role that looks like a misspelt one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def check_cmd(directory: Path | None, as_json: bool) -> None:
-    """Compile DIRECTORY (default: the repository's policies/) and report every problem as file:line."""
+def check_cmd(directory: Path | None, strict: bool, as_json: bool) -> None:
+    """Compile DIRECTORY (default: the repository's policies/) and report every problem as file:line, and
+    warnings (a matrix role named nearly like another, likely a typo) the set would still be accepted with."""
     path = _policy_dir(directory)
     try:
         ps = load_policy_set(path)
@@ -72,13 +74,18 @@ def check_cmd(directory: Path | None, as_json: bool) -> None:
             click.echo(f"{len(e.errors)} problem(s); the set would be refused", err=True)
         raise SystemExit(1) from None
     roles = sorted({r.role for r in ps.matrix})
+    warnings = [str(w) for w in lookalike_roles(ps.matrix)]
     summary = {"ok": True, "directory": str(path), "policy_hash": ps.hash, "rego_modules": sorted(ps.rego_modules),
-               "matrix_rows": len(ps.matrix), "roles": roles}
+               "matrix_rows": len(ps.matrix), "roles": roles, "warnings": warnings}
     if as_json:
         emit_json(summary)
     else:
+        for w in warnings:
+            click.echo(f"warning: {w}")
         click.echo(f"ok {ps.hash}  ({len(ps.rego_modules)} Rego modules, {len(ps.matrix)} matrix rows, "
                    f"roles: {', '.join(roles)})")
+    if warnings and strict:
+        raise SystemExit(1)
 
 
 @policy_group.command("test")

@@ -250,6 +250,24 @@ def parse_matrix(text: str) -> tuple[tuple[MatrixRow, ...], list[PolicyProblem]]
     return tuple(rows), problems
 
 
+def lookalike_roles(rows: tuple[MatrixRow, ...]) -> list[PolicyProblem]:
+    """Roles whose name is nearly another's and that are granted less often than it: most likely a typo
+    (`reseacher` beside `researcher`), which the set would accept as a new role anyone could then be bound to.
+    Warnings, not refusals: two roles may be meant to look alike."""
+    import difflib
+
+    lines: dict[str, list[int]] = {}
+    for row in rows:
+        lines.setdefault(row.role, []).append(row.line)
+    warnings = []
+    for role, at in sorted(lines.items()):
+        others = [r for r in lines if r != role and len(lines[r]) > len(at)]
+        for near in difflib.get_close_matches(role, others, n=1, cutoff=0.8):
+            warnings.append(PolicyProblem(MATRIX_FILE, at[0], f"role {role!r} ({len(at)} row(s)) looks like a"
+                                                               f" misspelling of {near!r} ({len(lines[near])} rows)"))
+    return warnings
+
+
 def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
     """data.json must be an object holding every number the Rego rules read."""
     try:

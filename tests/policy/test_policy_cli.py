@@ -38,6 +38,22 @@ def test_check_ok_and_broken(policy_dir: Path) -> None:
     assert code == 1 and json.loads(out)["ok"] is False
 
 
+def test_check_warns_of_a_role_that_looks_like_a_misspelt_one(policy_dir: Path) -> None:
+    """`p, reseacher, vision, job.view` was accepted silently: a new role `reseacher` that `role grant` then
+    offered, while the researchers it was meant for did not get the capability."""
+    matrix = policy_dir / "matrix.csv"
+    lines = len(matrix.read_text().splitlines())
+    matrix.write_text(matrix.read_text() + "p, reseacher, vision, job.view\n")
+    code, out = run("policy", "check", str(policy_dir))
+    assert code == 0, out
+    assert (f"warning: matrix.csv:{lines + 1}: role 'reseacher' (1 row(s)) looks like a misspelling of"
+            " 'researcher'") in out, out
+    code, out = run("policy", "check", str(policy_dir), "--strict")
+    assert code == 1, out
+    assert json.loads(run("policy", "check", str(policy_dir), "--json")[1])["warnings"]
+    assert json.loads(run("policy", "check", str(POLICIES), "--json")[1])["warnings"] == []  # the shipped set
+
+
 def test_check_missing_directory() -> None:
     code, out = run("policy", "check", "/nonexistent/policies")
     assert code == 1 and out.startswith("Error: policy directory /nonexistent/policies does not exist"), out
