@@ -118,7 +118,8 @@ def emergency_group(ctx: click.Context, gateway: str, token: str | None, trigger
 @click.option("--ticket", help="Incident or ticket id.")
 @click.option("--hold/--no-hold", default=True, show_default=True,
               help="A workload or scope stop keeps its scope closed to new jobs until `lift`.")
-@click.option("--watch", is_flag=True, help="Follow progress until every job is accounted for.")
+@click.option("--watch", is_flag=True, help="Follow progress until every job is accounted for; a stop that waits"
+                                            " for a second person returns at once (then `show ID --watch`).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Give up watching after this long.")
 @click.option("--json", "as_json", is_flag=True, help="Print the emergency stop as JSON.")
 @click.pass_obj
