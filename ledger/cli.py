@@ -150,6 +150,7 @@ def verify_cmd(
     if public_key is None:
         if data_dir is None:
             _error("--public-key is required with --bundle or --db")
+        _url(data_dir, None)  # no such directory, or no ledger in it, is said as such (not as a missing key)
         public_key = data_dir / "keys" / VERIFIER_FILE
     verifier = _verifier(public_key, given)
     trusted = _read_text(trusted_checkpoint, "trusted checkpoint") if trusted_checkpoint is not None else None

@@ -122,6 +122,13 @@ def test_a_missing_public_key_names_the_option(data_dir: Path) -> None:
     assert code == 2 and err == f"Error: cannot read --public-key {data_dir / 'nope.vkey'}: No such file or directory\n"
 
 
+def test_verify_of_a_data_dir_without_a_ledger_says_so_not_that_a_key_is_missing(tmp_path: Path) -> None:
+    code, _, err = run("verify", "--data-dir", str(tmp_path))
+    assert code == 2 and err == f"Error: no ledger database at {tmp_path.resolve() / 'ledger.db'}\n", err
+    code, _, err = run("verify", "--data-dir", str(tmp_path / "nope"))
+    assert code == 2 and err == f"Error: data directory {tmp_path / 'nope'} does not exist\n", err
+
+
 def test_prove_and_consistency_print_verifiable_json(data_dir: Path) -> None:
     import base64
 
