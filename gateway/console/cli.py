@@ -209,6 +209,26 @@ def audit_show(client: Client, seq: int, as_json: bool) -> None:
         fail(f"entry {seq}: {d['verdict']}")
 
 
+@audit_group.command("checkpoint")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Save it to this file (otherwise it is printed).")
+@click.pass_obj
+def audit_checkpoint(client: Client, out: Path | None) -> None:
+    """The ledger's latest signed checkpoint (a C2SP signed note). Keep it: `jobgate ledger verify
+    --trusted-checkpoint FILE` later catches a history rewritten or cut short since, even if re-signed."""
+    note = client.request("GET", "ledger", "checkpoint")
+    if not isinstance(note, str) or "\n\n" not in note:
+        fail("the gateway's answer is not a signed checkpoint")
+    if out is None:
+        click.echo(note, nl=False)
+        return
+    try:
+        out.write_text(note, encoding="utf-8")
+    except OSError as e:
+        fail(f"cannot write {out}: {e.strerror or e}")
+    click.echo(f"saved the checkpoint at tree size {note.splitlines()[1]} to {out}")
+
+
 @audit_group.command("export")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Bundle file to write.")
 @_json

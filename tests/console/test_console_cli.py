@@ -103,6 +103,23 @@ def test_audit_entries_show_and_export(served: tuple[Console, str], tmp_path: Pa
     assert code == 1 and out.startswith("Error: 403") and not (tmp_path / "no.bundle").exists()
 
 
+def test_an_auditor_saves_the_checkpoint_and_verifies_against_it_later(served: tuple[Console, str],
+                                                                      tmp_path: Path) -> None:
+    """The README saved the trusted checkpoint with curl (which, with a wrong token, saved the 401's body)."""
+    con, url = served
+    submit(con)
+    saved = tmp_path / "saved-checkpoint.txt"
+    code, out = run(url, con, "audrey", "audit", "checkpoint", "--out", str(saved))
+    assert code == 0 and out == f"saved the checkpoint at tree size {con.gateway.ledger.size()} to {saved}\n", out
+    assert saved.read_text() == con.gateway.ledger.latest_checkpoint()
+    code, out = run(url, con, "mallory", "audit", "checkpoint", "--out", str(tmp_path / "no.txt"))
+    assert code == 1 and out.startswith("Error: 403") and not (tmp_path / "no.txt").exists(), out
+    verify = subprocess.run([sys.executable, "-m", "gateway.cli", "ledger", "verify", "--data-dir",
+                             str(con.gateway.settings.data_dir), "--trusted-checkpoint", str(saved)],
+                            capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0 and "consistent with trusted checkpoint" in verify.stdout, verify.stderr
+
+
 def test_policy_show(served: tuple[Console, str]) -> None:
     con, url = served
     code, out = run(url, con, "sam", "policy", "show", "--json")
