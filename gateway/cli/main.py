@@ -30,31 +30,26 @@ def _misplaced_option(e: click.NoSuchOption) -> click.NoSuchOption | None:
         return None
     ctx = e.ctx.parent
     while ctx is not None:
-        for param in ctx.command.params:
-            if isinstance(param, click.Option) and e.option_name in param.opts:
-                rest = e.ctx.command_path[len(ctx.command_path):].strip()
-                env = f", or set {param.envvar}" if isinstance(param.envvar, str) else ""
-                return click.NoSuchOption(
-                    e.option_name,
-                    f"{e.option_name} goes before the subcommand: `{ctx.command_path} {e.option_name} VALUE {rest} ...`"
-                    f"{env}",
-                    ctx=e.ctx,
-                )
+        if (param := _option(ctx.command, e.option_name)) is not None:
+            rest = e.ctx.command_path[len(ctx.command_path):].strip()
+            return _goes(e, param, f"before the subcommand: `{ctx.command_path} {e.option_name} VALUE {rest} ...`")
         ctx = ctx.parent
     # The other way round: the token, identity, break-glass and approvals commands take them after the subcommand.
     group = e.ctx.command
-    if isinstance(group, click.Group):
-        for sub in group.commands.values():
-            for param in sub.params:
-                if isinstance(param, click.Option) and e.option_name in param.opts:
-                    env = f", or set {param.envvar}" if isinstance(param.envvar, str) else ""
-                    return click.NoSuchOption(
-                        e.option_name,
-                        f"{e.option_name} goes after the subcommand here:"
-                        f" `{e.ctx.command_path} SUBCOMMAND {e.option_name} VALUE ...`{env}",
-                        ctx=e.ctx,
-                    )
+    for sub in group.commands.values() if isinstance(group, click.Group) else ():
+        if (param := _option(sub, e.option_name)) is not None:
+            return _goes(e, param, f"after the subcommand here: `{e.ctx.command_path} SUBCOMMAND {e.option_name} VALUE"
+                                   " ...`")
     return None
+
+
+def _option(command: click.Command, name: str | None) -> click.Option | None:
+    return next((p for p in command.params if isinstance(p, click.Option) and name in p.opts), None)
+
+
+def _goes(e: click.NoSuchOption, param: click.Option, where: str) -> click.NoSuchOption:
+    env = f", or set {param.envvar}" if isinstance(param.envvar, str) else ""
+    return click.NoSuchOption(e.option_name, f"{e.option_name} goes {where}{env}", ctx=e.ctx)
 
 
 class _Cli(click.Group):
