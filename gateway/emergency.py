@@ -314,17 +314,14 @@ def _last_step_at(session: Session, job_ids: list[str]) -> datetime | None:
     return last
 
 
-def settle(session: Session, rows: list[EmergencyStop], shown: list[dict[str, Any]]) -> bool:
+def settle(session: Session, rows: list[EmergencyStop], shown: list[dict[str, Any]]) -> None:
     """Store the states `reports` derived where they differ from the rows': once per stop, the first time
     it is seen done (or refused); only if the row still holds the state the report started from, so two
-    readers settling at once store it once. True if anything was stored."""
-    changed = False
+    readers settling at once store it once."""
     for row, out in zip(rows, shown, strict=True):
         if out["state"] != row.state:
             session.execute(update(EmergencyStop).where(EmergencyStop.id == row.id, EmergencyStop.state == row.state)
                             .values(state=out["state"], finished_at=datetime.fromisoformat(out["finished_at"])))
-            changed = True
-    return changed
 
 
 def settle_after_read(gw: Gateway, rows: list[EmergencyStop], shown: list[dict[str, Any]]) -> None:
