@@ -18,16 +18,19 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 @router.get("", summary="Nodes, health and GPU use")
 def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
     """Every registered node: its state (alive, lost, ...), GPUs in all and in use, GPUs withheld on a lost
-    node until it returns or on-call confirms its jobs stopped, the jobs placed there, and when its agent
-    last spoke."""
+    node until it returns or on-call confirms its jobs stopped, whether it is degraded (its agent reports
+    fewer GPUs than its jobs hold: it takes no new work until they fit), the jobs placed there, and when its
+    agent last spoke."""
     with ctx.gw.transaction() as session:
         ctx.caller(session)
         used: dict[str, int] = defaultdict(int)
+        top: dict[str, int] = defaultdict(lambda: -1)  # the highest GPU index held there
         jobs: dict[str, list[str]] = defaultdict(list)
         for node_id, gpus, job_id in session.execute(
             select(Allocation.node, Allocation.gpus, Allocation.job_id).where(Allocation.released.is_(False))
         ).all():
             used[node_id] += len(gpus)
+            top[node_id] = max(top[node_id], *gpus, -1)
             jobs[node_id].append(job_id)
         agents = {a.node: a for a in session.scalars(select(AgentSession)).all()}
         nodes = session.scalars(select(Node).order_by(Node.id)).all()
@@ -35,6 +38,8 @@ def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
             {"id": n.id, "state": n.state, "gpus": n.gpus, "gpus_used": used[n.id],
              # GPUs of a lost node stay held until it returns or on-call confirms its jobs stopped.
              "gpus_withheld": used[n.id] if n.state == "lost" else 0,
+             # As the scheduler sees it (gateway.scheduling._node_state).
+             "degraded": top[n.id] >= n.gpus,
              "jobs": sorted(jobs[n.id]),
              "agent_since": agents[n.id].since.isoformat() if n.id in agents else None,
              "last_heartbeat": n.last_heartbeat.isoformat() if n.last_heartbeat else None}

@@ -58,6 +58,10 @@ def test_a_node_reporting_fewer_gpus_than_its_jobs_hold_does_not_stop_the_other_
         alerts = [n.body for n in s.scalars(select(Notification).where(Notification.kind == "node_gpus_missing"))]
     assert alerts and alerts[0]["node"] == shrunk and alerts[0]["reported_gpus"] == 2
     assert alerts[0]["jobs"] == [a] and alerts[0]["allocated_beyond"] == list(range(2, 8))
+    # On-call sees which node and why in the node list, not only in the alert.
+    nodes = {n["id"]: n for n in api.get("/v1/nodes", "alice").json()["nodes"]}
+    assert nodes[shrunk]["degraded"] and nodes[shrunk]["gpus"] == 2 and nodes[shrunk]["gpus_used"] == 8
+    assert not nodes[other]["degraded"]
 
 
 def test_stops_are_still_escalated_while_a_node_reports_fewer_gpus_than_its_jobs_hold(api: Api) -> None:
