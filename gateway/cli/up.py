@@ -32,6 +32,25 @@ def _start_agents(data_dir: Path, url: str) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
+def _still_running(settings: Settings) -> list[str]:
+    """Ids of the jobs whose processes the demo's agents leave running when they stop (workloads outlive their
+    agent on purpose: restarting an agent must not take training runs down with it)."""
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from gateway.models import Job
+    from gateway.states import ACTIVE_STATES
+
+    engine = create_engine(settings.resolved_database_url())
+    try:
+        with engine.connect() as c:
+            return list(c.scalars(select(Job.id).where(Job.state.in_(ACTIVE_STATES)).order_by(Job.id)))
+    except SQLAlchemyError:
+        return []  # only a courtesy on the way out: never fail the shutdown for it
+    finally:
+        engine.dispose()
+
+
 def _check_port_free(host: str, port: int) -> None:
     """Raises ClickException when HOST:PORT cannot be bound, before anything is seeded, started or printed: the
     banner's "Try, in another terminal" lines would otherwise send the reader to whatever already listens there
@@ -195,6 +214,11 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if agents and (running := _still_running(settings)):
+            click.echo(f"stopped; {len(running)} job(s) still running on the demo nodes ({', '.join(running[:5])}"
+                       f"{', ...' if len(running) > 5 else ''}): their processes outlive the node agents on purpose."
+                       f" `jobgate up --demo --data-dir {data_dir}` picks them up again; stop them there with"
+                       " `jobgate job stop ID --reason ...`.")
 
 
 @click.command("demo-token")

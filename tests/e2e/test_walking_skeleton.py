@@ -120,3 +120,18 @@ def test_the_system_shuts_down_cleanly_while_agents_long_poll(demo_system: Syste
     assert answers == [200]
     log = (tmp_path / "gateway.log").read_text()
     assert "Traceback" not in log and "CancelledError" not in log, log
+
+
+def test_stopping_the_demo_says_which_jobs_keep_running(demo_system: System, tmp_path: Path) -> None:
+    """Ctrl-C on `jobgate up --demo` ends the gateway and its agents but not their jobs' processes (on purpose:
+    an agent restart must not kill training). It used to end in silence, leaving them running unseen."""
+    out = demo_system.cli("alice", "job", "submit", "--name", "sleeper", "--project", "vision", "--gpus", "1",
+                          "--json", "--", sys.executable, "-c", "import time; time.sleep(600)")
+    job_id = json.loads(out.stdout)["id"]
+    alice = demo_system.client("alice")
+    wait_for(lambda: alice.get(f"/v1/jobs/{job_id}").json()["state"] == "running", 30, "the job to run")
+    demo_system.proc.send_signal(signal.SIGINT)
+    assert demo_system.proc.wait(timeout=30) == 0
+    log = (tmp_path / "gateway.log").read_text()
+    assert f"1 job(s) still running on the demo nodes ({job_id})" in log, log
+    assert f"jobgate up --demo --data-dir {demo_system.data_dir}" in log
