@@ -153,8 +153,24 @@ def leaf_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
         yield from leaf_routes(inner.routes) if inner is not None else [route]
 
 
+# Every pattern a request field must match, in words: pydantic quotes the regular expression itself, which reads
+# as noise to most people who mistyped a name. tests/gateway/test_bad_input_sweep.py checks that each pattern
+# in the OpenAPI document is here.
+PATTERN_WORDS = {
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$":
+        "must be 1 to 128 characters: a letter or digit, then letters, digits, '.', '_' or '-'",
+    r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$":
+        "must be 1 to 128 characters: a letter or digit, then letters, digits, '.', '_', '-' or '/'",
+    r"^[A-Za-z0-9_.\-]+$": "must be letters, digits, '.', '_' or '-' only",
+    r"^(\*|[A-Za-z0-9_.\-]+)$": "must be * (every project) or letters, digits, '.', '_' or '-' only",
+}
+
+
 def _field_error(e: Any) -> dict[str, str]:
     """One pydantic error as {field, message}; the body's own fields are named without the "body." prefix."""
     if e["type"] == "json_invalid":  # its loc is ("body", character offset): no field to name
         return {"field": "", "message": f"not valid JSON at character {e['loc'][-1]} ({e['ctx']['error']})"}
-    return {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": e["msg"]}
+    message = e["msg"]
+    if e["type"] == "string_pattern_mismatch":
+        message = PATTERN_WORDS.get(str(e.get("ctx", {}).get("pattern")), message)
+    return {"field": ".".join(str(p) for p in e["loc"] if p != "body"), "message": message}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -68,9 +69,12 @@ class Client:
         if ctx is not None:  # close the kept-alive connection when the command ends, not at interpreter exit
             ctx.call_on_close(self.http.close)
 
-    def request(self, method: str, *segments: str | int, **kwargs: Any) -> Any:
+    def request(self, method: str, *segments: str | int, options: Mapping[str, str] | None = None,
+                **kwargs: Any) -> Any:
         """METHOD on the route `/v1/SEGMENTS` (see api_path: the path is only ever built from quoted segments, so
-        no command can put an id into it raw); the JSON answer, or the text of any other."""
+        no command can put an id into it raw); the JSON answer, or the text of any other. `options` names the
+        command's option for each body field, so that a 422 speaks of `--runtime-limit`, not of the API's
+        `runtime_limit_seconds`."""
         try:
             built = self.http.build_request(method, api_path(*segments), **kwargs)
         except httpx.InvalidURL as e:  # api_path quotes every id; kept so that nothing else can end in a traceback
@@ -84,15 +88,16 @@ class Client:
         except httpx.HTTPError as e:
             fail(f"cannot reach the gateway at {self.url} ({e.__class__.__name__}: {e})")
         if r.status_code >= 400:
-            fail(f"{r.status_code} {self._problem(r)}")
+            fail(f"{r.status_code} {self._problem(r, options or {})}")
         if r.headers.get("content-type", "").startswith("application/json"):
             return r.json()
         return r.text
 
 
-    def _problem(self, r: httpx.Response) -> str:
+    def _problem(self, r: httpx.Response, options: Mapping[str, str]) -> str:
         """One line from a problem+json answer: its detail, plus what a CLI user needs next (the rule that refused
-        and the ledger seq the refusal is recorded at; where a missing token goes)."""
+        and the ledger seq the refusal is recorded at; where a missing token goes; the options, not the API
+        fields, that a 422 is about)."""
         try:
             body = r.json()
         except ValueError:
@@ -100,6 +105,9 @@ class Client:
         if not isinstance(body, dict):
             return r.text.strip()[:300]
         detail = str(body.get("detail") or body.get("title") or "")
+        errors = body.get("errors")
+        if r.status_code == 422 and options and isinstance(errors, list) and errors:
+            detail = "; ".join(_as_option(e, options) for e in errors)
         rules = body.get("rules")
         if isinstance(rules, list) and rules:
             seq = body.get("ledger_seq")
@@ -108,6 +116,16 @@ class Client:
         if r.status_code == 401 and not self.has_token:
             detail += " (no token given: set JOBGATE_TOKEN or pass --token)"
         return detail
+
+
+def _as_option(error: object, options: Mapping[str, str]) -> str:
+    """One field error of a 422 in the command's words: `labels.team` becomes `--label team`."""
+    if not isinstance(error, dict):
+        return str(error)
+    field, message = str(error.get("field", "")), str(error.get("message", ""))
+    head, _, rest = field.partition(".")
+    name = options.get(head, field or "body")
+    return f"{name}{' ' + rest if rest and head in options else ''}: {message}"
 
 
 def client_options(f: Any) -> Any:

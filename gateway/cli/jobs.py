@@ -55,6 +55,13 @@ def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str 
     ctx.obj = Client(gateway, token, trigger)
 
 
+# The API field behind each of submit's options, for the server's 422s.
+SUBMIT_OPTIONS = {"name": "--name", "project": "--project", "queue": "--queue", "gpus_per_node": "--gpus",
+                  "nodes": "--nodes", "command": "COMMAND", "grace_seconds": "--grace", "stop_signal": "--signal",
+                  "owner": "--owner", "environment": "--environment", "workload": "--workload", "labels": "--label",
+                  "runtime_limit_seconds": "--runtime-limit", "mounts": "--mount", "datasets": "--dataset"}
+
+
 @job_group.command("submit")
 @click.option("--name", required=True, help="Human-readable job name.")
 @click.option("--project", required=True, help="Project to run in.")
@@ -105,7 +112,7 @@ def submit(client: Client, name: str, project: str, queue: str, gpus_per_node: i
         body["mounts"] = list(mounts)
     if datasets:
         body["datasets"] = list(datasets)
-    job = client.request("POST", "jobs", json=body)
+    job = client.request("POST", "jobs", json=body, options=SUBMIT_OPTIONS)
     if as_json:
         emit_json(job)
     else:
