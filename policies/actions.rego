@@ -36,7 +36,7 @@ project_finding := project_grant(
 	not holds(request_project, "job.submit.urgent")
 } else := project_grant(
 	action_rule[input.action],
-	sprintf("%s holds %s in project %s", [actor, project_capability[input.action], request_project]),
+	sprintf("%s holds %s %s", [actor, project_capability[input.action], in_project(request_project)]),
 	request_project, 0, nobody, [],
 ) if {
 	holds(request_project, project_capability[input.action])

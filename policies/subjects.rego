@@ -93,7 +93,14 @@ cap := {
 	"delete_own": "job.delete.own",
 }
 
-missing_capability(p, capability) := sprintf("%s holds no role in project %s that grants %s", [actor, p, capability])
+# Where a capability is held, in words: "*" is not a project anyone named but the whole platform.
+in_project(p) := sprintf("in project %s", [p]) if p != "*"
+
+in_project("*") := platform_wide
+
+platform_wide := "platform-wide"
+
+missing_capability(p, capability) := sprintf("%s holds no role %s that grants %s", [actor, in_project(p), capability])
 
 # A grant on a target job carries the job itself (approvals.rego reads its owner and flags); building
 # it here once is much cheaper than merging the target into the finding afterwards.
