@@ -8,6 +8,10 @@ Each figure sits beside a baseline measured in the same run, on the same machine
    scheduled instant, so queueing is included); p50/p99, beside the same schedule with no ledger.
    Both in rounds (--rounds, each with its own baseline): the median round is reported with every round's
    figure (bench.machine.median_round says why).
+   Beside 1, its two parts, measured apart: the ledger's own work with no thread hand-off (one caller
+   appending 64 entries at a time), and the hand-off alone (64 threads passing appends to a writer that
+   does nothing with them, woken as Ledger._wake wakes them). Their CPU per entry, spent mostly holding
+   CPython's one interpreter lock, bounds what 64 appending threads can reach in one process.
 3. Proof generation on a 1,000,000-leaf tree.
 4. Offline verification of an N-entry export bundle (1,000,000 unless --quick; --verify-entries N; the fastest of
    --verify-repeat runs) vs hashlib SHA-256 over the same entry bytes in this process, in wall and in CPU
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -143,6 +148,76 @@ def bench_append_sqlite(tmp: Path, threads: int, per_thread: int, rnd: int = 0) 
     res["baseline_raw_sqlite_batch256_entries_per_s"] = round(base_rate)
     res["ratio_to_baseline"] = round(res["entries_per_s"] / base_rate, 3)
     return res
+
+
+def bench_append_parts(tmp: Path, threads: int, per_thread: int) -> dict[str, Any]:
+    """Item 1's two costs apart (see the module docstring)."""
+    led = Ledger.open(f"sqlite:///{tmp / 'parts.db'}", signer=NoteSigner.generate(ORIGIN))
+    batch = [("decision", body_1k(0, i), None) for i in range(64)]
+    rounds = threads * per_thread // 64
+    led.append_many(batch)
+    c0, t0 = _cpu(), time.perf_counter()
+    for _ in range(rounds):
+        led.append_many(batch)
+    elapsed, cpu = time.perf_counter() - t0, _cpu() - c0
+    led.close()
+    n = rounds * 64
+    own = {"entries_per_s": round(n / elapsed), "cpu_us_per_entry": round(cpu / n * 1e6, 1)}
+    return {"ledger_work_one_caller_batches_of_64": own, "thread_handoff_only": handoff(threads, per_thread)}
+
+
+def handoff(threads: int, per_thread: int) -> dict[str, Any]:
+    """Threads queue appends for a writer that does nothing but wake them, one after another (a baton)."""
+    queue: list[list[Any]] = []  # [lock, next]
+    qlock, kick = threading.Lock(), threading.Lock()
+    kick.acquire()
+    state = {"idle": True, "done": False}
+
+    def writer() -> None:
+        while True:
+            with qlock:
+                batch, queue[:] = queue[:], []
+                if not batch:
+                    state["idle"] = True
+            if not batch:
+                if state["done"]:
+                    return
+                kick.acquire()
+                continue
+            for a, b in itertools.pairwise(batch):
+                a[1] = b
+            batch[0][0].release()
+
+    def appender() -> None:
+        for _ in range(per_thread):
+            me: list[Any] = [threading.Lock(), None]
+            me[0].acquire()
+            with qlock:
+                queue.append(me)
+                if state["idle"]:
+                    state["idle"] = False
+                    kick.release()
+            me[0].acquire()
+            if me[1] is not None:
+                me[1][0].release()
+
+    w = threading.Thread(target=writer)
+    w.start()
+    ths = [threading.Thread(target=appender) for _ in range(threads)]
+    c0, t0 = _cpu(), time.perf_counter()
+    for th in ths:
+        th.start()
+    for th in ths:
+        th.join()
+    elapsed, cpu = time.perf_counter() - t0, _cpu() - c0
+    with qlock:
+        state["done"] = True
+        if state["idle"]:
+            state["idle"] = False
+            kick.release()
+    w.join()
+    n = threads * per_thread
+    return {"entries_per_s": round(n / elapsed), "cpu_us_per_entry": round(cpu / n * 1e6, 1)}
 
 
 def bench_append_pg(server: str, threads: int, per_thread: int) -> dict[str, Any]:
@@ -399,6 +474,7 @@ def main() -> None:
         if "append" in only:
             out["append_sqlite"] = in_rounds(rounds, lambda r: bench_append_sqlite(tmp, 64, 60 if q else 400, r),
                                              "ratio_to_baseline")
+            out["append_sqlite_parts"] = bench_append_parts(tmp, 64, 60 if q else 400)
         if "latency" in only:
             out["append_latency_sqlite_open_loop"] = in_rounds(
                 rounds, lambda r: bench_open_loop(tmp, 10_000, 1.0 if q else 3.0, rnd=r), "latency_ms_p99")
