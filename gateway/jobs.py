@@ -255,7 +255,7 @@ def _admit(gw: Gateway, session: Session, caller: Caller, spec: JobSubmit) -> tu
     problems = precheck(spec.gpus_per_node, spec.nodes, shape) if shape else []
     problems += admission_problems(session, gw.clock(), project=spec.project, owner=owner_id,  # Q1 quotas, mounts
                                    gpus=spec.gpus_per_node * spec.nodes, mounts=spec.mounts, datasets=spec.datasets,
-                                   submitter=caller.real_identity)
+                                   submitter=caller.real_identity, stoppable=spec.stoppable)
     if problems:
         return None, rec, problems
     job = Job(

@@ -189,17 +189,19 @@ def add_mount(gw: Gateway, session: Session, caller: Caller, name: str, kind: st
 
 
 def admission_problems(session: Session, now: datetime, *, project: str, owner: str, gpus: int,
-                       mounts: list[str], datasets: list[str], submitter: str | None = None) -> list[str]:
+                       mounts: list[str], datasets: list[str], submitter: str | None = None,
+                       stoppable: bool = True) -> list[str]:
     """Q1: hard quota tiers and declared mounts / data sets that are unknown, unavailable or not allowed. The
     user tier binds the owner and, when someone else submits for them, the submitter too: naming another owner
-    must not lift the submitter's own limit."""
+    must not lift the submitter's own limit. A job that cannot be stopped must fit its tenant's owned quota."""
     problems: list[str] = []
     quotas = load_quotas(session, now)
     if quotas is not None:
         capacity = sum(session.scalars(select(Node.gpus)).all())
-        problems += hard_limit_problems(quotas, ProjectId(project), owner, gpus, capacity)
+        problems += hard_limit_problems(quotas, ProjectId(project), owner, gpus, capacity, stoppable=stoppable)
         if submitter is not None and submitter != owner:
-            problems += [p for p in hard_limit_problems(quotas, ProjectId(project), submitter, gpus, capacity)
+            problems += [p for p in hard_limit_problems(quotas, ProjectId(project), submitter, gpus, capacity,
+                                                        stoppable=stoppable)
                          if p not in problems]
     for kind, names in (("mount", mounts), ("dataset", datasets)):
         for name in names:

@@ -123,9 +123,13 @@ class QuotaUsage:
         if owned + gpus <= q.gpus:
             return QuotaVerdict(True, borrowed=False)
         if not may_borrow:
+            # Past the whole owned quota (lowered since submission, whose check refuses it) no stop frees enough:
+            # say so, rather than leave the owner waiting for GPUs in use to come back.
+            never = ", more than the tenant owns: it cannot run unless the quota grows" if gpus > q.gpus else ""
             return QuotaVerdict(False, tier="tenant", reason=(
-                f"tenant quota of {project}: {owned} of {q.gpus} owned GPUs in use, the job needs {gpus}; a job that "
-                "cannot be stopped runs only on its tenant's own quota, as borrowed GPUs must go back when reclaimed"))
+                f"tenant quota of {project}: {owned} of {q.gpus} owned GPUs in use, the job needs {gpus}{never}; a job "
+                "that cannot be stopped runs only on its tenant's own quota, as borrowed GPUs must go back when "
+                "reclaimed"))
         borrowed = self.borrowed.get(project, 0)
         if q.borrow_limit is not None and borrowed + gpus > q.borrow_limit:
             return QuotaVerdict(False, tier="tenant", reason=(
@@ -139,15 +143,23 @@ class QuotaUsage:
         return QuotaVerdict(True, borrowed=True)
 
 
-def hard_limit_problems(quotas: Quotas, project: ProjectId, user: str, gpus: int, capacity: int) -> list[str]:
-    """Q1: what makes a job of `gpus` GPUs impossible under the quotas even on an empty cluster."""
+def hard_limit_problems(quotas: Quotas, project: ProjectId, user: str, gpus: int, capacity: int, *,
+                        stoppable: bool = True) -> list[str]:
+    """Q1: what makes a job of `gpus` GPUs impossible under the quotas even on an empty cluster.
+
+    stoppable False: the job may only ever run on its tenant's owned quota (QuotaUsage.check never lets it
+    borrow), so anything past that quota can never run, whatever the borrow limit says. Raises nothing."""
     problems: list[str] = []
     limit = capacity if quotas.cluster_gpus is None else min(capacity, quotas.cluster_gpus)
     if gpus > limit:
         problems.append(f"asks for {gpus} GPUs, more than the cluster's hard quota of {limit}")
     q = quotas.tenant(project)
     reachable = q.gpus + (limit if q.borrow_limit is None else q.borrow_limit)
-    if q.borrow_limit is not None and gpus > max(q.gpus, q.borrow_limit):
+    if not stoppable and gpus > q.gpus:
+        problems.append(f"asks for {gpus} GPUs and cannot be stopped, but tenant {project} owns only {q.gpus}: "
+                        "a job that cannot be stopped runs only on its tenant's own quota, as borrowed GPUs must "
+                        "go back when their lender reclaims them; declare it stoppable or ask for more quota")
+    elif q.borrow_limit is not None and gpus > max(q.gpus, q.borrow_limit):
         problems.append(f"asks for {gpus} GPUs, more than tenant {project} may ever hold for one job "
                         f"(quota {q.gpus}, borrow limit {q.borrow_limit})")
     elif gpus > reachable:

@@ -124,6 +124,22 @@ def test_admission_refuses_over_hard_quota_and_unregistered_mounts(api: Api) -> 
     assert r.status_code == 201, r.text
 
 
+def test_admission_refuses_a_job_that_cannot_be_stopped_beyond_its_tenants_owned_quota(api: Api) -> None:
+    # Such a job is never placed on borrowed GPUs (R5: no reclaim could take them back); admitted past its
+    # tenant's owned quota, it sat pending for ever, told only that the quota was in use.
+    bring_up_nodes(api)
+    set_quota(api, "vision", 4, borrow_limit=8)
+    r = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, stoppable=False))
+    body = assert_problem(r, 422, "invalid-request", "the job can never run here")
+    assert "cannot be stopped, but tenant vision owns only 4" in body["detail"]
+    assert api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).status_code == 201  # stoppable: borrows
+    fits = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=4, stoppable=False, name="fits"))
+    assert fits.status_code == 201, fits.text
+    run_once(api.gateway)
+    assert job(api, fits.json()["id"])["state"] == "starting"
+    assert {p["quota"] for p in job(api, fits.json()["id"])["placement"]} == {"owned"}
+
+
 def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_requeued(api: Api) -> None:
     bring_up_nodes(api)
     set_quota(api, "vision", 8)

@@ -38,6 +38,9 @@ CASES: list[tuple[str, list[JobBuilder], list[RunningJob], Quotas, dict[str, boo
     ("a job that cannot be stopped never borrows: no reclaim could take the GPUs back",
      [job("v1").gpus(8).not_stoppable(), job("v2").gpus(8).waited(0.1)], [], quotas(),
      {"v2": False}, {"v1": "cannot be stopped runs only on its tenant's own quota"}),
+    ("a job that cannot be stopped, past its tenant's whole quota (lowered since), is told it cannot run",
+     [job("v1").gpus(4).nodes(3).not_stoppable()], [], quotas(), {},
+     {"v1": "more than the tenant owns: it cannot run unless the quota grows"}),
     ("user quota", [job("v1", user="bob").gpus(4)], [running("r1", {"a": range(4)}, user="bob")],
      quotas(users={"bob": 6}), {}, {"v1": "user quota of bob"}),
     ("cluster hard cap below capacity", [job("v1").gpus(8)], [running("r1", {"a": range(8)}, project="speech")],
@@ -85,3 +88,19 @@ def test_hard_limit_precheck(gpus: int, user: str, expected: list[str]) -> None:
     assert len(problems) == len(expected)
     for p, e in zip(problems, expected, strict=True):
         assert e in p
+
+
+@pytest.mark.parametrize(("project", "gpus", "expected"), [
+    (V, 8, []),
+    (V, 12, ["cannot be stopped, but tenant vision owns only 8"]),  # within the borrow limit, but never borrows
+    (ProjectId("nlp"), 1, ["cannot be stopped, but tenant nlp owns only 0"]),  # no quota row: owns nothing
+], ids=["owned", "past-owned-within-borrow", "tenant-without-quota"])
+def test_hard_limit_precheck_of_a_job_that_cannot_be_stopped(project: ProjectId, gpus: int,
+                                                             expected: list[str]) -> None:
+    # The cycle never lets such a job borrow (rule 5): past its tenant's owned quota it would wait for ever.
+    q = quotas(tenants={V: TenantQuota(8, borrow_limit=16)})
+    problems = hard_limit_problems(q, project, "ada", gpus, capacity=32, stoppable=False)
+    assert len(problems) == len(expected)
+    for p, e in zip(problems, expected, strict=True):
+        assert e in p
+    assert hard_limit_problems(q, project, "ada", gpus, capacity=32) == []  # stoppable: it may borrow
