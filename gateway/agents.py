@@ -342,7 +342,7 @@ def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: da
     if preempted and target == "stopped":  # P2: a preempted job goes back to the queue (gateway/preemption.py)
         from gateway.preemption import requeue
 
-        requeue(gw, job, parts, now, node_id)
+        requeue(gw, job, parts, now, f"node:{node_id}")
         return
     if preempted:  # it ended on its own before the prepare signal: finished, not preempted, so never rerun
         from gateway.preemption import ended_before_stop

@@ -202,8 +202,13 @@ def superseded(job: Job, by: str) -> None:
         pre.checkpoint = {**(pre.checkpoint or {}), "superseded_by": by}
 
 
-def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_id: str) -> None:
-    """Rule 3: the victim stopped; back to pending with its priority, its wait so far and compensation."""
+def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, by: str, *,
+            confirmed: dict[str, Any] | None = None) -> None:
+    """Rule 3: the victim stopped; back to pending with its priority, its wait so far and compensation.
+
+    `by` names who ended the stop (`node:ID`, or the on-call person). `confirmed`: a person vouched for the stop
+    (its node could not report): no evidence says whether it exited gracefully, so the outcome says `confirmed`.
+    """
     from gateway.scheduling import scheduler_config
 
     session = object_session(job)
@@ -212,7 +217,7 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_
     row = priority_history.ensure(session, job)
     evidence = {p.node: p.evidence for p in parts}
     outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
-    outcome = "forced" if "forced" in outcomes else "graceful"
+    outcome = "confirmed" if confirmed else "forced" if "forced" in outcomes else "graceful"
     checkpoints = [c for ev in evidence.values() for c in (ev.get("checkpoints") or [])]
     before = row.priority
     priority_history.keep_run(session, job, row, now)
@@ -235,17 +240,18 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, node_
     for p in parts:  # the gang's old parts; a restart allocates afresh (one allocation per job and node)
         session.delete(p)
     job.evidence = {"last_preemption": {"nodes": evidence, "outcome": outcome, "at": now.isoformat(),
-                                        "stop_request": job.stop_request}}
+                                        "stop_request": job.stop_request,
+                                        **({"confirmed": confirmed} if confirmed else {})}}
     stop_request, job.stop_request = job.stop_request, {}  # the stop is over: the next run ends on its own terms
     job.placement = []
     job.started_at = None
     job.outcome = None
-    transition(job, "pending", now, by=f"node:{node_id}",
-               reason=f"preempted ({outcome}); requeued with priority {row.priority:g}")
+    transition(job, "pending", now, by=by, reason=f"preempted ({outcome}); requeued with priority {row.priority:g}")
     record_outcome(gw, "outcome", {"action": "job.preempt", "job_id": job.id, "result": "requeued",
                                    "outcome": outcome, "state_after": "pending", "priority_before": before,
                                    "priority_after": row.priority, "wait_credit_s": row.wait_credit_s,
-                                   "checkpoints": checkpoints, "stop_request": stop_request})
+                                   "checkpoints": checkpoints, "stop_request": stop_request,
+                                   **({"confirmed": confirmed} if confirmed else {})})
     notify(session, job.owner, "requeued", {
         "job_id": job.id, "outcome": outcome, "checkpoint": checkpoint, "priority": row.priority,
         "expected_restart": f"see GET /v1/jobs/{job.id}/queue (refreshed every scheduling cycle)"}, now)

@@ -328,7 +328,8 @@ def on_heartbeat(gw: Gateway, session: Session, node: Node, was: str, instance: 
 
 def mark_confirmed_stopped(gw: Gateway, session: Session, job: Job, *, by: str, reason: str, request_id: str,
                            decision_seq: int) -> None:
-    """A person vouches that a stop_failed or lost job no longer runs: stopped, GPUs released, ledgered.
+    """A person vouches that a stop_failed or lost job no longer runs: stopped (a preemption victim: requeued, as
+    its node's own evidence would have), GPUs released, ledgered.
 
     Raises Conflict if the job is not waiting for a person."""
     if job.state not in ("stop_failed", "lost"):
@@ -339,6 +340,14 @@ def mark_confirmed_stopped(gw: Gateway, session: Session, job: Job, *, by: str, 
     withheld = [{"node": p.node, "gpus": list(p.gpus)} for p in parts if not p.released]
     for p in parts:
         p.released = True
+    if preemption.is_preempted(job):
+        # P2: a preemption victim goes back to the queue however its stop came to be confirmed. Ended `stopped`
+        # here, it never ran again, its preemption stayed open for ever, and its owner, told it would be
+        # requeued, was not told otherwise.
+        preemption.requeue(gw, job, parts, now, by, confirmed={
+            "by": by, "reason": reason, "request_id": request_id, "decision_seq": decision_seq,
+            "state_before": job.state, "gpus_released_by_person": withheld})
+        return
     job.outcome = "confirmed"
     job.ended_at = now
     job.evidence = {**job.evidence, "confirmed_by": by, "confirm_reason": reason,

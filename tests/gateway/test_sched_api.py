@@ -199,6 +199,51 @@ def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_re
     assert api.get("/v1/stats/preemptions", "erin", params={"period": "year"}).status_code == 422
 
 
+def test_a_victim_whose_stop_on_call_confirms_is_requeued_too(api: Api) -> None:
+    # The victim's node went silent during its graceful window: stop_failed, then on-call vouched it had stopped.
+    # It ended `stopped` for good, its preemption never closed, and its owner had been told it would be requeued.
+    bring_up_nodes(api)
+    set_quota(api, "vision", 8)
+    set_quota(api, "speech", 8, borrow_limit=8)
+    own = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name="own")).json()["id"]
+    lent = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name="lent")).json()["id"]
+    assert run_once(api.gateway) == 2
+    for j in (own, lent):
+        report(api, job(api, j)["placement"][0]["node"], j, "started", pid=4242)
+    advance(api, 3600)
+    mine = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name="lender")).json()["id"]
+    run_once(api.gateway)
+    assert job(api, lent)["state"] == "stop_requested"
+    silent = job(api, lent)["placement"][0]["node"]
+    base = api.gateway.clock()
+    api.gateway.clock = lambda: base + timedelta(seconds=60)
+    for node in {"demo-node-1", "demo-node-2"} - {silent}:
+        api.client.post(f"/v1/agents/{node}/heartbeat", headers=node_headers(api, node),
+                        json={"gpus": 8, "running": []})
+    run_once(api.gateway)
+    assert job(api, lent)["state"] == "stop_failed"
+
+    r = api.post(f"/v1/jobs/{lent}/confirm-stopped", "dave", json={"reason": "node is powered off"})
+    assert r.status_code == 200, r.text
+    victim = job(api, lent)
+    assert victim["state"] == "pending", victim["history"][-1]
+    assert victim["placement"] == []
+    q = api.get(f"/v1/jobs/{lent}/queue", "mallory").json()
+    assert q["preemptions"] == 1 and q["priority"]["effective"] > 0
+    with api.gateway.db.transaction() as s:
+        row = s.scalars(select(PreemptionRow).where(PreemptionRow.victim == lent)).one()
+        assert row.state == "requeued" and row.checkpoint["outcome"] == "confirmed"
+        notes = [n for n in s.scalars(select(Notification).where(Notification.principal == "mallory")).all()
+                 if n.kind == "requeued"]
+        assert len(notes) == 1 and notes[0].body["outcome"] == "confirmed"
+        assert not s.scalars(select(Allocation).where(Allocation.job_id == lent)).all()
+    requeued = [e["body"] for e in ledger_entries(api) if e["body"].get("action") == "job.preempt"
+                and e["body"].get("result") == "requeued"]
+    assert requeued[-1]["job_id"] == lent and requeued[-1]["confirmed"]["by"] == "dave"
+    assert requeued[-1]["confirmed"]["state_before"] == "stop_failed"
+    assert job(api, mine)["state"] == "pending"
+
+
 def full_cluster_an_hour_on(api: Api) -> list[str]:
     """Both nodes taken by one whole-node job of alice's each, running for an hour; the second is the cheaper
     victim of a preemption."""
