@@ -137,10 +137,23 @@ class QuotaUsage:
                 f"{q.borrow_limit} borrowable GPUs borrowed, the job needs {gpus}"))
         lendable = self.lendable(project)
         if gpus > lendable:
+            # Past what the lend caps allow even with every lender idle (quotas changed since submission, whose
+            # check refuses it), waiting for idle GPUs is waiting for ever: say so.
+            ceiling = most_lendable(self.quotas, project, self.cluster_limit())
+            never = (f"; other tenants lend at most {ceiling} even when idle, so it cannot run unless the quotas "
+                     "change") if gpus > ceiling else ""
             return QuotaVerdict(False, tier="borrow", reason=(
                 f"tenant quota of {project}: {owned} of {q.gpus} owned GPUs in use; only {lendable} idle GPUs "
-                f"of other tenants may be borrowed, the job needs {gpus}"))
+                f"of other tenants may be borrowed, the job needs {gpus}{never}"))
         return QuotaVerdict(True, borrowed=True)
+
+
+def most_lendable(quotas: Quotas, borrower: ProjectId, cluster_limit: int) -> int:
+    """The most GPUs `borrower` could ever borrow, with every other tenant idle: their owned quota within their
+    lend caps, plus the capacity nobody owns (QuotaUsage.lendable with nothing in use). Raises nothing."""
+    lends = sum(q.gpus if q.lend_limit is None else min(q.gpus, q.lend_limit)
+                for t, q in quotas.tenants.items() if t != borrower)
+    return lends + max(0, cluster_limit - sum(q.gpus for q in quotas.tenants.values()))
 
 
 def hard_limit_problems(quotas: Quotas, project: ProjectId, user: str, gpus: int, capacity: int, *,
@@ -164,6 +177,9 @@ def hard_limit_problems(quotas: Quotas, project: ProjectId, user: str, gpus: int
                         f"(quota {q.gpus}, borrow limit {q.borrow_limit})")
     elif gpus > reachable:
         problems.append(f"asks for {gpus} GPUs, more than tenant {project} can reach")
+    elif gpus > q.gpus and gpus > (ceiling := most_lendable(quotas, project, limit)):
+        problems.append(f"asks for {gpus} GPUs, more than tenant {project} owns ({q.gpus}), and other tenants "
+                        f"lend at most {ceiling} even when idle (their lend limits)")
     user_limit = quotas.users.get(user)
     if user_limit is not None and gpus > user_limit:
         problems.append(f"asks for {gpus} GPUs, more than the user quota of {user} ({user_limit})")

@@ -140,6 +140,19 @@ def test_admission_refuses_a_job_that_cannot_be_stopped_beyond_its_tenants_owned
     assert {p["quota"] for p in job(api, fits.json()["id"])["placement"]} == {"owned"}
 
 
+def test_admission_refuses_a_job_only_borrowing_could_run_when_no_tenant_lends_that_much(api: Api) -> None:
+    # speech owns nothing; vision owns the whole cluster and lends none of it: a speech job could only ever run
+    # on lent GPUs, and was admitted to wait for ever behind "only 0 idle GPUs of other tenants may be borrowed".
+    bring_up_nodes(api)
+    set_quota(api, "vision", 16, lend_limit=0)
+    r = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=2))
+    assert_problem(r, 422, "invalid-request", "more than tenant speech owns (0), and other tenants lend at most 0")
+    set_quota(api, "vision", 16, lend_limit=4)
+    assert api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=4)).status_code == 201
+    r = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=5))
+    assert_problem(r, 422, "invalid-request", "other tenants lend at most 4")
+
+
 def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_requeued(api: Api) -> None:
     bring_up_nodes(api)
     set_quota(api, "vision", 8)

@@ -90,6 +90,30 @@ def test_hard_limit_precheck(gpus: int, user: str, expected: list[str]) -> None:
         assert e in p
 
 
+@pytest.mark.parametrize(("tenants", "gpus", "expected"), [
+    ({S: TenantQuota(32, lend_limit=0)}, 2, ["more than tenant vision owns (0), and other tenants lend at most 0"]),
+    ({S: TenantQuota(24, lend_limit=4)}, 12, []),  # 4 lent + 8 nobody owns
+    ({S: TenantQuota(24, lend_limit=4)}, 13, ["other tenants lend at most 12"]),
+    ({S: TenantQuota(24, lend_limit=4), V: TenantQuota(16)}, 16, []),  # fits its own quota, lends aside
+], ids=["nothing-lent", "exactly-what-is-lent", "past-what-is-lent", "owned"])
+def test_hard_limit_precheck_counts_what_other_tenants_may_ever_lend(tenants: dict[ProjectId, TenantQuota], gpus: int,
+                                                                    expected: list[str]) -> None:
+    # A job past its tenant's own quota runs only on lent GPUs; past what the lend caps allow it waited for ever.
+    tenants = {V: TenantQuota(0, borrow_limit=None), **tenants}
+    problems = hard_limit_problems(Quotas(tenants=tenants), V, "ada", gpus, capacity=32)
+    assert len(problems) == len(expected)
+    for p, e in zip(problems, expected, strict=True):
+        assert e in p
+
+
+def test_a_job_past_every_lend_cap_is_told_it_cannot_run_unless_quotas_change() -> None:
+    q = Quotas(tenants={V: TenantQuota(0, borrow_limit=None), S: TenantQuota(24, lend_limit=4)})
+    result = run_cycle(snap(NODES, [job("v1").gpus(8).nodes(2), job("v2").gpus(4)], [], quotas=q), now=NOW)
+    assert "other tenants lend at most 12 even when idle, so it cannot run unless the quotas change" in \
+        reasons(result)["v1"]
+    assert {a.job_id for a in result.admits} == {"v2"}
+
+
 @pytest.mark.parametrize(("project", "gpus", "expected"), [
     (V, 8, []),
     (V, 12, ["cannot be stopped, but tenant vision owns only 8"]),  # within the borrow limit, but never borrows
