@@ -235,7 +235,9 @@ def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: dat
     Q3: record a priority change when it moved by at least AGING_STEP."""
     blocked = {b.job_id: b for b in result.blocked}
     by_id = {j.id: j for j in snapshot.pending}
-    order = sorted((j for j in snapshot.pending if j.id in blocked),
+    # A job a quota holds back gets no estimate (None: unknown) and takes no GPUs in the simulation: the estimate
+    # says when GPUs are free, so it told such a job it would start now, and pushed the jobs behind it back.
+    order = sorted((j for j in snapshot.pending if j.id in blocked and not blocked[j.id].quota_tier),
                    key=lambda j: (-result.priorities[j.id].total, j.submitted_at, j.id))
     estimates = estimate_starts(after_admits(snapshot, result.admits, now=now), order, now=now, config=config)
     pending_rows = session.execute(

@@ -59,6 +59,9 @@ class Blocked:
     job_id: JobId
     reason: str
     position: int
+    # The quota tier that holds it back (cluster | user | tenant | borrow), "" when it waits for GPUs: such a
+    # job holds nothing and starts when the tier allows, so an estimate of when GPUs are free says nothing of it.
+    quota_tier: str = ""
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     tried_behind_head = 0
     exhausted = False
     why: dict[JobId, str] = {}
+    tier_of: dict[JobId, str] = {}
 
     for i, job in enumerate(ordered):
         g, n = job.gpus_per_node, job.nodes
@@ -175,7 +179,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         if quota is not None:
             verdict = quota.check(job.project, job.user, job.gpus, may_borrow=job.stoppable)
             if not verdict.ok:
-                why[job.id] = verdict.reason
+                why[job.id], tier_of[job.id] = verdict.reason, verdict.tier
                 continue
             borrowed = verdict.borrowed
         # Rule 3: held GPUs are open to a job only if it is done by the time the reservation starts.
@@ -246,7 +250,8 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     for job in ordered:
         if job.id in why:
             position[job.queue] += 1
-            blocked.append(Blocked(job_id=job.id, reason=why[job.id], position=position[job.queue]))
+            blocked.append(Blocked(job_id=job.id, reason=why[job.id], position=position[job.queue],
+                                   quota_tier=tier_of.get(job.id, "")))
     return CycleResult(admits=tuple(admits), reservations=() if reservation is None else (reservation,),
                        blocked=tuple(blocked), preemptions=tuple(preemptions), priorities=parts)
 

@@ -6,7 +6,8 @@
    simulated time its gang fits, no earlier than the job before it (no backfill in the estimate, so it
    errs late rather than early); it then holds its GPUs for its limit (or the default).
 3. A job that can never fit the alive nodes gets None. Quotas are not modelled: the estimate says when
-   GPUs are there, not when the tenant's quota allows it.
+   GPUs are there, not when the tenant's quota allows it, so a caller leaves out of `order` the jobs a quota
+   holds back this cycle (Blocked.quota_tier): they hold no GPUs, and their start is unknown.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ marking, reclaim by graceful preemption and requeue, explain/estimate, statistic
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
@@ -151,6 +151,27 @@ def test_admission_refuses_a_job_only_borrowing_could_run_when_no_tenant_lends_t
     assert api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=4)).status_code == 201
     r = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=5))
     assert_problem(r, 422, "invalid-request", "other tenants lend at most 4")
+
+
+def test_a_job_a_quota_holds_back_gets_no_start_estimate_and_delays_no_other(api: Api) -> None:
+    # The estimate simulates when GPUs are free; a job its quota holds back was told it would start now (GPUs were
+    # idle), and its simulated run pushed the estimates of the jobs behind it back by a day.
+    bring_up_nodes(api)
+    set_quota(api, "vision", 2, borrow_limit=0)
+    first = api.post("/v1/jobs", "alice", json=job_spec(runtime_limit_seconds=3600)).json()["id"]
+    assert run_once(api.gateway) == 1
+    report(api, job(api, first)["placement"][0]["node"], first, "started", pid=1)
+    held = api.post("/v1/jobs", "alice", json=job_spec(name="held")).json()["id"]
+    big = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=7, nodes=2)).json()["id"]
+    assert run_once(api.gateway) == 0
+    q = api.get(f"/v1/jobs/{held}/queue", "alice").json()
+    assert "tenant quota of vision" in q["blocking_reason"] and q["position"] == 1
+    assert q["estimated_start"] is None
+    q = api.get(f"/v1/jobs/{big}/queue", "mallory").json()
+    assert q["position"] == 2 and q["estimated_start"] is not None
+    expected = job(api, first)["started_at"]
+    assert abs((datetime.fromisoformat(q["estimated_start"]) - datetime.fromisoformat(expected)).total_seconds()
+               - 3600) < 5  # when the running job's hour is up, not a day later
 
 
 def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_requeued(api: Api) -> None:

@@ -128,3 +128,12 @@ def test_hard_limit_precheck_of_a_job_that_cannot_be_stopped(project: ProjectId,
     for p, e in zip(problems, expected, strict=True):
         assert e in p
     assert hard_limit_problems(q, project, "ada", gpus, capacity=32) == []  # stoppable: it may borrow
+
+
+def test_a_blocked_job_names_the_quota_tier_that_holds_it_back() -> None:
+    # The gateway leaves such jobs out of its start estimates (they hold nothing; GPUs being free says nothing).
+    q = quotas(users={"bob": 2})
+    pending = [job("v1", user="bob").gpus(4), job("s1", project="speech").gpus(8).nodes(3),
+               job("v2").gpus(8).nodes(5)]
+    result = run_cycle(snap(NODES, pending, [running("r1", {"a": range(8)}, project="speech")], quotas=q), now=NOW)
+    assert {b.job_id: b.quota_tier for b in result.blocked} == {"v1": "user", "s1": "tenant", "v2": ""}
