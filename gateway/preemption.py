@@ -92,10 +92,17 @@ def _stop_and_requeue_later(gw: Gateway, session: Session, job: Job, *, request_
 
 
 def occupancy_since(job: Job, row: SchedJob) -> datetime:
-    """Start of the current occupancy period: the last renewal, else the job's start."""
+    """Start of the current occupancy period: the last renewal of this run, else the run's start.
+
+    Renewals stay in the row across runs (they are the audit trail); one made in an earlier run, before a
+    preemption or a pause, says nothing of this one: counted from it, a restarted job was at once past its
+    limit, and stopped again every time it started."""
+    start = job.started_at or job.submitted_at
     if row.renewals:
-        return datetime.fromisoformat(row.renewals[-1]["at"])
-    return job.started_at or job.submitted_at
+        last = datetime.fromisoformat(row.renewals[-1]["at"])
+        if last >= start:
+            return last
+    return start
 
 
 def check_occupancy(gw: Gateway, session: Session, now: datetime, config: SchedulerConfig) -> None:

@@ -220,6 +220,9 @@ def _admit(gw: Gateway, session: Session, result: CycleResult, now: datetime) ->
         row.borrowed = admit.borrowed
         row.priority, row.parts = admit.priority.total, admit.priority.as_dict()
         row.position, row.blocked_reason, row.estimated_start = None, "", None
+        # P3: a new run starts a new occupancy period, owing no renewal yet; left set by an earlier run, the mark
+        # kept the renewal-due notice of this one from ever being sent.
+        row.renewal_due_at = None
         where = ", ".join(p.node for p in admit.placement)
         transition(job, "starting", now, by="scheduler", reason=f"placed on {where} ({mode} quota)")
         for p in admit.placement:

@@ -347,6 +347,43 @@ def test_occupancy_limit_asks_for_renewal_then_stops_and_requeues(api: Api) -> N
     assert job(api, j)["state"] == "pending"
 
 
+def test_a_new_run_starts_a_new_occupancy_period_with_its_own_renewal_notice(api: Api) -> None:
+    # The period was counted from the last renewal ever made, even one of an earlier run, and the renewal-due mark
+    # of an earlier run stayed: a job renewed once, then stopped and requeued, was stopped again within a cycle of
+    # every restart (for ever), and one that had been due was stopped at its next limit without a notice.
+    from scheduler.model import SchedulerConfig
+
+    api.gateway.scheduler_config = SchedulerConfig(max_occupancy_s=3600, renewal_window_s=600)
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    run_once(api.gateway)
+    node = job(api, j)["placement"][0]["node"]
+    report(api, node, j, "started", pid=7)
+    assert api.post(f"/v1/jobs/{j}/renew", "alice", json={"progress": "epoch 3", "expected_remaining_seconds": 60}
+                    ).status_code == 200
+    advance(api, 3600 + 60)
+    run_once(api.gateway)  # due
+    advance(api, 3600 + 660)
+    run_once(api.gateway)  # not renewed in the window: stopped, then requeued
+    assert job(api, j)["stop_request"]["preemption"]["kind"] == "occupancy"
+    report(api, node, j, "stopped", evidence={"outcome": "graceful", "exit_code": 0})
+    assert job(api, j)["state"] == "pending"
+
+    assert run_once(api.gateway) == 1  # its second run
+    report(api, job(api, j)["placement"][0]["node"], j, "started", pid=8)
+    advance(api, 60)
+    run_once(api.gateway)
+    assert job(api, j)["state"] == "running", job(api, j)["history"][-1]
+    assert api.get(f"/v1/jobs/{j}/queue", "alice").json()["renewal_due_at"] is None
+    advance(api, 3600)
+    run_once(api.gateway)  # an hour into the second run: due again, and told so
+    assert job(api, j)["state"] == "running" and job(api, j)["state_reason"].startswith("renewal due")
+    with api.gateway.db.transaction() as s:
+        notes = s.scalars(select(Notification).where(Notification.principal == "alice",
+                                                     Notification.kind == "renewal_due")).all()
+        assert len(notes) == 2
+
+
 def test_cluster_hard_cap_is_a_quota_change_too(api: Api) -> None:
     add_second_admin(api)
     r = api.client.put("/v1/quotas/*", headers=api.headers("erin"), json={"gpus": 8, "reason": "half the pool"})
