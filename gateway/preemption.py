@@ -229,16 +229,26 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, by: s
     before = row.priority
     priority_history.keep_run(session, job, row, now)
     priority_history.carry_wait(row, job.started_at or row.queued_at, now)
-    row.compensation += config.preemption_compensation
+    preempted = job.stop_request["preemption"]
+    # Q8 compensates the victims of a preemption (reclaim or priority). A job stopped because its owner did not
+    # renew it in time (P3) is requeued with its priority and wait, but earns nothing: paid for it, leaving a
+    # renewal unanswered would raise a job's priority, every time.
+    earned = config.preemption_compensation if preempted.get("kind") in RULES else 0.0
+    row.compensation += earned
     row.preemptions += 1
     parts_now = {**(row.parts or {}), "compensation": row.compensation}
-    parts_now["total"] = before + config.preemption_compensation
+    parts_now["total"] = before + earned
     row.priority, row.parts, row.recorded_priority = parts_now["total"], parts_now, parts_now["total"]
     row.borrowed = False
     row.restart_notice_pending = True
-    priority_history.record(session, job.id, now, "compensation", before, parts_now,
-                            note=f"preempted by {job.stop_request['preemption']['preemptor']}: keeps priority "
-                                 f"{before:g} and {row.wait_credit_s:g} s of wait, +{config.preemption_compensation:g}")
+    if earned:
+        priority_history.record(session, job.id, now, "compensation", before, parts_now,
+                                note=f"preempted by {preempted['preemptor']}: keeps priority {before:g} and "
+                                     f"{row.wait_credit_s:g} s of wait, +{earned:g}")
+    else:
+        priority_history.record(session, job.id, now, "requeue", before, parts_now,
+                                note=f"stopped at its maximum continuous occupancy, not renewed: keeps priority "
+                                     f"{before:g} and {row.wait_credit_s:g} s of wait, no compensation")
     pre = session.scalars(select(PreemptionRow).where(PreemptionRow.victim == job.id, PreemptionRow.state == "stopping")
                           .order_by(PreemptionRow.id.desc())).first()
     checkpoint = {"outcome": outcome, "files": checkpoints}

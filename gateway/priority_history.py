@@ -2,7 +2,7 @@
 
 Every change of a job's effective priority is kept with its basis: `submit` (baseline + contribution),
 `aging` / `fairshare` (recorded when the value moved by at least AGING_STEP since the last entry),
-`manual`, `compensation` (after a preemption).
+`manual`, `compensation` (after a preemption), `requeue` (stopped at its maximum occupancy: no compensation).
 """
 
 from __future__ import annotations

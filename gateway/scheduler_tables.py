@@ -87,7 +87,7 @@ class SchedJob(Base):
 
 
 class PriorityChange(Base):
-    """Q3: one change of a job's priority and its basis (submit, aging, fairshare, manual, compensation)."""
+    """Q3: one change of a job's priority and its basis (submit, aging, fairshare, manual, compensation, requeue)."""
 
     __tablename__ = "priority_history"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)

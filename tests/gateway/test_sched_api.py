@@ -345,6 +345,13 @@ def test_occupancy_limit_asks_for_renewal_then_stops_and_requeues(api: Api) -> N
     node = job(api, j)["placement"][0]["node"]
     report(api, node, j, "stopped", evidence={"outcome": "graceful", "exit_code": 0})
     assert job(api, j)["state"] == "pending"
+    # Requeued with its priority and wait, but no Q8 compensation: that is for preemption victims, and paid here
+    # it rewarded leaving a renewal unanswered (and the history said "preempted by None").
+    q = api.get(f"/v1/jobs/{j}/queue", "alice").json()
+    assert q["priority"]["parts"]["compensation"] == 0
+    last = q["priority_history"][-1]
+    assert last["basis"] == "requeue" and last["after"] == last["before"]
+    assert "maximum continuous occupancy" in last["note"] and "None" not in last["note"]
 
 
 def test_a_new_run_starts_a_new_occupancy_period_with_its_own_renewal_notice(api: Api) -> None:
