@@ -46,6 +46,19 @@ def transition(job: Job, state: str, now: datetime, *, by: str, reason: str = ""
     job.state_reason = reason
 
 
+def run_began(job: Job) -> datetime:
+    """When the job's current run began: its start as its nodes reported it, else (a gang still starting) when
+    the scheduler placed it, which is when its GPUs stopped being free and its wait in the queue ended. Not its
+    submission: counted from there, a job placed seconds ago after an hour in the queue had already served its
+    minimum runtime and could be preempted before it ever ran, and lost that hour of wait when requeued."""
+    if job.started_at is not None:
+        return job.started_at
+    for step in reversed(job.history):
+        if step.get("to") == "starting" and step.get("at"):
+            return datetime.fromisoformat(step["at"])
+    return job.submitted_at
+
+
 def decision_out(rec: Recorded) -> DecisionOut:
     d = rec.decision
     return DecisionOut(

@@ -21,7 +21,7 @@ from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict, PolicyDenied
-from gateway.jobs import lock_jobs, transition
+from gateway.jobs import lock_jobs, run_began, transition
 from gateway.models import Allocation, Job
 from gateway.notifications import notify
 from gateway.pipeline import decide, record_outcome
@@ -228,7 +228,7 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, by: s
     checkpoints = [c for ev in evidence.values() for c in (ev.get("checkpoints") or [])]
     before = row.priority
     priority_history.keep_run(session, job, row, now)
-    priority_history.carry_wait(row, job.started_at or row.queued_at, now)
+    priority_history.carry_wait(row, run_began(job), now)
     preempted = job.stop_request["preemption"]
     # Q8 compensates the victims of a preemption (reclaim or priority). A job stopped because its owner did not
     # renew it in time (P3) is requeued with its priority and wait, but earns nothing: paid for it, leaving a

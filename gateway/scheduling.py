@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from gateway import preemption, priority_history
 from gateway.commands import enqueue
 from gateway.context import Gateway
-from gateway.jobs import lock_jobs, transition
+from gateway.jobs import lock_jobs, run_began, transition
 from gateway.models import Allocation, Job, Node
 from gateway.notifications import notify
 from gateway.pipeline import record_outcome
@@ -117,7 +117,7 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
         else:
             (withheld if j.state in WITHHELD_STATES else running).append(RunningJob(
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
-                priority=s.priority if s else j.base_priority, started_at=j.started_at or j.submitted_at,
+                priority=s.priority if s else j.base_priority, started_at=run_began(j),
                 placement=tuple(held.get(j.id, ())),
                 runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j),
                 stoppable=j.stoppable))

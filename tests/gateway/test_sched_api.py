@@ -312,6 +312,31 @@ def test_urgent_job_preempts_the_lowest_priority_job_and_queue_explains_the_rest
         assert s.get(Job, ids[1]).stop_request["preemption"]["kind"] == "priority"
 
 
+def test_a_job_placed_but_not_yet_started_has_run_from_its_placement_not_its_submission(api: Api) -> None:
+    # Its run was counted from its submission: placed seconds ago after an hour in the queue, it had "run" an hour,
+    # so it could be preempted before it ever started (minimum runtime 10 min), and it lost that hour of wait.
+    bring_up_nodes(api)
+    ids = [api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name=f"n{i}")).json()["id"] for i in range(2)]
+    advance(api, 3600)  # an hour in the queue
+    assert run_once(api.gateway) == 2  # placed; their agents have not reported them started yet
+    urgent = api.post("/v1/jobs", "carol", json=job_spec(gpus_per_node=8, queue="urgent", name="u")).json()["id"]
+    advance(api, 10)
+    run_once(api.gateway)
+    assert [job(api, j)["state"] for j in ids] == ["starting", "starting"]
+    assert job(api, urgent)["state"] == "pending"
+    advance(api, 600)  # now past the minimum runtime, counted from the placement
+    run_once(api.gateway)
+    victim = next(j for j in ids if job(api, j)["state"] == "stop_requested")
+    with api.gateway.db.transaction() as s:
+        plan = s.scalars(select(PreemptionRow).where(PreemptionRow.victim == victim)).one()
+        assert plan.gpu_hours_lost == 0  # it never ran
+    report(api, job(api, victim)["placement"][0]["node"], victim, "stopped",
+           evidence={"outcome": "graceful", "exit_code": 0})
+    assert job(api, victim)["state"] == "pending"
+    q = api.get(f"/v1/jobs/{victim}/queue", "alice").json()
+    assert 3600 - 1 <= q["wait_credit_s"] <= 3600 + 1  # its hour in the queue is kept (P2)
+
+
 def test_occupancy_limit_asks_for_renewal_then_stops_and_requeues(api: Api) -> None:
     from scheduler.model import SchedulerConfig
 
