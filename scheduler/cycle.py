@@ -102,7 +102,8 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        and tenant tiers; it is admitted owned within its tenant's quota, else borrowed within its
        borrow limit and the idle GPUs others lend; never borrowed if it cannot be stopped (R5: no
        reclaim could take those GPUs back). A job refused by a quota waits without holding
-       anything (it blocks nobody and gets no reservation).
+       anything (it blocks nobody and gets no reservation). One refused only by the cluster's hard quota
+       that may preempt (rule 6) tries a plan whose victims also free what it exceeds that quota by.
     6. Preemption (Q5, Q8), at most one plan per cycle, tried for at most max_preemption_attempts
        jobs that pass their quotas but do not fit, in priority order: a job within its tenant's
        owned quota reclaims borrowed GPUs of other tenants; a job of a preempting queue (urgent)
@@ -176,12 +177,36 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             continue
         # Rule 5: quotas before placement.
         borrowed = False
+        over_cap, cap_reason = 0, ""
         if quota is not None:
             verdict = quota.check(job.project, job.user, job.gpus, may_borrow=job.stoppable)
+            if not verdict.ok and verdict.tier == "cluster":
+                # The cluster's hard quota is taken by running jobs: a job that may preempt some of them (rule 6)
+                # must not stop at it, or with a cap at the cluster's size no lender ever got its GPUs back and no
+                # urgent job ever ran until others ended on their own. It tries a plan that frees enough.
+                rest = quota.check(job.project, job.user, job.gpus, may_borrow=job.stoppable, cluster=False)
+                if rest.ok and _may_preempt(job, rest.borrowed, quota, snapshot, config):
+                    over_cap = quota.total + job.gpus - quota.cluster_limit()
+                    cap_reason = verdict.reason
+                    verdict = rest
             if not verdict.ok:
                 why[job.id], tier_of[job.id] = verdict.reason, verdict.tier
                 continue
             borrowed = verdict.borrowed
+        if over_cap:
+            planned = None
+            if not preemptions and attempts < config.max_preemption_attempts:
+                attempts += 1
+                if victim_pool is None:
+                    victim_pool = eligible(snapshot.running, now=now, config=config)
+                planned = _plan_preemption(job, totals[job.id], borrowed, quota, snapshot, stopping, schedulable,
+                                           index, victim_pool, config, min_freed=over_cap)
+            if planned is not None:
+                preemptions.append(planned)
+            # Like any job a quota holds back, it holds nothing meanwhile and blocks nobody (rule 5).
+            why[job.id] = planned.reason if planned is not None else cap_reason
+            tier_of[job.id] = "" if planned is not None else "cluster"
+            continue
         # Rule 3: held GPUs are open to a job only if it is done by the time the reservation starts.
         ends = None if job.runtime_limit_s is None else now + timedelta(seconds=job.runtime_limit_s)
         use_held = reservation is not None and ends is not None and ends <= reservation.expected_start
@@ -282,19 +307,21 @@ def _may_preempt(job: PendingJob, borrowed: bool, quota: QuotaUsage | None, snap
 def _plan_preemption(job: PendingJob, priority: float, borrowed: bool, quota: QuotaUsage | None,
                      snapshot: Snapshot, stopping: Sequence[RunningJob], schedulable: Sequence[NodeState],
                      index: FreeIndex, pool: Sequence[tuple[RunningJob, Victim]],
-                     config: SchedulerConfig) -> Preempt | None:
-    """Rule 6: a reclaim or a priority preemption for a job that passed its quotas but does not fit."""
+                     config: SchedulerConfig, *, min_freed: int = 0) -> Preempt | None:
+    """Rule 6: a reclaim or a priority preemption for a job that passed its quotas but does not fit, or that
+    only the cluster's hard quota holds back (min_freed: what it exceeds that quota by)."""
     reclaim = _reclaims(job, borrowed, quota, snapshot)
     by_priority = job.queue in config.preempting_queues
     # Rule 4 of scheduler.preemption: counts copied from this cycle's working index, not live state.
     copy = [NodeState(n.id, n.gpus, frozenset(index.free[r]), n.alive) for r, n in enumerate(schedulable)]
     kind = "reclaim" if reclaim else "priority"
     ordered = for_preemptor(pool, preemptor_priority=priority, preemptor_project=job.project, reclaim=reclaim)
-    victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping)
+    victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping, min_freed=min_freed)
     if not victims and reclaim and by_priority:
         kind = "priority"
         ordered = for_preemptor(pool, preemptor_priority=priority, preemptor_project=job.project, reclaim=False)
-        victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping)
+        victims = plan_victims(copy, ordered, job.gpus_per_node, job.nodes, coming_free=stopping,
+                               min_freed=min_freed)
     if not victims:
         return None
     reason = reasons.preempting(kind, [v.job_id for v in victims])

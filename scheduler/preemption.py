@@ -6,8 +6,9 @@ Victim order (P2, P4, Q5, Q8), the code below follows it:
      a reclaim (the lender's job within its owned quota) may take only borrowed jobs of other tenants,
      a priority preemption only jobs of lower effective priority than the preemptor;
   2. borrowed GPUs first, then lowest priority, then least lost work (GPU-seconds run so far), then job id;
-  3. victims are taken in that order until the gang fits on free + freed GPUs; then every victim whose
-     removal still leaves the gang fitting is dropped again, last taken first (fewest victims, and the
+  3. victims are taken in that order until the gang fits on free + freed GPUs (and, when the cluster's hard
+     quota is what stands in the way, until they free at least what the job needs under it); then every
+     victim whose removal still leaves both true is dropped again, last taken first (fewest victims, and the
      cheap ones kept);
   4. the plan is computed on per-node counts copied from the snapshot, never on live state.
 """
@@ -73,18 +74,25 @@ def candidates(running: Sequence[RunningJob], *, now: datetime, config: Schedule
 
 
 def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob, Victim]],
-                 gpus_per_node: int, nodes_needed: int, *, coming_free: Sequence[RunningJob] = ()
-                 ) -> tuple[Victim, ...] | None:
+                 gpus_per_node: int, nodes_needed: int, *, coming_free: Sequence[RunningJob] = (),
+                 min_freed: int = 0) -> tuple[Victim, ...] | None:
     """Rules 3 and 4. None when even every candidate is not enough; () when stopping jobs already suffice.
 
+    min_freed: GPUs the victims (with the stopping jobs) must free in all, wherever they are: what the job
+    exceeds the cluster's hard quota by. Every GPU a job holds counts against that quota, on any node.
     The number of nodes with at least gpus_per_node free is kept up to date victim by victim, so a plan
     costs O(victims tried × their nodes), not a scan of the cluster per step.
     """
     free: dict[NodeId, int] = {n.id: len(n.free) for n in nodes if n.schedulable}
     fitting = sum(1 for c in free.values() if c >= gpus_per_node)
+    freed = 0
+
+    def enough() -> bool:
+        return fitting >= nodes_needed and freed >= min_freed
 
     def give(job: RunningJob, sign: int) -> None:
-        nonlocal fitting
+        nonlocal fitting, freed
+        freed += sign * job.gpus
         for p in job.placement:
             before = free.get(p.node)
             if before is None:  # a dead, degraded or unknown node frees nothing usable
@@ -95,20 +103,20 @@ def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob,
 
     for job in coming_free:
         give(job, +1)
-    if fitting >= nodes_needed:
+    if enough():
         return ()
     taken: list[tuple[RunningJob, Victim]] = []
     for job, victim in ordered:
         give(job, +1)
         taken.append((job, victim))
-        if fitting >= nodes_needed:
+        if enough():
             break
     else:
         return None
     kept: list[Victim] = []
     for job, victim in reversed(taken):
         give(job, -1)
-        if fitting < nodes_needed:
+        if not enough():
             give(job, +1)
             kept.append(victim)
     return tuple(reversed(kept))

@@ -100,12 +100,14 @@ class QuotaUsage:
         pool = self._lend_sum - self._lends.get(borrower, 0) + max(0, self.cluster_limit() - self._owned_quota)
         return max(0, pool - self.lent)
 
-    def check(self, project: ProjectId, user: str, gpus: int, *, may_borrow: bool = True) -> QuotaVerdict:
+    def check(self, project: ProjectId, user: str, gpus: int, *, may_borrow: bool = True,
+              cluster: bool = True) -> QuotaVerdict:
         """Whether `gpus` more GPUs for this tenant and user fit every tier, and whether they are borrowed.
 
-        may_borrow False (a job that cannot be stopped, so never reclaimed): only the owned quota may take it."""
+        may_borrow False (a job that cannot be stopped, so never reclaimed): only the owned quota may take it.
+        cluster False: every tier but the cluster's (which a preemption can make room in)."""
         # Physical capacity is placement's business (and preemption's); this is the configured hard cap.
-        if self.quotas.cluster_gpus is not None and self.total + gpus > self.cluster_limit():
+        if cluster and self.quotas.cluster_gpus is not None and self.total + gpus > self.cluster_limit():
             return QuotaVerdict(False, tier="cluster", reason=(
                 f"cluster quota: {self.total} of {self.cluster_limit()} GPUs in use, the job needs {gpus}"))
         user_limit = self.quotas.users.get(user)

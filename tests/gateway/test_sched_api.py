@@ -431,6 +431,30 @@ def test_cluster_hard_cap_is_a_quota_change_too(api: Api) -> None:
     assert "cluster quota" in api.get(f"/v1/jobs/{waiting}/queue", "alice").json()["blocking_reason"]
 
 
+def test_a_cluster_hard_quota_at_the_clusters_size_does_not_stop_a_reclaim(api: Api) -> None:
+    # The cluster tier refused the lender's job before any plan: its borrowed GPUs never came back.
+    bring_up_nodes(api)
+    set_quota(api, "*", 16)
+    set_quota(api, "vision", 8)
+    set_quota(api, "speech", 8, borrow_limit=8)
+    own = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name="own")).json()["id"]
+    lent = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name="lent")).json()["id"]
+    assert run_once(api.gateway) == 2
+    for j in (own, lent):
+        report(api, job(api, j)["placement"][0]["node"], j, "started", pid=4242)
+    advance(api, 3600)
+    mine = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name="lender")).json()["id"]
+    assert run_once(api.gateway) == 0
+    assert job(api, lent)["state"] == "stop_requested" and job(api, own)["state"] == "running"
+    assert job(api, lent)["stop_request"]["preemption"] == {"preemptor": mine, "kind": "reclaim"}
+    assert "reclaiming" in api.get(f"/v1/jobs/{mine}/queue", "alice").json()["blocking_reason"]
+    assert run_once(api.gateway) == 0 and job(api, own)["state"] == "running"  # no second victim meanwhile
+    report(api, job(api, lent)["placement"][0]["node"], lent, "stopped",
+           evidence={"outcome": "graceful", "exit_code": 0})
+    assert run_once(api.gateway) == 1
+    assert job(api, mine)["state"] == "starting" and job(api, lent)["state"] == "pending"
+
+
 def test_a_circular_wait_between_partial_holds_is_detected_and_broken(api: Api) -> None:
     """Q7: two whole-cluster gangs each holding one node and waiting for the other's never run. The scheduler
     finds waiting jobs that hold GPUs, releases what they hold (ledgered), and then starts one gang whole."""

@@ -173,3 +173,46 @@ def test_a_deadlock_attempt_forms_none() -> None:
         now += timedelta(minutes=15)
     assert not waiting, f"never started: {sorted(waiting)}"
     assert {JobId("g1"), JobId("g2")} <= done | {r.id for r in run}
+
+
+V, S = ProjectId("vision"), ProjectId("speech")
+CAPPED = [running("s-own", {"a": range(8)}, project="speech", started=at(-2)),
+          running("s-lent", {"b": range(8)}, project="speech", started=at(-2), borrowed=True)]
+
+
+@pytest.mark.parametrize(("preemptor", "cap"), [
+    (job("v1").gpus(8), None), (job("v1").gpus(8), 16),
+    (job("u1").gpus(8).queue("urgent"), 16),
+], ids=["reclaim-no-cap", "reclaim-cap-at-cluster-size", "urgent-cap-at-cluster-size"])
+def test_a_full_cluster_hard_quota_does_not_stop_a_reclaim_or_an_urgent_job(preemptor: JobBuilder,
+                                                                            cap: int | None) -> None:
+    # The cluster tier refused these before any plan: with a hard cap at the cluster's size, no lender got its
+    # GPUs back and no urgent job ran until the running jobs ended on their own.
+    q = Quotas(cluster_gpus=cap, tenants={V: TenantQuota(8), S: TenantQuota(8, borrow_limit=8)})
+    nodes = [node("a"), node("b")]
+    result = run_cycle(snap(nodes, [preemptor], CAPPED, quotas=q), now=NOW)
+    assert [[v.job_id for v in p.victims] for p in result.preemptions] == [["s-lent"]]
+
+
+def test_under_a_cap_below_capacity_a_reclaim_frees_what_the_cap_needs_though_the_gang_fits() -> None:
+    # 12 of 16 GPUs may be used; all 12 are. Four idle GPUs fit vision's job, but the cap does not: the borrowed
+    # job must go. Once it is stopping, no second plan is made.
+    q = Quotas(cluster_gpus=12, tenants={V: TenantQuota(8), S: TenantQuota(8, borrow_limit=8)})
+    run = [running("s-own", {"a": range(8)}, project="speech", started=at(-2)),
+           running("s-lent", {"b": range(4)}, project="speech", started=at(-2), borrowed=True)]
+    result = run_cycle(snap([node("a"), node("b")], [job("v1").gpus(4)], run, quotas=q), now=NOW)
+    assert not result.admits
+    assert [[v.job_id for v in p.victims] for p in result.preemptions] == [["s-lent"]]
+    stopping = [run[0], running("s-lent", {"b": range(4)}, project="speech", started=at(-2), borrowed=True,
+                                stop_by=at(minutes=1))]
+    result = run_cycle(snap([node("a"), node("b")], [job("v1").gpus(4)], stopping, quotas=q), now=NOW)
+    assert not result.admits and not result.preemptions
+    assert "cluster quota" in reasons(result)["v1"]
+
+
+def test_a_job_that_may_not_preempt_still_waits_on_a_full_cluster_quota() -> None:
+    q = Quotas(cluster_gpus=16, tenants={V: TenantQuota(8), S: TenantQuota(8, borrow_limit=8)})
+    result = run_cycle(snap([node("a"), node("b")], [job("s2", project="speech").gpus(8)], CAPPED, quotas=q),
+                       now=NOW)
+    assert not result.preemptions and "cluster quota" in reasons(result)["s2"]
+    assert result.blocked[0].quota_tier == "cluster"
