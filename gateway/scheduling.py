@@ -18,7 +18,7 @@ from gateway import preemption, priority_history
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.jobs import lock_jobs, run_began, transition
-from gateway.models import Allocation, Job, Node
+from gateway.models import Allocation, Job, Node, NodeCommand
 from gateway.notifications import notify
 from gateway.pipeline import record_outcome
 from gateway.quotas import load_quotas
@@ -167,6 +167,7 @@ def run_once(gw: Gateway) -> int:
         now = gw.clock()
         housekeeping(gw, session, now)  # node health, stop escalation, retention, R4 (gateway/stops.py)
         break_partial_holds(gw, session)  # Q7
+        requeue_undelivered_starts(gw, session, now)
         config = scheduler_config(gw)
         decay_usage(session, now, config.fairshare_half_life_s)
         preemption.check_occupancy(gw, session, now, config)  # P3
@@ -204,6 +205,46 @@ def break_partial_holds(gw: Gateway, session: Session) -> list[str]:
         for p in parts:
             session.delete(p)
     return sorted(held)
+
+
+def requeue_undelivered_starts(gw: Gateway, session: Session, now: datetime) -> list[str]:
+    """A starting job none of whose nodes ever fetched its start command before the command expired goes back to
+    the queue. An expired command is never handed out again, so such a job stayed `starting` for ever, holding its
+    GPUs and its quota, and its owner read only where it had been placed. Never delivered means no agent saw it,
+    so no process can exist; a job one of whose commands was delivered is left to its nodes' reports. It keeps
+    its place in the queue: its wait never stopped. Ledgered; the owner is told. Returns the jobs' ids."""
+    from gateway.stops import ledger_transition  # late: stops imports this module's neighbours
+
+    latest: dict[tuple[str, str], NodeCommand] = {}
+    for cmd in session.scalars(select(NodeCommand).join(Job, Job.id == NodeCommand.job_id)
+                               .where(Job.state == "starting", NodeCommand.kind == "start")
+                               .order_by(NodeCommand.created_at)).all():
+        latest[cmd.job_id, cmd.node] = cmd  # this run's start: the last one sent to that node
+    parts: dict[str, list[Allocation]] = defaultdict(list)
+    for part in session.scalars(select(Allocation).join(Job, Job.id == Allocation.job_id)
+                                .where(Job.state == "starting")).all():
+        parts[part.job_id].append(part)
+    requeued = []
+    for job_id, held in sorted(parts.items()):
+        sent = [latest.get((job_id, p.node)) for p in held]
+        if not all(c is not None and c.delivered_at is None and c.expires_at <= now and p.state == "starting"
+                   for c, p in zip(sent, held, strict=True)):
+            continue
+        job = session.get(Job, job_id)
+        if job is None:
+            continue
+        nodes = sorted(p.node for p in held)
+        for p in held:
+            session.delete(p)
+        session.flush()  # gone before this cycle may place the job again, on the same node (one row per node)
+        job.placement = []
+        priority_history.ensure(session, job).borrowed = False  # it holds nothing, owned or borrowed
+        reason = (f"its start command expired before node {', '.join(nodes)} fetched it; nothing ran, and it is "
+                  "back in the queue in its place")
+        ledger_transition(gw, job, "pending", now, by="scheduler", reason=reason, nodes=nodes)
+        notify(session, job.owner, "start_not_delivered", {"job_id": job.id, "nodes": nodes, "reason": reason}, now)
+        requeued.append(job_id)
+    return requeued
 
 
 def _admit(gw: Gateway, session: Session, result: CycleResult, now: datetime) -> None:

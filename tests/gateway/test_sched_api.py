@@ -3,6 +3,7 @@ marking, reclaim by graceful preemption and requeue, explain/estimate, statistic
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -318,7 +319,9 @@ def test_a_job_placed_but_not_yet_started_has_run_from_its_placement_not_its_sub
     bring_up_nodes(api)
     ids = [api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name=f"n{i}")).json()["id"] for i in range(2)]
     advance(api, 3600)  # an hour in the queue
-    assert run_once(api.gateway) == 2  # placed; their agents have not reported them started yet
+    assert run_once(api.gateway) == 2  # placed; their agents fetched the commands but have not reported yet
+    for node in ("demo-node-1", "demo-node-2"):
+        api.client.get(f"/v1/agents/{node}/commands", headers=node_headers(api, node), params={"wait": 0})
     urgent = api.post("/v1/jobs", "carol", json=job_spec(gpus_per_node=8, queue="urgent", name="u")).json()["id"]
     advance(api, 10)
     run_once(api.gateway)
@@ -453,6 +456,38 @@ def test_a_cluster_hard_quota_at_the_clusters_size_does_not_stop_a_reclaim(api: 
            evidence={"outcome": "graceful", "exit_code": 0})
     assert run_once(api.gateway) == 1
     assert job(api, mine)["state"] == "starting" and job(api, lent)["state"] == "pending"
+
+
+def test_a_job_whose_start_command_expired_unfetched_goes_back_to_the_queue(api: Api) -> None:
+    # An expired command is never handed out again: the job stayed `starting` for ever, holding its GPUs and
+    # quota, and its owner read only where it had been placed.
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    fetched = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name="fetched")).json()["id"]
+    assert run_once(api.gateway) == 2
+    node = job(api, j)["placement"][0]["node"]
+    other = job(api, fetched)["placement"][0]["node"]
+    def starts(node: str) -> list[str]:
+        r = api.client.get(f"/v1/agents/{node}/commands", headers=node_headers(api, node), params={"wait": 0})
+        return [json.loads(c["payload"])["job_id"] for c in r.json()["commands"]
+                if json.loads(c["payload"])["kind"] == "start"]
+
+    assert starts(other) == [fetched]  # delivered, not yet acknowledged: left to that node's reports
+    advance(api, api.settings.command_ttl_s + 60)  # the agents beat, but the first never fetched its command
+    assert starts(node) == []
+    assert run_once(api.gateway) == 1  # back in the queue, and placed again in the same cycle
+    assert job(api, fetched)["state"] == "starting"
+    back = job(api, j)
+    assert [h["to"] for h in back["history"]] == ["pending", "starting", "pending", "starting"]
+    assert "expired before node" in back["history"][2]["reason"]
+    with api.gateway.db.transaction() as s:
+        assert len(s.scalars(select(Allocation).where(Allocation.job_id == j)).all()) == 1
+        notes = s.scalars(select(Notification).where(Notification.principal == "alice",
+                                                     Notification.kind == "start_not_delivered")).all()
+        assert [n.body["job_id"] for n in notes] == [j]
+    assert any(e["body"].get("job_id") == j and e["body"].get("state_after") == "pending"
+               for e in ledger_entries(api))
+    assert starts(back["placement"][0]["node"]) == [j]  # with a fresh command
 
 
 def test_a_circular_wait_between_partial_holds_is_detected_and_broken(api: Api) -> None:
