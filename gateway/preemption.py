@@ -132,6 +132,9 @@ def check_occupancy(gw: Gateway, session: Session, now: datetime, config: Schedu
             session.refresh(row)
             if occupancy(occupancy_since(job, row), now, config).state != "expired":
                 continue
+            if not job.stoppable:
+                _expired_not_stoppable(gw, session, job, now)
+                continue
             request_id = "req-" + secrets.token_hex(8)
             reason = ("maximum continuous occupancy reached and not renewed in time; graceful stop, "
                       "then requeued")
@@ -144,6 +147,26 @@ def check_occupancy(gw: Gateway, session: Session, now: datetime, config: Schedu
                          "renew_by": verdict.renew_by.isoformat() if verdict.renew_by else None}})
             _stop_and_requeue_later(gw, session, job, request_id=request_id, seq=seq, preemptor=None,
                                     preemptor_project=None, kind="occupancy", reason=reason, now=now)
+
+
+EXPIRED_NOT_STOPPABLE = ("occupancy expired, not renewed: declared not stoppable, so the system does not stop "
+                         "it; its owner must stop or renew it")
+
+
+def _expired_not_stoppable(gw: Gateway, session: Session, job: Job, now: datetime) -> None:
+    """P3 meets R5: a job declared not stoppable is never stopped by the system (no preemption takes it, no
+    emergency stop reaches it), so its unrenewed occupancy is made visible instead: ledgered, its state reason
+    says so, and its owner and on-call are told, once."""
+    from gateway.stops import alert  # late: stops imports this module
+
+    if job.state_reason == EXPIRED_NOT_STOPPABLE:
+        return
+    job.state_reason = EXPIRED_NOT_STOPPABLE
+    record_outcome(gw, "transition", {"job_id": job.id, "occupancy_expired": True, "stoppable": False,
+                                      "rule": "P3.occupancy_not_renewed", "result": "left running (R5)"})
+    how = f"jobgate job renew {job.id} --progress ... --remaining SECONDS"
+    alert(gw, session, now, "occupancy_expired", {"job_id": job.id, "why": EXPIRED_NOT_STOPPABLE, "how": how},
+          also=[job.owner])
 
 
 def renew(gw: Gateway, session: Session, caller: Caller, job_id: str, progress: str,
@@ -173,7 +196,7 @@ def renew(gw: Gateway, session: Session, caller: Caller, job_id: str, progress: 
     row.renewal_due_at = None
     config = scheduler_config(gw)
     until = (now + timedelta(seconds=config.max_occupancy_s)) if config.max_occupancy_s else None
-    if job.state_reason.startswith("renewal due"):
+    if job.state_reason.startswith("renewal due") or job.state_reason == EXPIRED_NOT_STOPPABLE:
         job.state_reason = f"renewed by {caller.real_identity}"
     record_outcome(gw, "outcome", {"request_id": rec.request_id, "decision_seq": rec.seq, "action": "job.renew",
                                    "job_id": job.id, "result": "renewed", "progress": progress,

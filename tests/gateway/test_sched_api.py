@@ -382,6 +382,34 @@ def test_occupancy_limit_asks_for_renewal_then_stops_and_requeues(api: Api) -> N
     assert "maximum continuous occupancy" in last["note"] and "None" not in last["note"]
 
 
+def test_a_job_declared_not_stoppable_is_not_stopped_at_its_occupancy_limit_but_made_visible(api: Api) -> None:
+    # R5: the system never stops such a job (no preemption, no emergency stop reaches it); P3 stopped it anyway
+    # when its renewal window passed.
+    from scheduler.model import SchedulerConfig
+
+    api.gateway.scheduler_config = SchedulerConfig(max_occupancy_s=3600, renewal_window_s=600)
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, stoppable=False)).json()["id"]
+    run_once(api.gateway)
+    report(api, job(api, j)["placement"][0]["node"], j, "started", pid=7)
+    advance(api, 3600 + 60)
+    run_once(api.gateway)
+    assert job(api, j)["state_reason"].startswith("renewal due")
+    advance(api, 3600 + 660)
+    run_once(api.gateway)
+    run_once(api.gateway)
+    after = job(api, j)
+    assert after["state"] == "running", after["history"][-1]
+    assert "not renewed" in after["state_reason"] and "its owner must stop or renew it" in after["state_reason"]
+    with api.gateway.db.transaction() as s:
+        told = s.scalars(select(Notification).where(Notification.principal == "alice",
+                                                    Notification.kind == "occupancy_expired")).all()
+        assert len(told) == 1  # once, not every cycle
+    r = api.post(f"/v1/jobs/{j}/renew", "alice", json={"progress": "epoch 9", "expected_remaining_seconds": 600})
+    assert r.status_code == 200, r.text
+    assert job(api, j)["state_reason"] == "renewed by alice"
+
+
 def test_a_new_run_starts_a_new_occupancy_period_with_its_own_renewal_notice(api: Api) -> None:
     # The period was counted from the last renewal ever made, even one of an earlier run, and the renewal-due mark
     # of an earlier run stayed: a job renewed once, then stopped and requeued, was stopped again within a cycle of
