@@ -266,6 +266,11 @@ def _admit(gw: Gateway, session: Session, result: CycleResult, now: datetime) ->
         row.renewal_due_at = None
         where = ", ".join(p.node for p in admit.placement)
         transition(job, "starting", now, by="scheduler", reason=f"placed on {where} ({mode} quota)")
+        if row.restart_notice_pending:  # Q9: a requeued victim placed again before any cycle left it waiting
+            row.restart_notice_pending = False
+            notify(session, job.owner, "expected_restart", {
+                "job_id": job.id, "placed": True, "queue": job.queue, "reason": f"placed on {where}",
+                "expected_restart": now.isoformat()}, now)
         for p in admit.placement:
             session.add(Allocation(job_id=job.id, node=p.node, gpus=list(p.gpus), state="starting"))
             enqueue(gw, session, p.node, job.id, "start", {

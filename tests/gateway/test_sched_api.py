@@ -340,6 +340,29 @@ def test_a_job_placed_but_not_yet_started_has_run_from_its_placement_not_its_sub
     assert 3600 - 1 <= q["wait_credit_s"] <= 3600 + 1  # its hour in the queue is kept (P2)
 
 
+def test_a_requeued_victim_placed_again_at_once_is_told_it_runs_again(api: Api) -> None:
+    # Q9's expected-restart notice went out only from a cycle that left the victim waiting: placed at once, its
+    # owner never heard when it ran again, and the notice stayed pending, to go out with a stale text on some
+    # later wait of the job.
+    ids = full_cluster_an_hour_on(api)
+    urgent = api.post("/v1/jobs", "carol", json=job_spec(gpus_per_node=8, queue="urgent", name="u")).json()["id"]
+    run_once(api.gateway)
+    victim = ids[1]
+    assert job(api, victim)["state"] == "stop_requested"
+    r = api.post(f"/v1/jobs/{urgent}/stop", "carol", json={"reason": "not needed after all"})
+    assert r.status_code in (200, 202), r.text
+    report(api, job(api, victim)["placement"][0]["node"], victim, "stopped",
+           evidence={"outcome": "graceful", "exit_code": 0})
+    assert job(api, victim)["state"] == "pending"
+    assert run_once(api.gateway) == 1 and job(api, victim)["state"] == "starting"
+    with api.gateway.db.transaction() as s:
+        notes = s.scalars(select(Notification).where(Notification.principal == "alice")).all()
+        assert {n.kind for n in notes} >= {"preempted", "requeued"}
+        restart = [n.body for n in notes if n.kind == "expected_restart"]
+        assert len(restart) == 1 and restart[0]["job_id"] == victim and restart[0]["placed"] is True
+        assert s.get(SchedJob, victim).restart_notice_pending is False
+
+
 def test_occupancy_limit_asks_for_renewal_then_stops_and_requeues(api: Api) -> None:
     from scheduler.model import SchedulerConfig
 
