@@ -104,6 +104,8 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        reclaim could take those GPUs back). A job refused by a quota waits without holding
        anything (it blocks nobody and gets no reservation). One refused only by the cluster's hard quota
        that may preempt (rule 6) tries a plan whose victims also free what it exceeds that quota by.
+       Waiting jobs keep their tenant's idle owned quota from being lent, unless the alive nodes could not
+       hold them anyway.
     6. Preemption (Q5, Q8), at most one plan per cycle, tried for at most max_preemption_attempts
        jobs that pass their quotas but do not fit, in priority order: a job within its tenant's
        owned quota reclaims borrowed GPUs of other tenants; a job of a preempting queue (urgent)
@@ -148,7 +150,11 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
                            (*snapshot.running, *snapshot.withheld))
              if snapshot.quotas is not None else None)
     if quota is not None:
-        quota.claim((j.project, j.gpus) for j in snapshot.pending)
+        # Only jobs the alive nodes could hold claim their tenant's idle quota: one that cannot be placed now
+        # (a node it needs is lost) would keep that quota from being lent while it sits idle, and with it, when the
+        # tenant owns the cluster, every other tenant's work.
+        quota.claim((j.project, j.gpus) for j in snapshot.pending
+                    if ever_fitting[min(j.gpus_per_node, largest_alive + 1)] >= j.nodes)
     stopping = [job for job in snapshot.running if job.stop_by is not None]
     preemptions: list[Preempt] = []
     attempts = 0

@@ -72,6 +72,20 @@ def test_reclaimed_gpus_are_not_lent_to_the_borrower_again() -> None:
     assert "idle GPUs" in reasons(result)["s-back"]
 
 
+def test_a_waiting_job_the_alive_nodes_cannot_hold_does_not_keep_its_tenants_quota_from_being_lent() -> None:
+    # vision owns the whole cluster; its gang needs a third node, lost for now. Its claim on vision's idle quota
+    # kept speech from borrowing any of it: every GPU sat idle while speech waited.
+    q = Quotas(tenants={V: TenantQuota(16), S: TenantQuota(0, borrow_limit=None)})
+    pending = [job("v-big").gpus(8).nodes(3), job("s1", project="speech").gpus(8)]
+    result = run_cycle(snap([node("a"), node("b")], pending, quotas=q), now=NOW)
+    assert {a.job_id: a.borrowed for a in result.admits} == {"s1": True}
+    assert "only 2 alive nodes" in reasons(result)["v-big"]
+    # A job the nodes can hold still claims its tenant's quota (rule 5: reclaimed GPUs are not lent again).
+    pending = [job("v-fits").gpus(8).nodes(2), job("s1", project="speech").gpus(8)]
+    result = run_cycle(snap([node("a", busy=range(1)), node("b")], pending, quotas=q), now=NOW)
+    assert not result.admits and "idle GPUs" in reasons(result)["s1"]
+
+
 def test_no_quotas_means_everything_is_owned() -> None:
     result = run_cycle(snap(NODES, [job("v1").gpus(8), job("v2").gpus(8)]), now=NOW)
     assert [a.borrowed for a in result.admits] == [False, False]
