@@ -207,22 +207,29 @@ def break_partial_holds(gw: Gateway, session: Session) -> list[str]:
     return sorted(held)
 
 
+# States of a placed job that may never have started: placed, or placed and then its node was lost.
+NEVER_STARTED = ("starting", "lost")
+
+
 def requeue_undelivered_starts(gw: Gateway, session: Session, now: datetime) -> list[str]:
     """A starting job none of whose nodes ever fetched its start command before the command expired goes back to
     the queue. An expired command is never handed out again, so such a job stayed `starting` for ever, holding its
     GPUs and its quota, and its owner read only where it had been placed. Never delivered means no agent saw it,
     so no process can exist; a job one of whose commands was delivered is left to its nodes' reports. It keeps
-    its place in the queue: its wait never stopped. Ledgered; the owner is told. Returns the jobs' ids."""
+    its place in the queue: its wait never stopped. Ledgered; the owner is told. Returns the jobs' ids.
+
+    So does one marked `lost` before any node fetched its start (its node died first): it withheld GPUs that hold
+    nothing, and when the node came back the job was reported `failed` though it never ran."""
     from gateway.stops import ledger_transition  # late: stops imports this module's neighbours
 
     latest: dict[tuple[str, str], NodeCommand] = {}
     for cmd in session.scalars(select(NodeCommand).join(Job, Job.id == NodeCommand.job_id)
-                               .where(Job.state == "starting", NodeCommand.kind == "start")
+                               .where(Job.state.in_(NEVER_STARTED), NodeCommand.kind == "start")
                                .order_by(NodeCommand.created_at)).all():
         latest[cmd.job_id, cmd.node] = cmd  # this run's start: the last one sent to that node
     parts: dict[str, list[Allocation]] = defaultdict(list)
     for part in session.scalars(select(Allocation).join(Job, Job.id == Allocation.job_id)
-                                .where(Job.state == "starting")).all():
+                                .where(Job.state.in_(NEVER_STARTED))).all():
         parts[part.job_id].append(part)
     requeued = []
     for job_id, held in sorted(parts.items()):

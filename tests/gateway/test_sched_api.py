@@ -541,6 +541,27 @@ def test_a_job_whose_start_command_expired_unfetched_goes_back_to_the_queue(api:
     assert starts(back["placement"][0]["node"]) == [j]  # with a fresh command
 
 
+def test_a_job_whose_node_was_lost_before_it_fetched_the_start_goes_back_to_the_queue(api: Api) -> None:
+    # It was `lost`, withholding GPUs that held nothing; back, the node reported it not there and it ended `failed`
+    # though it never ran.
+    bring_up_nodes(api)
+    j = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8)).json()["id"]
+    assert run_once(api.gateway) == 1
+    dead = job(api, j)["placement"][0]["node"]
+    alive = next(n for n in ("demo-node-1", "demo-node-2") if n != dead)
+    base = api.gateway.clock()
+    for seconds in (60, api.settings.command_ttl_s + 60):
+        api.gateway.clock = lambda s=seconds: base + timedelta(seconds=s)
+        api.client.post(f"/v1/agents/{alive}/heartbeat", headers=node_headers(api, alive),
+                        json={"gpus": 8, "running": []})
+        run_once(api.gateway)
+        if seconds == 60:
+            assert job(api, j)["state"] == "lost"
+    now = job(api, j)
+    assert now["state"] == "starting" and now["placement"][0]["node"] == alive, now["history"][-1]
+    assert [h["to"] for h in now["history"]] == ["pending", "starting", "lost", "pending", "starting"]
+
+
 def test_a_circular_wait_between_partial_holds_is_detected_and_broken(api: Api) -> None:
     """Q7: two whole-cluster gangs each holding one node and waiting for the other's never run. The scheduler
     finds waiting jobs that hold GPUs, releases what they hold (ledgered), and then starts one gang whole."""
