@@ -24,7 +24,7 @@ from gateway.context import Gateway, load_bindings
 from gateway.errors import GatewayError
 from gateway.policy.errors import PolicyError, PolicyLoadError, PolicyProblem
 from gateway.policy.factory import make_engine
-from gateway.policy.loader import load_policy_set, policy_hash
+from gateway.policy.loader import load_policy_set, policy_files, policy_hash
 from gateway.policy.testing import run_suite
 from ledger.errors import LedgerError
 
@@ -68,10 +68,9 @@ class LoadAttempt:
 def _stamps(directory: Path) -> tuple[tuple[str, int, int], ...]:
     """Cheap change detector: (path, size, mtime_ns) of every file; the hash is computed only on change."""
     out = []
-    for p in sorted(directory.rglob("*")):
-        if p.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in p.parts):
-            st = p.stat()
-            out.append((p.relative_to(directory).as_posix(), st.st_size, st.st_mtime_ns))
+    for p in policy_files(directory):  # the files the hash covers, so a change to any of them is seen
+        st = p.stat()
+        out.append((p.relative_to(directory).as_posix(), st.st_size, st.st_mtime_ns))
     return tuple(out)
 
 

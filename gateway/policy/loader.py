@@ -169,17 +169,27 @@ def policy_hash(directory: Path) -> str:
     moving bytes between a name and a body.
     """
     digest = hashlib.sha256()
-    files = sorted(
-        p
-        for p in directory.rglob("*")
-        if p.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in p.parts)
-    )
-    for path in files:
+    for path in policy_files(directory):
         body = path.read_bytes()
         digest.update(path.relative_to(directory).as_posix().encode())
         digest.update(b"\0" + str(len(body)).encode() + b"\0")
         digest.update(body)
     return digest.hexdigest()
+
+
+def policy_files(directory: Path) -> list[Path]:
+    """Every file of the set, sorted: what the hash covers and the reload watcher stamps.
+
+    Dot-files and `__pycache__` (an editor's swap file, a test run's bytecode) are left out by their path
+    *inside* the set: judged on the absolute path, a set kept below a dot-directory (~/.config/...) had no
+    files at all, so every version hashed alike and a reload of an edit answered "unchanged".
+    """
+    return sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(directory).parts)
+    )
 
 
 def _read(directory: Path, name: str, problems: list[PolicyProblem]) -> str | None:
