@@ -226,8 +226,8 @@ def replay(
             pool.shutdown(cancel_futures=True)
     for r, slot in zip(chosen, slots, strict=True):
         effect, n, rules, reasons = results[slot]
-        if r.bypass and effect == "needs_approval":
-            effect, n, rules = _break_glass_override(rules)
+        if r.bypass:
+            effect, n, rules = _break_glass_override(effect, n, rules)
         kind = _kind(r.effect, r.approvals, effect, n)
         if kind is None:
             continue
@@ -242,10 +242,14 @@ def replay(
     return report
 
 
-def _break_glass_override(rules: list[str]) -> tuple[str, int, list[str]]:
-    """What the gateway makes of a needs_approval for a break-glass call (pipeline.decide): the grant stands in
-    for the second person, so it is an allow. Replayed without it, every such call would show as a flip."""
-    return "allow", 0, [*rules, BREAK_GLASS_RULE]
+def _break_glass_override(effect: str, n: int, rules: list[str]) -> tuple[str, int, list[str]]:
+    """What the gateway makes of a break-glass call's decision (pipeline.decide): the grant stands in for the
+    second person, so a needs_approval for exactly one more person is an allow. A request wanting more people
+    still waits for all of them, as the gateway holds it; turning that into an allow too showed a flip under an
+    unchanged set and hid a candidate that asks a break-glass call for one more approver."""
+    if effect == "needs_approval" and n == 1:
+        return "allow", 0, [*rules, BREAK_GLASS_RULE]
+    return effect, n, rules
 
 
 def worker_count(requested: int | None, records: int, cpus: int | None = None) -> int:
