@@ -118,6 +118,8 @@ class PolicyReloader:
                 candidate_hash = ""
                 errors = [str(PolicyProblem(str(self.directory), 0, f"cannot read: {e}"))]
                 return self._refuse(trigger, by, candidate_hash, errors, previous, cite)
+            except PolicyLoadError as e:
+                return self._refuse(trigger, by, "", [str(p) for p in e.errors], previous, cite)
             if candidate_hash == previous:
                 return self._record(trigger, by, candidate_hash, "unchanged", [], previous, cite)
             try:
@@ -191,7 +193,10 @@ class PolicyReloader:
         if stamps == self._seen_stamps:
             return None
         self._seen_stamps = stamps
-        candidate = policy_hash(self.directory)
+        try:
+            candidate = policy_hash(self.directory)
+        except PolicyLoadError:
+            candidate = ""  # a file that cannot be read: the reload below refuses the set and ledgers why
         if candidate in (self.gw.policy.policy_hash, self._refused_hash):
             return None
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,14 +127,19 @@ def load_policy_set(directory: Path) -> PolicySet:
     """
     directory = Path(directory)
     problems: list[PolicyProblem] = []
-    model_text = _read(directory, MODEL_FILE, problems)
-    matrix_csv = _read(directory, MATRIX_FILE, problems)
-    data_text = _read(directory, DATA_FILE, problems)
+    # One read of every file: the set is parsed from these bytes and hashed over them, so the hash names
+    # exactly what decides even when a reviewer saves a file mid-load, and a module the hash leaves out (a
+    # dot-file) is never loaded either.
+    files = _read_files(directory, problems)
+    problems.extend(_unreadable_modules(directory))
+    model_text = _text(files, MODEL_FILE, problems)
+    matrix_csv = _text(files, MATRIX_FILE, problems)
+    data_text = _text(files, DATA_FILE, problems)
     rego_modules: dict[str, str] = {}
-    for path in sorted(directory.glob("*.rego")):
-        source = _read(directory, path.name, problems)
+    for name in sorted(n for n in files if n.endswith(".rego") and "/" not in n):
+        source = _text(files, name, problems)
         if source is not None:
-            rego_modules[path.name] = source
+            rego_modules[name] = source
     if not rego_modules and not any(p.file.endswith(".rego") for p in problems):
         problems.append(PolicyProblem("*.rego", 0, "no Rego module found"))
 
@@ -153,7 +159,7 @@ def load_policy_set(directory: Path) -> PolicySet:
         raise PolicyLoadError(problems)
     return PolicySet(
         directory=directory,
-        hash=policy_hash(directory),
+        hash=hash_files(files),
         model_text=model_text or "",
         matrix_csv=matrix_csv or "",
         rego_modules=rego_modules,
@@ -163,15 +169,25 @@ def load_policy_set(directory: Path) -> PolicySet:
 
 
 def policy_hash(directory: Path) -> str:
+    """The hash of the set as it is on disk now (see hash_files). Raises PolicyLoadError naming a file that
+    cannot be read."""
+    problems: list[PolicyProblem] = []
+    files = _read_files(directory, problems)
+    if problems:
+        raise PolicyLoadError(problems)
+    return hash_files(files)
+
+
+def hash_files(files: Mapping[str, bytes]) -> str:
     """SHA-256 over every file's relative path and bytes, in sorted path order.
 
     Each file contributes `path NUL length NUL bytes`, so no two different trees hash alike by
     moving bytes between a name and a body.
     """
     digest = hashlib.sha256()
-    for path in policy_files(directory):
-        body = path.read_bytes()
-        digest.update(path.relative_to(directory).as_posix().encode())
+    for name in sorted(files):
+        body = files[name]
+        digest.update(name.encode())
         digest.update(b"\0" + str(len(body)).encode() + b"\0")
         digest.update(body)
     return digest.hexdigest()
@@ -192,9 +208,42 @@ def policy_files(directory: Path) -> list[Path]:
     )
 
 
-def _read(directory: Path, name: str, problems: list[PolicyProblem]) -> str | None:
+def _read_files(directory: Path, problems: list[PolicyProblem]) -> dict[str, bytes]:
+    """The bytes of every file of the set (policy_files), by path relative to it; a file that cannot be read
+    is a problem naming it."""
+    files: dict[str, bytes] = {}
+    for path in policy_files(directory):
+        name = path.relative_to(directory).as_posix()
+        try:
+            files[name] = path.read_bytes()
+        except OSError as e:
+            problems.append(PolicyProblem(name, 0, f"cannot read: {e.strerror or e}"))
+    return files
+
+
+def _unreadable_modules(directory: Path) -> list[PolicyProblem]:
+    """A module name that is no regular file (a directory called extra.rego, a dangling link) is refused by its
+    name rather than skipped: the reviewer meant it to decide."""
+    problems = []
+    for path in sorted(directory.glob("*.rego")):
+        if path.name.startswith(".") or path.is_file():
+            continue
+        try:
+            path.read_bytes()
+            why = "not a regular file"
+        except OSError as e:
+            why = str(e.strerror or e)
+        problems.append(PolicyProblem(path.name, 0, f"cannot read: {why}"))
+    return problems
+
+
+def _text(files: Mapping[str, bytes], name: str, problems: list[PolicyProblem]) -> str | None:
+    if name not in files:
+        if not any(p.file == name for p in problems):  # not already reported as unreadable
+            problems.append(PolicyProblem(name, 0, "missing from the policy directory"))
+        return None
     try:
-        return read_policy_text(directory / name, name)
+        return decode_policy_text(files[name], name)
     except PolicyLoadError as e:
         problems.extend(e.errors)
         return None
@@ -207,6 +256,11 @@ def read_policy_text(path: Path, name: str) -> str:
         raw = path.read_bytes()
     except OSError as e:
         raise PolicyLoadError([PolicyProblem(name, 0, f"cannot read: {e.strerror or e}")]) from e
+    return decode_policy_text(raw, name)
+
+
+def decode_policy_text(raw: bytes, name: str) -> str:
+    """`raw` as UTF-8 text. Raises PolicyLoadError naming `name` and the line of the first byte that is not."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
