@@ -129,17 +129,22 @@ class PolicyReloader:
                     raise PolicyLoadError(failures)
                 with self.gw.transaction() as session:
                     bindings = load_bindings(session)
-                engine = make_engine(policy_set, bindings, kind=self.gw.settings.policy_engine,
-                                     opa_url=self.gw.settings.opa_url, opa_timeout_s=self.gw.settings.opa_timeout_s)
             except PolicyLoadError as e:
                 return self._refuse(trigger, by, candidate_hash, [str(p) for p in e.errors], previous, cite)
             except PolicyError as e:
                 return self._refuse(trigger, by, candidate_hash, [e.diagnostics()], previous, cite)
+            try:
+                engine = make_engine(policy_set, bindings, kind=self.gw.settings.policy_engine,
+                                     opa_url=self.gw.settings.opa_url, opa_timeout_s=self.gw.settings.opa_timeout_s)
+            except PolicyError as e:
+                errors = [str(p) for p in e.errors] if isinstance(e, PolicyLoadError) else [e.diagnostics()]
+                return self._refuse(trigger, by, candidate_hash, errors + self._push_back(), previous, cite)
             # Record first: the load is durable in the ledger before the new set decides anything.
             try:
                 attempt = self._record(trigger, by, policy_set.hash, "loaded", [], previous, cite, strict=True)
             except LedgerError as e:
                 engine.close()
+                self._push_back()
                 raise PolicyRefused(f"the load could not be recorded in the ledger ({e}); the previous set stays",
                                     errors=[], policy_hash=candidate_hash, active_hash=previous) from e
             old = self.gw.policy
@@ -152,6 +157,18 @@ class PolicyReloader:
             self._refused_hash = None
             log.info("policy set %s loaded (%s by %s)", policy_set.hash[:12], trigger, by)
             return attempt
+
+    def _push_back(self) -> list[str]:
+        """Put the active set back where it is evaluated after a candidate was pushed there (OPA): a push that
+        failed part-way leaves the server answering under no set's hash, and the active engine fails closed
+        until this succeeds. Returns the problem if it did not, for the refusal to report."""
+        try:
+            self.gw.policy.push()
+        except PolicyError as e:
+            log.error("could not push the active policy set back: %s", e.diagnostics())
+            return [f"the active set could not be pushed back, so decisions fail closed until a reload succeeds:"
+                    f" {e}"]
+        return []
 
     def _refuse(self, trigger: str, by: str, candidate: str, errors: list[str], previous: str,
                 cite: dict[str, int]) -> LoadAttempt:

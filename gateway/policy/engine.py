@@ -86,6 +86,11 @@ class PolicyEngine(Protocol):
 
     def holders(self, project: str, capability: str) -> list[str]: ...
 
+    def push(self) -> None:
+        """Put the set where it is evaluated (the OPA server); nothing for the embedded engine. A reload that
+        fails after a candidate was pushed pushes the active set back with it. Raises PolicyLoadError."""
+        ...
+
     def close(self) -> None:
         """Release connections (OPA); nothing for the embedded engine."""
         ...
@@ -225,6 +230,9 @@ class EmbeddedEngine:
                 raise PolicyUnavailable(f"evaluation error: {e}") from e
             except UndefinedResult as e:
                 raise PolicyUnavailable("the policy defines no decision for this input") from e
+
+    def push(self) -> None:
+        """Nothing to put anywhere: the set is compiled in-process."""
 
     def close(self) -> None:
         """Nothing to release in-process."""

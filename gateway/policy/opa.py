@@ -7,8 +7,14 @@ and on every reload it pushes the policy set (OPA's REST API: PUT /v1/policies/{
 
 Modules of one Rego package are pushed as one module: OPA compiles on every PUT, and a module that
 refers to rules of a sibling file not pushed yet would be refused. Each file's text is kept, marked by a
-`# --- file: NAME ---` line. A push is not atomic on the server; the gateway refuses the reload if any
-step fails and keeps using the set it had (which the next successful push replaces).
+`# --- file: NAME ---` line.
+
+A push is not atomic on the server: while it runs, and after one that failed part-way, the server holds
+pieces of two sets. So every decision is asked of a small module of the gateway's own (ANSWER_ID) that gives
+the decision together with the hash of the set it was pushed with, in one evaluation; the engine accepts only
+an answer under its own hash. A push first marks the server as changing (no decision, no hash) and writes the
+hash last, so a decision taken mid-push or after a failed push is a fail-closed deny, never a decision of a
+mixture recorded under either set's hash. A reload that fails pushes the previous set back.
 
 Fail closed: an unreachable server, a timeout, an error or an undefined decision is a deny with rule
 `fail_closed` and reason "policy unavailable: ...", recorded in the ledger like any decision.
@@ -31,6 +37,10 @@ from gateway.policy.loader import DECISION_ENTRYPOINT, PolicySet
 
 POLICY_PREFIX = "jobgate/"
 DEFAULT_TIMEOUT_S = 1.0
+# The gateway's own module, outside POLICY_PREFIX so that dropping stale modules never drops it.
+ANSWER_ID = "jobgate-gateway/answer"
+ANSWER_ENTRYPOINT = "jobgate_gateway/answer"
+CHANGING = "changing"
 
 _PACKAGE = re.compile(r"^package\s+([\w.]+)\s*$", re.MULTILINE)
 _IMPORT = re.compile(r"^import\s+[^\n]+$", re.MULTILINE)
@@ -46,6 +56,15 @@ _CLIENT_ERRORS: tuple[type[BaseException], ...] = (
     ValueError,
     KeyError,
 )
+
+
+def answer_module(policy_hash: str | None) -> str:
+    """The gateway's module: the decision beside the hash of the set pushed with it; without a hash (a push
+    under way) it holds no decision, so nothing is decided until the whole set is on the server."""
+    if policy_hash is None:
+        return f'package jobgate_gateway\n\nanswer := {{"policy_hash": "{CHANGING}"}}\n'
+    return (f'package jobgate_gateway\n\nanswer := {{"policy_hash": "{policy_hash}",'
+            f' "decision": data.{DECISION_ENTRYPOINT.replace("/", ".")}}}\n')
 
 
 def bundle_modules(modules: Mapping[str, str]) -> dict[str, str]:
@@ -109,10 +128,14 @@ class OpaEngine(EmbeddedEngine):
     def push(self) -> None:
         """Put the policy modules and data.json on the server; drop our modules it no longer has.
 
-        Raises PolicyLoadError naming the step that failed.
+        1. Mark the server as changing: from here on no engine gets an answer under its hash.
+        2. The modules, then drop stale ones, then the data.
+        3. Last, the answer module with this set's hash: only now does this engine get decisions.
+        Raises PolicyLoadError naming the step that failed (the server stays marked as changing).
         """
         wanted = bundle_modules(self.policy_set.rego_modules)
         try:
+            self._client.update_policy_from_string(answer_module(None), ANSWER_ID, rego_compat=False)
             for policy_id, source in wanted.items():
                 self._client.update_policy_from_string(source, policy_id, rego_compat=False)
             for policy_id in self._client.get_policies_list():
@@ -120,6 +143,7 @@ class OpaEngine(EmbeddedEngine):
                     self._client.delete_policy(policy_id)
             for key, value in self.policy_set.data.items():
                 self._put_data(key, value)
+            self._client.update_policy_from_string(answer_module(self.policy_hash), ANSWER_ID, rego_compat=False)
         except _CLIENT_ERRORS as e:
             unreachable = isinstance(e, requests.ConnectionError | ConnectionsError)
             said = "could not be reached" if unreachable else "refused the set"
@@ -137,19 +161,27 @@ class OpaEngine(EmbeddedEngine):
             raise ValueError(f"PUT /v1/data/{key} answered {response.status_code}: {response.text[:200]}")
 
     def evaluate(self, doc: Mapping[str, Any]) -> Any:
-        """POST /v1/data/jobgate/authz/decision {"input": doc} → its "result".
+        """POST /v1/data/jobgate_gateway/answer {"input": doc} → the decision, if given under this set's hash.
 
-        Raises PolicyUnavailable on any transport or server error, a timeout, or an undefined decision.
+        Raises PolicyUnavailable on any transport or server error, a timeout, an undefined decision, or an
+        answer under another set's hash (a push under way, or one that failed part-way).
         """
         try:
-            body = self._client.query_rule(dict(doc), DECISION_ENTRYPOINT)
+            body = self._client.query_rule(dict(doc), ANSWER_ENTRYPOINT)
         except requests.Timeout as e:
             raise PolicyUnavailable(f"the OPA server at {self.url} did not answer within {self.timeout_s} s") from e
         except _CLIENT_ERRORS as e:
             raise PolicyUnavailable(f"the OPA server at {self.url} failed: {type(e).__name__}: {e}") from e
-        if not isinstance(body, dict) or "result" not in body:
+        answer = body.get("result") if isinstance(body, dict) else None
+        if not isinstance(answer, dict):
             raise PolicyUnavailable("the policy defines no decision for this input")
-        return body["result"]
+        if answer.get("policy_hash") != self.policy_hash:
+            held = str(answer.get("policy_hash"))[:12]
+            raise PolicyUnavailable(f"the OPA server at {self.url} holds policy set {held}, not {self.policy_hash[:12]}"
+                                    " (a reload is under way or failed part-way)")
+        if "decision" not in answer:
+            raise PolicyUnavailable("the policy defines no decision for this input")
+        return answer["decision"]
 
     def close(self) -> None:
         """Close the HTTP session."""
