@@ -24,8 +24,8 @@ from gateway.context import Gateway, load_bindings
 from gateway.errors import GatewayError
 from gateway.policy.errors import PolicyError, PolicyLoadError, PolicyProblem
 from gateway.policy.factory import make_engine
-from gateway.policy.loader import load_policy_set, policy_files, policy_hash
-from gateway.policy.testing import run_suite
+from gateway.policy.loader import policy_files, policy_hash
+from gateway.policy.testing import load_tested_set
 from ledger.errors import LedgerError
 
 log = logging.getLogger("jobgate.policy")
@@ -123,10 +123,7 @@ class PolicyReloader:
             if candidate_hash == previous:
                 return self._record(trigger, by, candidate_hash, "unchanged", [], previous, cite)
             try:
-                policy_set = load_policy_set(self.directory)
-                failures = run_suite(policy_set)
-                if failures:
-                    raise PolicyLoadError(failures)
+                policy_set = load_tested_set(self.directory)
                 with self.gw.transaction() as session:
                     bindings = load_bindings(session)
             except PolicyLoadError as e:

@@ -1,6 +1,7 @@
 """`jobgate policy ...`: tools for the security reviewers who own policies/ — no server needed.
 
-  check    compile everything; problems as `file:line: message`; exit 1 on any
+  check    compile everything and run the set's own tests, as a reload does; problems as `file:line: message`;
+           exit 1 on any
   test     Rego `test_` rules + YAML table cases, pass/fail per case, coverage of rows A1-A8; exit 1 on failure
   explain  the decision for one request with every rule that fired, why, and where it is written
   whatif   replay the decisions recorded in the ledger under a candidate set; list every flip, with counts
@@ -60,11 +61,14 @@ def policy_group() -> None:
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too (a role that looks like a misspelt one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def check_cmd(directory: Path | None, strict: bool, as_json: bool) -> None:
-    """Compile DIRECTORY (default: the repository's policies/) and report every problem as file:line, and
-    warnings (a matrix role named nearly like another, likely a typo) the set would still be accepted with."""
+    """Compile DIRECTORY (default: the repository's policies/) and run its own tests, as the gateway's reload
+    does; report every problem as file:line, and warnings (a matrix role named nearly like another, likely a
+    typo) the set would still be accepted with."""
+    from gateway.policy.testing import load_tested_set
+
     path = _policy_dir(directory)
     try:
-        ps = load_policy_set(path)
+        ps = load_tested_set(path)
     except PolicyLoadError as e:
         if as_json:
             emit_json({"ok": False, "directory": str(path), "errors": [str(p) for p in e.errors]})

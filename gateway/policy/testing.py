@@ -24,6 +24,7 @@ from gateway.policy.loader import (
     PolicySet,
     compile_rego,
     first_value,
+    load_policy_set,
     read_policy_text,
     rego_problems,
 )
@@ -309,3 +310,16 @@ def run_suite(policy_set: PolicySet) -> list[PolicyProblem]:
         if not t.passed:
             problems.append(PolicyProblem(t.file, t.line, f"{t.name} failed: {t.detail}"))
     return problems
+
+
+def load_tested_set(directory: Path) -> PolicySet:
+    """The set in `directory` as a reload accepts it: it loads and passes its own test suite. `jobgate policy
+    check` and the gateway's reload both ask this, so check never says ok to a set the reload refuses.
+
+    Raises PolicyLoadError listing every problem, failing cases included.
+    """
+    policy_set = load_policy_set(directory)
+    failures = run_suite(policy_set)
+    if failures:
+        raise PolicyLoadError(failures)
+    return policy_set
