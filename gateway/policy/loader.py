@@ -94,6 +94,10 @@ OPTIONAL_DAYS: tuple[tuple[str, ...], ...] = (
 )
 MAX_DAYS = 36500
 
+# Keys of data.json the gateway itself reads beside the numbers above (quotas.py: Q3 scores) or that only
+# document the file.
+GATEWAY_DATA_KEYS = frozenset({"contribution", "about"})
+
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -153,6 +157,8 @@ def load_policy_set(directory: Path) -> PolicySet:
     if data_text is not None:
         data, data_problems = parse_data(data_text)
         problems.extend(data_problems)
+    if rego_modules and not any(p.file == DATA_FILE for p in problems):
+        problems.extend(unread_data_keys(data, data_text or "", rego_modules))
     if rego_modules and not any(p.file == DATA_FILE for p in problems):
         problems.extend(check_rego(rego_modules, data))
     if problems:
@@ -358,6 +364,34 @@ def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
             line = _line_of_key(text, path)
             problems.append(PolicyProblem(DATA_FILE, line, f"{'.'.join(path)} must be {need}"))
     return data, problems
+
+
+def unread_data_keys(data: dict[str, Any], text: str, rego_modules: dict[str, str]) -> list[PolicyProblem]:
+    """Keys of data.json, at the top or inside a section the gateway reads (`limits`, `emergency.approvals`
+    ...), that neither the gateway nor any Rego module reads: most likely misspelt. A misspelt optional
+    number is otherwise dropped in silence and its default used: `calls_per_minute_per_principle: 2` left
+    the limit at 60 while the reviewer meant to tighten it."""
+    known = (*REQUIRED_NUMBERS, *OPTIONAL_NUMBERS, *OPTIONAL_DAYS)
+    sections: dict[tuple[str, ...], set[str]] = {(): set(GATEWAY_DATA_KEYS)}
+    for path in known:
+        for depth in range(len(path)):
+            sections.setdefault(path[:depth], set()).add(path[depth])
+    rego = "\n".join(rego_modules.values())
+    problems = []
+    for section, keys in sorted(sections.items()):
+        value: Any = data
+        for key in section:
+            value = value.get(key) if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            continue
+        for key in value:
+            if key in keys or re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", rego):
+                continue
+            where = ".".join((*section, key))
+            problems.append(PolicyProblem(DATA_FILE, _line_of_key(text, (*section, key)),
+                                          f"{where} is read by neither the gateway nor any Rego module (misspelt?"
+                                          f" known here: {', '.join(sorted(keys))})"))
+    return problems
 
 
 def _line_of_key(text: str, path: tuple[str, ...]) -> int:

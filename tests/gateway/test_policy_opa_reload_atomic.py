@@ -31,6 +31,7 @@ _spec.loader.exec_module(standin_module)
 # Live submissions (the gateway gives them a job id; the table cases do not, so the set passes its own tests)
 # are frozen while data.freeze.submissions is true.
 FREEZE = """
+# data["external_rights_extra_approvals/note"] says why R3 is one notch stricter.
 denials contains {"rule": "T.freeze", "reason": "submissions are frozen"} if {
 	input.action == "job.submit"
 	input.params.job_id
