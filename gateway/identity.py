@@ -66,8 +66,16 @@ def create_service_account(gw: Gateway, session: Session, caller: Caller, name: 
     session.add(RoleBinding(principal_id=name, role="service", project=project, created_at=now))
     _ledger(gw, caller, "service_account.create", service_account=name, responsible=caller.id, project=project)
     # Into the policy engine once committed: granted before, a commit that failed left the role in memory.
-    gw.after_commit(session, lambda: gw.policy.grant(EngineBinding(principal=name, role="service", project=project)))
+    gw.after_commit(session, lambda: _grant_live(gw, EngineBinding(principal=name, role="service", project=project)))
     return account
+
+
+def _grant_live(gw: Gateway, binding: EngineBinding) -> None:
+    """Bind in the engine that decides, under the policy lock: a reload holds it from reading the bindings to
+    swapping its engine in, so a binding committed in between waits and lands in the new engine, instead of in
+    the old one the swap then drops."""
+    with gw.policy_lock:
+        gw.policy.grant(binding)
 
 
 def list_service_accounts(gw: Gateway, session: Session, caller: Caller) -> list[dict[str, Any]]:
