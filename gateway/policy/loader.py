@@ -6,6 +6,7 @@ reviewer's typo never half-applies (DESIGN "Policies": the last good set stays a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -147,12 +148,14 @@ def load_policy_set(directory: Path) -> PolicySet:
     if not rego_modules and not any(p.file.endswith(".rego") for p in problems):
         problems.append(PolicyProblem("*.rego", 0, "no Rego module found"))
 
-    if model_text is not None:
-        problems.extend(check_model(model_text))
+    model_problems = check_model(model_text) if model_text is not None else []
+    problems.extend(model_problems)
     matrix: tuple[MatrixRow, ...] = ()
     if matrix_csv is not None:
         matrix, matrix_problems = parse_matrix(matrix_csv)
         problems.extend(matrix_problems)
+        if model_text is not None and not model_problems and not matrix_problems:
+            problems.extend(check_model_agrees(model_text, matrix))
     data: dict[str, Any] = {}
     if data_text is not None:
         data, data_problems = parse_data(data_text)
@@ -287,6 +290,69 @@ def check_model(text: str) -> list[PolicyProblem]:
         if key not in sections or key not in sections[key]:
             problems.append(PolicyProblem(MODEL_FILE, 0, f"missing definition {key!r}"))
     return problems
+
+
+def index_grants(matrix: tuple[MatrixRow, ...], role: str, bound_in: str, project: str) -> frozenset[str]:
+    """The capabilities the gateway's index (EmbeddedEngine.capabilities) gives a role bound in `bound_in`
+    ("*": globally) when asked about `project`: the role counts in its own project and, bound globally, in
+    every one; it grants its rows for that project and its "*" rows."""
+    if bound_in not in (project, "*"):
+        return frozenset()
+    return frozenset(r.capability for r in matrix if r.role == role and r.project in (project, "*"))
+
+
+def check_model_agrees(text: str, matrix: tuple[MatrixRow, ...]) -> list[PolicyProblem]:
+    """See _model_disagreement (cached: a thousand Casbin queries take about half a second, and the same set is
+    loaded again by every explain, what-if and test in one process)."""
+    return list(_model_disagreement(text, matrix))
+
+
+@functools.lru_cache(maxsize=8)
+def _model_disagreement(text: str, matrix: tuple[MatrixRow, ...]) -> tuple[PolicyProblem, ...]:
+    """The Casbin model must answer as the gateway's index does, for every role of the matrix bound in a
+    project and globally, asked about that project, another one, "*" and each project the matrix names.
+
+    Decisions never run the model's matcher (an index of the matrix answers, for speed), so a model edited to
+    grant less, such as `&& r.dom != "speech"`, was accepted and then ignored: the access it took away stayed.
+    A model that does not agree is refused with the first disagreement."""
+    import casbin
+
+    model = Model()
+    model.load_model_from_text(text)
+    enforcer = casbin.Enforcer(model)
+    enforcer.add_policies([[r.role, r.project, r.capability] for r in matrix])
+    here, elsewhere = "probe-project", "probe-other-project"
+    # Names the model itself spells out (`r.dom != "speech"`) are asked about too.
+    spelt = {name for name in re.findall(r'"([^"\s]+)"', text) if _NAME.match(name)}
+    projects = sorted({here, elsewhere, "*", *(r.project for r in matrix), *spelt})
+    roles = sorted({r.role for r in matrix})
+    enforcer.add_grouping_policies([[f"{role}@{bound}", role, bound] for role in roles for bound in (here, "*")])
+    line = _model_line(text, "m")
+    for role in roles:
+        for bound in (here, "*"):
+            for project in projects:
+                granted = index_grants(matrix, role, bound, project)
+                for capability in sorted(CAPABILITIES):
+                    said = bool(enforcer.enforce(f"{role}@{bound}", project, capability))
+                    if said != (capability in granted):
+                        where = "globally" if bound == "*" else "in its project"
+                        asked = "any project" if project == "*" else (
+                            "its project" if project == here else "another project" if project == elsewhere
+                            else f"project {project!r}")
+                        return (PolicyProblem(MODEL_FILE, line,
+                                              f"the model {'grants' if said else 'refuses'} {capability} to {role}"
+                                              f" bound {where}, in {asked}, where the gateway's index of the matrix"
+                                              f" {'refuses' if said else 'grants'} it; decisions use the index,"
+                                              " so this model would be ignored: keep the shipped RBAC-with-domains"
+                                              " matcher and change matrix.csv or the Rego guards instead"),)
+    return ()
+
+
+def _model_line(text: str, key: str) -> int:
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if raw.strip().startswith(f"{key} ") or raw.strip().startswith(f"{key}="):
+            return number
+    return 0
 
 
 def parse_matrix(text: str) -> tuple[tuple[MatrixRow, ...], list[PolicyProblem]]:
