@@ -182,8 +182,13 @@ def explain_cmd(input_file: Path, bindings_file: Path | None, data_dir: Path | N
     if isinstance(doc, dict) and isinstance(doc.get("entry"), dict):
         doc = doc["entry"]  # `jobgate audit show SEQ --json` (GET /v1/audit/entries/{seq}): the entry and its proof
     recorded = None
+    overridden = False
     if isinstance(doc, dict) and isinstance(doc.get("body"), dict) and "input" in doc["body"]:
-        recorded = doc["body"].get("decision") if isinstance(doc["body"].get("decision"), dict) else None
+        overridden = isinstance(doc["body"].get("policy_decision"), dict)
+        # A break-glass call records the policy's own answer beside the override the gateway applied to it
+        # (pipeline.decide); the policy's answer is what today's decision below is compared with.
+        said = doc["body"].get("policy_decision") or doc["body"].get("decision")
+        recorded = said if isinstance(said, dict) else None
         doc = doc["body"]["input"]  # a whole ledger entry
     if not isinstance(doc, dict) or "action" not in doc or "actor" not in doc:
         fail(f"{input_file} must hold an object with at least `action` and `actor` (a decision input), or a"
@@ -219,7 +224,8 @@ def explain_cmd(input_file: Path, bindings_file: Path | None, data_dir: Path | N
     click.echo(render(result))
     click.echo(f"bindings: {source}")
     if recorded is not None:
-        click.echo(f"recorded then: {str(recorded.get('effect')).upper()} ({', '.join(recorded.get('rules') or [])})"
+        then = "recorded then (the policy's answer, before the break-glass override)" if overridden else "recorded then"
+        click.echo(f"{then}: {str(recorded.get('effect')).upper()} ({', '.join(recorded.get('rules') or [])})"
                    + ("; DIFFERS from the answer above: other role bindings or another policy set" if differs
                       else "; the same as now"))
 
