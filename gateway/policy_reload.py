@@ -84,6 +84,7 @@ class PolicyReloader:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _seen_stamps: tuple[tuple[str, int, int], ...] = ()
+    _settling_stamps: tuple[tuple[str, int, int], ...] | None = None
     _refused_hash: str | None = None
 
     @property
@@ -202,10 +203,24 @@ class PolicyReloader:
     # -- watcher -------------------------------------------------------------------------------
 
     def poll_once(self) -> LoadAttempt | None:
-        """Reload if the directory changed since the last look and is not a set already refused."""
+        """Reload if the directory changed, then stayed as it is for one more look, and is not a set already
+        refused.
+
+        1. Unchanged since the last load or look: nothing to do.
+        2. Changed since the last look: wait one more. A reviewer's edit of several files (a `git pull`, a copy
+           of a reviewed directory, an editor saving all) lands file by file; a look in the middle found a set
+           no one wrote, which loaded when it compiled and passed its tests (a matrix row saved before the guard
+           that narrows it).
+        3. The same as at the last look: the edit has settled; reload.
+        """
         stamps = _stamps(self.directory)
         if stamps == self._seen_stamps:
+            self._settling_stamps = None
             return None
+        if stamps != self._settling_stamps:
+            self._settling_stamps = stamps
+            return None
+        self._settling_stamps = None
         self._seen_stamps = stamps
         try:
             candidate = policy_hash(self.directory)
