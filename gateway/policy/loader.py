@@ -429,7 +429,24 @@ def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
         if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
             line = _line_of_key(text, path)
             problems.append(PolicyProblem(DATA_FILE, line, f"{'.'.join(path)} must be {need}"))
+    problems.extend(_contribution_problems(data, text))
     return data, problems
+
+
+def _contribution_problems(data: dict[str, Any], text: str) -> list[PolicyProblem]:
+    """Q3 scores (quotas.contribution_of) are numbers by user: a score written as text ("20") or `true` was
+    read as 0, silently taking the user's standing away, and a `contribution` that is no object dropped
+    everyone's."""
+    if "contribution" not in data:
+        return []
+    scores = data["contribution"]
+    if not isinstance(scores, dict):
+        return [PolicyProblem(DATA_FILE, _line_of_key(text, ("contribution",)),
+                              "contribution must be an object of scores by user")]
+    return [PolicyProblem(DATA_FILE, _line_of_key(text, ("contribution", user)),
+                          f"contribution.{user} must be a number")
+            for user, score in scores.items()
+            if not isinstance(score, int | float) or isinstance(score, bool)]
 
 
 def unread_data_keys(data: dict[str, Any], text: str, rego_modules: dict[str, str]) -> list[PolicyProblem]:
