@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from gateway.policy.engine import BREAK_GLASS_RULE, EmbeddedEngine, RoleBinding
-from gateway.policy.loader import load_policy_set
+from gateway.policy.loader import PolicySet, load_policy_set
 
 
 def _loads(raw: bytes | bytearray | str) -> Any:
@@ -157,17 +157,17 @@ def records_from_entries(entries: Iterable[bytes | dict[str, Any]],
 _ENGINE: EmbeddedEngine | None = None
 
 
-def _init_worker(policy_dir: str, bindings: list[tuple[str, str, str]]) -> None:
+def _init_worker(candidate: PolicySet, bindings: list[tuple[str, str, str]]) -> None:
     global _ENGINE
-    _ENGINE = EmbeddedEngine(load_policy_set(Path(policy_dir)), [RoleBinding(*b) for b in bindings])
+    _ENGINE = EmbeddedEngine(candidate, [RoleBinding(*b) for b in bindings])
 
 
-def _init_pool_worker(policy_dir: str, bindings: list[tuple[str, str, str]]) -> None:
+def _init_pool_worker(candidate: PolicySet, bindings: list[tuple[str, str, str]]) -> None:
     """A worker process: the engine, then gc.freeze(). The engine's objects (Casbin's role graph holds
     several per binding) live as long as the worker, and without the freeze every full collection
     triggered by the decisions' allocations walks them all again (about a tenth of a worker's time with
     10,000 bindings). Only in a worker of our own: the calling process's objects are never frozen."""
-    _init_worker(policy_dir, bindings)
+    _init_worker(candidate, bindings)
     gc.freeze()
 
 
@@ -214,13 +214,14 @@ def replay(
     report.replayed = len(chosen)
     plain = [(b.principal, b.role, b.project) for b in bindings]
     workers = worker_count(workers, len(chosen))
-    # Workers start compiling the candidate set while the inputs are keyed.
-    pool = (ProcessPoolExecutor(workers, initializer=_init_pool_worker, initargs=(str(policy_dir), plain))
+    # Workers start compiling the candidate set while the inputs are keyed. They are handed the set loaded
+    # above, never the directory: read again, an edit saved meanwhile would be replayed under its hash.
+    pool = (ProcessPoolExecutor(workers, initializer=_init_pool_worker, initargs=(candidate, plain))
             if workers > 1 else None)
     try:
         unique, slots = _distinct(chosen)
         report.unique_inputs = len(unique)
-        results = _decide_all(unique, pool, str(policy_dir), plain, progress)
+        results = _decide_all(unique, pool, candidate, plain, progress)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -283,13 +284,13 @@ def _distinct(chosen: Sequence[Recorded]) -> tuple[list[dict[str, Any]], list[in
     return unique, slots
 
 
-def _decide_all(unique: list[dict[str, Any]], pool: ProcessPoolExecutor | None, policy_dir: str,
+def _decide_all(unique: list[dict[str, Any]], pool: ProcessPoolExecutor | None, candidate: PolicySet,
                 plain: list[tuple[str, str, str]], progress: Callable[[int, int], None] | None) -> list[Outcome]:
     """Outcomes of `unique`, in its order: slices decided by the pool's workers (map keeps their order), or
     here in this process."""
     chunks = [unique[i:i + CHUNK] for i in range(0, len(unique), CHUNK)]
     if pool is None:
-        _init_worker(policy_dir, plain)
+        _init_worker(candidate, plain)
         parts: Iterator[list[Outcome]] = map(_decide_chunk, chunks)
     else:
         parts = pool.map(_decide_chunk, chunks)
