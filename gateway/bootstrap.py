@@ -6,7 +6,7 @@ from gateway.context import Gateway, load_bindings
 from gateway.db import Database
 from gateway.keys import load_or_create_command_key
 from gateway.policy.factory import make_engine
-from gateway.policy.loader import load_policy_set
+from gateway.policy.testing import load_tested_set
 from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
 from gateway.token_cache import TokenCache
@@ -21,7 +21,7 @@ def open_gateway(settings: Settings) -> Gateway:
     db.create_schema()
     signer = load_or_create_signer(settings.keys_dir, settings.ledger_origin)
     ledger = Ledger.open(settings.resolved_ledger_url(), signer=signer)
-    policy_set = load_policy_set(settings.policies_dir)
+    policy_set = load_tested_set(settings.policies_dir)  # as a reload would: compiled and passing its own tests
     with db.transaction() as session:
         bindings = load_bindings(session)
     engine = make_engine(policy_set, bindings, kind=settings.policy_engine, opa_url=settings.opa_url,

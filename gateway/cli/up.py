@@ -84,10 +84,10 @@ def _check_startable(policies_dir: Path, rate_limit_storage: str) -> None:
     from limits.storage import storage_from_string
 
     from gateway.policy.errors import PolicyError, PolicyLoadError
-    from gateway.policy.loader import load_policy_set
+    from gateway.policy.testing import load_tested_set
 
     try:
-        load_policy_set(policies_dir)
+        load_tested_set(policies_dir)
     except PolicyLoadError as e:
         problems = "; ".join(str(p) for p in e.errors)
         raise click.ClickException(f"policy set {policies_dir} refused: {problems}") from e

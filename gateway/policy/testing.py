@@ -313,13 +313,24 @@ def run_suite(policy_set: PolicySet) -> list[PolicyProblem]:
 
 
 def load_tested_set(directory: Path) -> PolicySet:
-    """The set in `directory` as a reload accepts it: it loads and passes its own test suite. `jobgate policy
-    check` and the gateway's reload both ask this, so check never says ok to a set the reload refuses.
+    """The set in `directory` as the gateway accepts it: it loads and passes its own test suite. The gateway's
+    start-up and reload and `jobgate policy check` all ask this: check never says ok to a set the gateway
+    refuses, and a set a reload refused does not become active at the next restart.
 
     Raises PolicyLoadError listing every problem, failing cases included.
     """
     policy_set = load_policy_set(directory)
-    failures = run_suite(policy_set)
+    failures = _SUITE_RESULTS.get(policy_set.hash)
+    if failures is None:
+        failures = tuple(run_suite(policy_set))
+        if len(_SUITE_RESULTS) >= 16:
+            _SUITE_RESULTS.clear()
+        _SUITE_RESULTS[policy_set.hash] = failures
     if failures:
-        raise PolicyLoadError(failures)
+        raise PolicyLoadError(list(failures))
     return policy_set
+
+
+# Suite results by policy hash: the hash covers every file the suite reads (its cases, its bindings, its Rego
+# tests), so one run answers for every later start or reload of the same set in this process.
+_SUITE_RESULTS: dict[str, tuple[PolicyProblem, ...]] = {}
