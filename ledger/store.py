@@ -18,15 +18,19 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from urllib.parse import urlparse
 
 from ledger.errors import StoreError
 from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
 
+if TYPE_CHECKING:
+    from psycopg import Connection
+
 Row = tuple[int, str, bytes]
 
 log = logging.getLogger("jobgate.sqlite")
+pg_log = logging.getLogger("jobgate.ledger.postgres")
 
 _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger_entries (seq INTEGER PRIMARY KEY, hash TEXT NOT NULL, data BLOB NOT NULL);
@@ -359,17 +363,22 @@ _WRITER_LOCK = 7305615  # advisory lock key of the ledger's writer (7305614 seri
 
 
 class PostgresStore:
-    """PostgreSQL via psycopg 3; synchronous_commit=on so COMMIT returns after the WAL flush."""
+    """PostgreSQL via psycopg 3; synchronous_commit=on so COMMIT returns after the WAL flush.
+
+    Its two connections (writer, reader) are opened again when the server dropped them (a restart, a
+    failover, an idle-connection reaper): the write or read that met the loss fails, the next one
+    reconnects. Without that a ledger server's restart left the gateway refusing every mutation until it
+    was restarted too."""
 
     def __init__(self, url: str, *, create: bool = True) -> None:
         import psycopg
 
         self._psycopg = psycopg
         self.url = url
+        self._writer_claimed = False
         try:
-            self._w = psycopg.connect(url, autocommit=True)
+            self._w = self._connect_writer()
             self._r = psycopg.connect(url, autocommit=True)
-            self._w.execute("SET synchronous_commit = on")
             row = self._r.execute(
                 "SELECT to_regclass('ledger_entries'), to_regclass('ledger_checkpoints'), to_regclass('ledger_blobs')"
             ).fetchone()
@@ -387,17 +396,50 @@ class PostgresStore:
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
 
+    def _connect_writer(self) -> Connection[Any]:
+        conn = self._psycopg.connect(self.url, autocommit=True)
+        conn.execute("SET synchronous_commit = on")
+        return conn
+
+    @staticmethod
+    def _lost(conn: Connection[Any]) -> bool:
+        return bool(conn.closed or conn.broken)
+
+    def _writer(self) -> Connection[Any]:
+        """The writing connection, opened again if the server dropped it; under _wlock. Raises psycopg.Error,
+        or StoreError when the writer's claim cannot be taken back."""
+        if not self._lost(self._w):
+            return self._w
+        conn = self._connect_writer()
+        if self._writer_claimed:
+            # The claim was a session lock and ended with the lost session; another process may have claimed
+            # the ledger since. Writing without it again could interleave two writers' numbering.
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_WRITER_LOCK,)).fetchone()
+            if not (row and row[0]):
+                conn.close()
+                raise StoreError("lost the connection to the ledger database and another process writes it now;"
+                                 " this one no longer may")
+        pg_log.warning("the ledger database dropped the writing connection; reconnected")
+        self._w = conn
+        return conn
+
+    def _reader(self) -> Connection[Any]:
+        """The reading connection, opened again if the server dropped it; under _rlock. Raises psycopg.Error."""
+        if self._lost(self._r):
+            self._r = self._psycopg.connect(self.url, autocommit=True)
+        return self._r
+
     def create_schema(self) -> None:
         with self._wlock:
             try:
-                self._w.execute(_PG_SCHEMA)
+                self._writer().execute(_PG_SCHEMA)
             except self._psycopg.Error as e:
                 raise StoreError(f"cannot create ledger tables: {e}") from e
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._rlock:
             try:
-                return self._r.execute(sql, args).fetchall()
+                return self._reader().execute(sql, args).fetchall()
             except self._psycopg.Error as e:
                 raise StoreError(f"ledger read failed: {e}") from e
 
@@ -441,7 +483,8 @@ class PostgresStore:
     ) -> None:
         with self._wlock:
             try:
-                with self._w.transaction(), self._w.cursor() as cur:
+                w = self._writer()
+                with w.transaction(), w.cursor() as cur:
                     cur.executemany("INSERT INTO ledger_entries (seq, hash, data) VALUES (%s, %s, %s)", rows)
                     if blobs:
                         cur.executemany(
@@ -464,10 +507,11 @@ class PostgresStore:
         # A session-level advisory lock on the writing connection: held while it lives.
         with self._wlock:
             try:
-                row = self._w.execute("SELECT pg_try_advisory_lock(%s)", (_WRITER_LOCK,)).fetchone()
+                row = self._writer().execute("SELECT pg_try_advisory_lock(%s)", (_WRITER_LOCK,)).fetchone()
             except self._psycopg.Error as e:
                 raise StoreError(f"cannot lock the ledger for writing: {e}") from e
-        if not (row and row[0]):
+            self._writer_claimed = bool(row and row[0])
+        if not self._writer_claimed:
             raise StoreError("the ledger database is already being written by another process (one gateway"
                              " process writes a ledger; stop it first)")
 
