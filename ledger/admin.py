@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ledger.errors import KeyFormatError, StoreError
@@ -84,6 +85,39 @@ def rotate_key(
 
 # -- PostgreSQL ---------------------------------------------------------------------------------
 
+LEDGER_FUNCTION = "ledger_refuse_change()"
+
+
+def _confine_role(conn: Any, role: str) -> None:
+    """Make the gateway role's rights on the ledger exactly INSERT and SELECT, whatever it held before.
+
+    1. A ledger first written through the role's own URL (the gateway started before init-db) has tables and
+       trigger function owned by the role, and an owner grants itself DELETE, disables triggers, drops the
+       function and with it every trigger: they are handed to the admin.
+    2. A role that is a member of another role can SET ROLE to it (NOINHERIT does not stop that), and so holds
+       that role's rights (pg_write_all_data, a DBA group): refused, for the operator to revoke, not revoked
+       here behind their back.
+
+    Raises psycopg.Error, or StoreError for a membership.
+    """
+    from psycopg import sql
+
+    owned = conn.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner"
+        " WHERE r.rolname = %s AND c.oid = ANY (%s::regclass[])", (role, list(LEDGER_TABLES))).fetchall()
+    for (table,) in owned:
+        conn.execute(sql.SQL("ALTER TABLE {} OWNER TO CURRENT_USER").format(sql.Identifier(table)))
+    fn = conn.execute("SELECT r.rolname FROM pg_proc p JOIN pg_roles r ON r.oid = p.proowner"
+                      " WHERE p.oid = %s::regprocedure", (LEDGER_FUNCTION,)).fetchone()
+    if fn is not None and fn[0] == role:
+        conn.execute(f"ALTER FUNCTION {LEDGER_FUNCTION} OWNER TO CURRENT_USER")
+    held = [r for (r,) in conn.execute(
+        "SELECT g.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid"
+        " JOIN pg_roles r ON r.oid = m.member WHERE r.rolname = %s ORDER BY 1", (role,)).fetchall()]
+    if held:
+        raise StoreError(f"role {role!r} is a member of {', '.join(held)} and could act as them (SET ROLE), so it"
+                         f" would not be append-only; revoke that membership (REVOKE {held[0]} FROM {role}) first")
+
 
 @dataclass(frozen=True)
 class InitResult:
@@ -122,6 +156,7 @@ def init_db(admin_url: str, *, role: str | None = None, password: str | None = N
                     if password is not None:
                         stmt = stmt + sql.SQL(" PASSWORD {}").format(sql.Literal(password))
                     conn.execute(stmt)
+                    _confine_role(conn, role)
                     db = conn.execute("SELECT current_database()").fetchone()
                     assert db is not None
                     r = sql.Identifier(role)

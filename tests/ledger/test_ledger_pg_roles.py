@@ -120,3 +120,48 @@ def test_init_db_cli(pg_url: str, role: str) -> None:
 def test_init_db_bad_input(args: list[str]) -> None:
     code, _, err = run("init-db", *args)
     assert code == 2 and err.startswith("Error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "statements",
+    [
+        ["GRANT ALL ON ledger_entries TO CURRENT_USER", "ALTER TABLE ledger_entries DISABLE TRIGGER ALL",
+         "DELETE FROM ledger_entries"],
+        ["DROP FUNCTION ledger_refuse_change() CASCADE"],  # and with it every append-only trigger
+    ],
+    ids=["own-the-table", "own-the-trigger-function"],
+)
+def test_a_role_that_wrote_the_ledger_first_owns_nothing_after_init_db(
+    pg_url: str, role: str, statements: list[str]
+) -> None:
+    """The gateway was started on the role's URL before init-db, so the role created (and owned) the ledger."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        conn.execute(f'GRANT CREATE ON SCHEMA public TO "{role}"')
+    role_url = urlparse(pg_url)._replace(netloc=f"{role}@{urlparse(pg_url).hostname}:{urlparse(pg_url).port}").geturl()
+    signer = NoteSigner.generate(ORIGIN)
+    with Ledger.open(role_url, signer=signer) as led:
+        led.append("decision", {"i": 0})
+    gateway_url = init_db(pg_url, role=role).gateway_url
+    assert gateway_url is not None
+    with psycopg.connect(gateway_url, autocommit=True) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        for stmt in statements:
+            conn.execute(stmt)
+    v = verify_store(gateway_url, signer.verifier())
+    assert v.ok and v.size == 1, v.message
+
+
+def test_init_db_refuses_a_role_that_can_set_role_to_another(pg_url: str, role: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN IN ROLE pg_write_all_data')
+    code, _, err = run("init-db", "--url", pg_url, "--gateway-role", role)
+    assert code == 2 and err.startswith("Error: ") and err.count("\n") == 1, err
+    assert "member of pg_write_all_data" in err and f"REVOKE pg_write_all_data FROM {role}" in err
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'REVOKE pg_write_all_data FROM "{role}"')
+    code, _, err = run("init-db", "--url", pg_url, "--gateway-role", role)
+    assert code == 0, err
