@@ -15,12 +15,18 @@ from ledger.service import Ledger
 
 
 def open_gateway(settings: Settings) -> Gateway:
-    """Create the data dir, keys and schema on first start; reuse them after. Raises on a bad policy set."""
+    """Create the data dir, keys and schema on first start; reuse them after. Raises on a bad policy set,
+    DatabaseInUse when another gateway process runs on the business database."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.resolved_database_url())
-    db.create_schema()
-    signer = load_or_create_signer(settings.keys_dir, settings.ledger_origin)
-    ledger = Ledger.open(settings.resolved_ledger_url(), signer=signer)
+    try:
+        db.claim()  # before the ledger is opened: a second process must not start writing a ledger of its own
+        db.create_schema()
+        signer = load_or_create_signer(settings.keys_dir, settings.ledger_origin)
+        ledger = Ledger.open(settings.resolved_ledger_url(), signer=signer)
+    except BaseException:
+        db.close()
+        raise
     policy_set = load_tested_set(settings.policies_dir)  # as a reload would: compiled and passing its own tests
     with db.transaction() as session:
         bindings = load_bindings(session)

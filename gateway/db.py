@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event
+from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.errors import DatabaseInUse
 from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
 
 # How often the business database's WAL is copied back (SQLite). Each round fsyncs the pages it copied, and
@@ -56,6 +57,7 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
 
 
 _INSERTS: dict[Table, Insert] = {}
+_GATEWAY_LOCK = 7305617  # advisory lock key of the one gateway process on a business database (see Database.claim)
 
 
 def insert_new(session: Session, *objects: Any) -> None:
@@ -131,12 +133,30 @@ class Database:
         self._immediate_engine = make_engine(url, immediate=True) if self.is_sqlite else self.engine
         self._immediate_sessions = sessionmaker(self._immediate_engine, expire_on_commit=False)
         self._write_lock = threading.Lock()
+        self._claim: Connection | None = None
         file = self.engine.url.database if self.is_sqlite else None
         self._checkpointer = (WalCheckpointer(Path(file), interval_s=CHECKPOINT_INTERVAL_S)
                               if file and file != ":memory:" else None)
 
     def create_schema(self) -> None:
         create_schema(self.engine)
+
+    def claim(self) -> None:
+        """Become the only gateway process on this business database (PostgreSQL) until close().
+
+        Its rows cite ledger entries by seq (approvals, the reconciliation watermark, outcomes of decisions another
+        process took) and one process writes a ledger: a second gateway on the same database with a ledger of its
+        own forked the audit trail, its outcomes citing seqs that name other entries in its ledger, unnoticed. The
+        claim is a session advisory lock, so it ends with the process, even one killed with kill -9. SQLite: the
+        ledger's own claim already keeps a second `jobgate up` on one data dir out. Raises DatabaseInUse."""
+        if self.is_sqlite or self._claim is not None:
+            return
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _GATEWAY_LOCK}).scalar():
+            conn.close()
+            raise DatabaseInUse("another gateway process runs on this business database (its records cite one"
+                                " ledger, which one process writes); stop it first")
+        self._claim = conn
 
     @contextmanager
     def transaction(self, *, immediate: bool = True) -> Iterator[Session]:
@@ -164,6 +184,9 @@ class Database:
             connection.commit()  # nothing left to commit; ends SQLAlchemy's view of a transaction
 
     def close(self) -> None:
+        if self._claim is not None:
+            self._claim.close()  # ends the session, and the claim with it
+            self._claim = None
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.engine.dispose()

@@ -58,6 +58,12 @@ class BodyTooLarge(GatewayError):
     status, kind, title = 413, "body-too-large", "Request body too large"
 
 
+class DatabaseInUse(GatewayError):
+    """At start-up: another gateway process holds the business database (gateway/db.py Database.claim)."""
+
+    status, kind, title = 503, "database-in-use", "Business database in use by another gateway"
+
+
 class LedgerUnavailable(GatewayError):
     status, kind, title = 503, "ledger-unavailable", "Ledger unavailable: mutation refused"
 

@@ -108,6 +108,7 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
 
     from gateway.bootstrap import open_gateway
     from gateway.demo import prepare_demo
+    from gateway.errors import GatewayError
     from gateway.keys import load_or_create_command_key
     from gateway.policy.errors import PolicyError, PolicyLoadError
     from ledger.errors import LedgerError
@@ -125,6 +126,8 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
         raise click.ClickException(f"cannot start: {e.diagnostics()}") from e
     except OSError as e:
         raise click.ClickException(f"cannot start: data dir {settings.data_dir}: {e.strerror or e}") from e
+    except GatewayError as e:  # another gateway process on this business database
+        raise click.ClickException(f"cannot start: {e.detail}") from e
     except SQLAlchemyError as e:
         raise click.ClickException(f"cannot start: the business database refused: {e.__class__.__name__}:"
                                    f" {str(getattr(e, 'orig', e)).splitlines()[0]}") from e
