@@ -148,9 +148,13 @@ def init_db(admin_url: str, *, role: str | None = None, password: str | None = N
                 tables = sql.SQL(", ").join(sql.Identifier(t) for t in LEDGER_TABLES)
                 conn.execute(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(tables))
                 if role is not None:
-                    exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
-                    verb = "ALTER" if exists else "CREATE"
-                    stmt = sql.SQL(verb + " ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT").format(
+                    found = conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+                    verb = "ALTER" if found else "CREATE"
+                    # ALTER ROLE naming NOSUPERUSER at all needs a superuser, which the admin of a managed
+                    # PostgreSQL is not: said only where it changes something, so that running init-db again
+                    # (a new password) works there too.
+                    nosuper = "NOSUPERUSER " if found is None or found[0] else ""
+                    stmt = sql.SQL(verb + " ROLE {} LOGIN " + nosuper + "NOCREATEDB NOCREATEROLE NOINHERIT").format(
                         sql.Identifier(role)
                     )
                     if password is not None:

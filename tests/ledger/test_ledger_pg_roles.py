@@ -165,3 +165,32 @@ def test_init_db_refuses_a_role_that_can_set_role_to_another(pg_url: str, role: 
         conn.execute(f'REVOKE pg_write_all_data FROM "{role}"')
     code, _, err = run("init-db", "--url", pg_url, "--gateway-role", role)
     assert code == 0, err
+
+
+@pytest.fixture
+def managed_admin_url(pg_url: str) -> Iterator[str]:
+    """The ledger database's owner as on a managed PostgreSQL: CREATEROLE, not a superuser."""
+    import psycopg
+
+    admin = f"jobgate_ledger_admin_{secrets.token_hex(4)}"
+    db = urlparse(pg_url).path.lstrip("/")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{admin}" LOGIN CREATEROLE')
+        conn.execute(f'ALTER DATABASE "{db}" OWNER TO "{admin}"')
+    parts = urlparse(pg_url)
+    yield parts._replace(netloc=f"{admin}@{parts.hostname}:{parts.port}").geturl()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f'REASSIGN OWNED BY "{admin}" TO CURRENT_USER')
+        conn.execute(f'DROP OWNED BY "{admin}"')
+        conn.execute(f'DROP ROLE "{admin}"')
+
+
+def test_init_db_runs_again_as_a_managed_postgresql_admin(managed_admin_url: str, role: str) -> None:
+    """ALTER ROLE ... NOSUPERUSER needs a superuser: a second run (a new password) failed where there is none."""
+    for password in ("pw", "pw2"):
+        code, out, err = run("init-db", "--url", managed_admin_url, "--gateway-role", role,
+                             "--gateway-password", password)
+        assert code == 0 and f"JOBGATE_LEDGER_URL=postgresql://{role}:{password}@" in out, err
+    gateway_url = out.strip().splitlines()[-1].split("=", 1)[1]
+    with Ledger.open(gateway_url, signer=NoteSigner.generate(ORIGIN)) as led:
+        led.append("decision", {"i": 0})
