@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
 import click
 
@@ -133,14 +134,28 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
                                    f" {str(getattr(e, 'orig', e)).splitlines()[0]}") from e
 
 
-def _banner(url: str, data_dir: Path, demo: bool) -> str:
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@", 1)))
+
+
+def _banner(url: str, settings: Settings, demo: bool) -> str:
+    data_dir = settings.data_dir
+    # On PostgreSQL (JOBGATE_DATABASE_URL / JOBGATE_LEDGER_URL) the stores are not the data dir's files: the banner
+    # named jobgate.db and ledger.db there, and its verify command answered "no ledger database at .../ledger.db".
+    stores = ["business DB " + (_without_password(settings.database_url) if settings.database_url else "jobgate.db"),
+              "ledger " + (_without_password(settings.ledger_url) if settings.ledger_url else "ledger.db"), "keys/"]
+    verify = (f'jobgate ledger verify --db "$JOBGATE_LEDGER_URL" --public-key {settings.keys_dir / "ledger.vkey"}'
+              if settings.ledger_url else f"jobgate ledger verify --data-dir {data_dir}")
     lines = [
         "",
         f"jobgate gateway   {url}",
         f"  console         {url}/ui  (sign in with a token)",
         f"  API docs        {url}/docs",
         f"  health          {url}/healthz",
-        f"  data dir        {data_dir}  (business DB jobgate.db, ledger ledger.db, keys/)",
+        f"  data dir        {data_dir}  ({', '.join(stores)})",
     ]
     if demo:
         lines += [
@@ -156,7 +171,7 @@ def _banner(url: str, data_dir: Path, demo: bool) -> str:
             "  JOBGATE_TOKEN=$(jobgate demo-token mallory --data-dir "
             f"{data_dir}) jobgate job stop <id> --reason 'mine now'   # refused by policy",
             "  jobgate job stop <id> --reason 'done with it' --wait 60",
-            f"  jobgate ledger verify --data-dir {data_dir}",
+            f"  {verify}",
         ]
     return "\n".join(lines) + "\n"
 
@@ -188,7 +203,7 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     if demo:
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
         agents = _start_agents(data_dir, url)
-    click.echo(_banner(url, data_dir, demo))
+    click.echo(_banner(url, settings, demo))
 
     def _terminate(*_: object) -> None:
         raise KeyboardInterrupt

@@ -1,0 +1,68 @@
+"""`jobgate up` on PostgreSQL stores says where they are, and the verify command it prints works on them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.admin import init_db
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def role_ledger_url(fresh_pg_database: Callable[[str], str], pg_server_url: str) -> Iterator[str]:
+    """A ledger database set up by init-db; the URL (with a password) the gateway's append-only role uses."""
+    import psycopg
+
+    owner = fresh_pg_database("jobgate_ledger")
+    role = f"jobgate_gw_{os.getpid()}"
+    url = init_db(owner, role=role, password="banner-secret").gateway_url
+    assert url is not None
+    yield url
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,))
+        conn.execute(f'DROP OWNED BY "{role}"')
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_the_banner_on_postgresql_names_the_stores_and_its_verify_command_works(
+    tmp_path: Path, fresh_pg_database: Callable[[str], str], role_ledger_url: str
+) -> None:
+    """It named jobgate.db and ledger.db in the data dir, and printed `jobgate ledger verify --data-dir DIR`,
+    which answered "no ledger database at DIR/ledger.db"."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    biz = fresh_pg_database("jobgate_biz")
+    env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz, "JOBGATE_LEDGER_URL": role_ledger_url}
+    out = tmp_path / "up.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--demo", "--port", str(port),
+                                 "--data-dir", str(tmp_path / "var")], stdout=sink, stderr=subprocess.DEVNULL,
+                                env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while "ledger verify" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    banner = [line for line in out.read_text().splitlines() if not line.startswith("{")]  # not the JSON log lines
+    text = "\n".join(banner)
+    assert "jobgate.db" not in text and "ledger.db" not in text, text
+    assert "banner-secret" not in text and role_ledger_url.replace("banner-secret", "***") in text, text
+    verify = next(line.strip() for line in banner if "ledger verify" in line)
+    jobgate = os.path.join(os.path.dirname(sys.executable), "jobgate")
+    r = subprocess.run(verify.replace("jobgate ", jobgate + " ", 1), shell=True, capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.startswith("OK: "), verify + "\n" + r.stdout + r.stderr
