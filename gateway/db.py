@@ -51,9 +51,16 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
                 conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    return create_engine(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
+    return create_engine(sqlalchemy_url(url), pool_size=20, max_overflow=20, pool_pre_ping=True)
+
+
+def sqlalchemy_url(url: str) -> str:
+    """A PostgreSQL URL as given (postgresql:// or postgres://, as the ledger and libpq take them) with the driver
+    SQLAlchemy is to use; `postgres://` was refused as "Can't load plugin: sqlalchemy.dialects:postgres"."""
+    for scheme in ("postgresql://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url.removeprefix(scheme)
+    return url
 
 
 _INSERTS: dict[Table, Insert] = {}

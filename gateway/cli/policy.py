@@ -245,12 +245,10 @@ def _current_bindings(database_url: str) -> list[RoleBinding]:
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 
+    from gateway.db import sqlalchemy_url
     from gateway.models import RoleBinding as Row
 
-    url = database_url
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    engine = create_engine(url)
+    engine = create_engine(sqlalchemy_url(database_url))
     try:
         with Session(engine) as session:
             return [RoleBinding(r.principal_id, r.role, r.project) for r in session.scalars(select(Row)).all()]
