@@ -39,6 +39,7 @@ def open_gateway(settings: Settings) -> Gateway:
         policy_set=policy_set,
         policy=engine,
         command_key=load_or_create_command_key(settings.keys_dir),
-        limiter=RateLimiter(settings.rate_limit_storage, policy_set.data.get("limits", {})),
+        limiter=RateLimiter(settings.rate_limit_storage, policy_set.data.get("limits", {}),
+                            timeout_s=settings.rate_limit_timeout_s),
         token_cache=TokenCache(settings.auth_cache_s),
     )

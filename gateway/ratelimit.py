@@ -49,10 +49,23 @@ class _PerMinute(RateLimitItemPerMinute):
         return "/".join([self.namespace, *(str(k) for k in identifiers), "per-minute"])
 
 
+# Schemes of the Redis (and Valkey) storages, plain, sentinel and cluster: they take redis-py's socket options.
+_REDIS_SCHEMES = frozenset(scheme for kind in (storage.RedisStorage, storage.RedisSentinelStorage,
+                                                storage.RedisClusterStorage) for scheme in kind.STORAGE_SCHEME or ())
+
+
 class RateLimiter:
-    def __init__(self, uri: str, numbers: Mapping[str, Any]) -> None:
+    def __init__(self, uri: str, numbers: Mapping[str, Any], *, timeout_s: float = 1.0) -> None:
+        """`timeout_s` bounds each exchange with a Redis storage (a socket option in the URI's query wins)."""
+        options: dict[str, float] = {}
+        if uri.split(":", 1)[0] in _REDIS_SCHEMES:
+            # redis-py waits for ever by default: a Redis that stopped answering (a partition, a paused failover)
+            # held every mutating call, with its job rows locked, instead of refusing it as counts unavailable,
+            # until the API's threads were all taken and even reads hung.
+            options = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         # wrap_exceptions: every storage's failure (a Redis connection refused, a timeout) is one StorageError.
-        self._limiter = strategies.MovingWindowRateLimiter(storage.storage_from_string(uri, wrap_exceptions=True))
+        self._limiter = strategies.MovingWindowRateLimiter(
+            storage.storage_from_string(uri, wrap_exceptions=True, **options))
         self.configure(numbers)
 
     def configure(self, numbers: Mapping[str, Any]) -> None:

@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     rate_limit_storage: str = Field(
         "memory://", description="`limits` storage URI; redis://host:6379 shares counts across replicas."
     )
+    rate_limit_timeout_s: float = Field(
+        1.0, gt=0, description="How long a mutating call waits for the rate-limit storage (Redis) before it is"
+        " refused as counts unavailable.",
+    )
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'jobgate.db').resolve()}"
