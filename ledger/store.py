@@ -360,6 +360,11 @@ class SqliteStore:
 
 
 _WRITER_LOCK = 7305615  # advisory lock key of the ledger's writer (7305614 serialises schema creation)
+# Bounds on the writer (and on the reader's lock waits), each unless the URL sets its own (`?connect_timeout=`,
+# `?options=-c statement_timeout=`): a ledger that cannot take a batch in this time is unavailable, and the
+# mutations waiting on it are refused (fail closed). Unbounded, a DBA's lock on a ledger table (VACUUM FULL, a held
+# LOCK TABLE) or a partitioned server held every mutation, and its job rows, for as long as that lasted.
+_WRITE_TIMEOUT_S = 10
 
 
 class PostgresStore:
@@ -377,8 +382,8 @@ class PostgresStore:
         self.url = url
         self._writer_claimed = False
         try:
-            self._w = self._connect_writer()
-            self._r = psycopg.connect(url, autocommit=True)
+            self._w = self._connect(writer=True)
+            self._r = self._connect(writer=False)
             row = self._r.execute(
                 "SELECT to_regclass('ledger_entries'), to_regclass('ledger_checkpoints'), to_regclass('ledger_blobs')"
             ).fetchone()
@@ -396,9 +401,23 @@ class PostgresStore:
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
 
-    def _connect_writer(self) -> Connection[Any]:
-        conn = self._psycopg.connect(self.url, autocommit=True)
-        conn.execute("SET synchronous_commit = on")
+    def _connect(self, *, writer: bool) -> Connection[Any]:
+        given = self._psycopg.conninfo.conninfo_to_dict(self.url)
+        bounds: dict[str, Any] = {}
+        if "connect_timeout" not in given:
+            bounds["connect_timeout"] = _WRITE_TIMEOUT_S
+        if "tcp_user_timeout" not in given:
+            bounds["tcp_user_timeout"] = _WRITE_TIMEOUT_S * 1000  # sent data unacknowledged: a partition
+        conn = self._psycopg.connect(self.url, autocommit=True, **bounds)
+        options = str(given.get("options", ""))
+        if writer:
+            conn.execute("SET synchronous_commit = on")
+            if "statement_timeout" not in options:
+                conn.execute(f"SET statement_timeout = {_WRITE_TIMEOUT_S * 1000}")  # lock waits included
+        elif "lock_timeout" not in options:
+            # The reader's short reads; after a failed batch the writer asks it what was stored before the batch's
+            # callers are told. Lock waits only: a count over a large ledger (`ledger verify`) may take its time.
+            conn.execute(f"SET lock_timeout = {_WRITE_TIMEOUT_S * 1000}")
         return conn
 
     @staticmethod
@@ -410,7 +429,7 @@ class PostgresStore:
         or StoreError when the writer's claim cannot be taken back."""
         if not self._lost(self._w):
             return self._w
-        conn = self._connect_writer()
+        conn = self._connect(writer=True)
         if self._writer_claimed:
             # The claim was a session lock and ended with the lost session; another process may have claimed
             # the ledger since. Writing without it again could interleave two writers' numbering.
@@ -426,7 +445,7 @@ class PostgresStore:
     def _reader(self) -> Connection[Any]:
         """The reading connection, opened again if the server dropped it; under _rlock. Raises psycopg.Error."""
         if self._lost(self._r):
-            self._r = self._psycopg.connect(self.url, autocommit=True)
+            self._r = self._connect(writer=False)
         return self._r
 
     def create_schema(self) -> None:

@@ -3,10 +3,13 @@ that met the loss, with nothing changed, and takes mutations again once the serv
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
+import httpx
 import pytest
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries, start_api
 from sqlalchemy import func, select
@@ -44,4 +47,38 @@ def test_mutations_resume_after_the_ledger_server_drops_its_connections(pg_api: 
     assert "met-the-loss" not in names
     assert any(e["kind"] == "decision" for e in ledger_entries(api))
     v = verify_store(ledger_url, load_verifier(api.settings.keys_dir / "ledger.vkey"))
+    assert v.ok, v.message
+
+
+def _post_into(answers: list[httpx.Response], api: Api, name: str) -> None:
+    answers.append(api.post("/v1/jobs", "alice", json=job_spec(name=name)))
+
+
+def test_a_ledger_table_a_dba_holds_locked_refuses_mutations_in_bounded_time(pg_api: Api) -> None:
+    """The ledger write waited for the lock as long as it was held, and every mutation with it."""
+    import psycopg
+
+    api = pg_api
+    assert api.post("/v1/jobs", "alice", json=job_spec()).status_code == 201
+    dba = psycopg.connect(api.settings.resolved_ledger_url())
+    try:
+        dba.execute("LOCK TABLE ledger_entries IN ACCESS EXCLUSIVE MODE")  # VACUUM FULL takes the same lock
+        answers: list[httpx.Response] = []
+        # A daemon thread: on the old code the call returned only when the lock was let go.
+        caller = threading.Thread(target=_post_into, args=(answers, api, "while-locked"), daemon=True)
+        started = time.monotonic()
+        caller.start()
+        caller.join(30)
+        waited = time.monotonic() - started
+    finally:
+        dba.rollback()
+        dba.close()
+    caller.join(30)
+    assert waited < 30, "the submission waited for the DBA's lock"
+    assert_problem(answers[0], 503, "ledger-unavailable")
+    r = api.post("/v1/jobs", "alice", json=job_spec(name="after-the-lock"))
+    assert r.status_code == 201, r.text
+    with api.gateway.db.transaction(immediate=False) as s:
+        assert set(s.scalars(select(Job.name)).all()) == {"train-a", "after-the-lock"}
+    v = verify_store(api.settings.resolved_ledger_url(), load_verifier(api.settings.keys_dir / "ledger.vkey"))
     assert v.ok, v.message
