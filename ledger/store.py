@@ -17,6 +17,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from urllib.parse import urlparse
@@ -110,6 +111,18 @@ def _row(seq: Any, h: Any, data: Any) -> Row:
     return int(seq), str(h), bytes(data)
 
 
+@dataclass
+class ReadSnapshot:
+    """A ledger as of one instant. The writer commits a batch's entries and its checkpoint together, so every
+    entry here is covered by a checkpoint here: read apart, a verifier read the checkpoints, then entries
+    appended since, and reported those as inserted, uncovered by any signed checkpoint."""
+
+    total: int
+    checkpoints: list[tuple[int, str]]
+    entries: Iterator[Row]  # from seq 0, in the same transaction
+    close: Callable[[], None]
+
+
 class LedgerStore(Protocol):
     """What the ledger needs from a database. Implementations are safe to share between threads."""
 
@@ -133,6 +146,11 @@ class LedgerStore(Protocol):
         usually the one statement that writes and commits it all): the group-commit writer wakes the
         previous batch's callers there, so their work overlaps this batch's write.
         """
+        ...
+
+    def snapshot(self) -> ReadSnapshot:
+        """The entry count, the checkpoints and the entries as of one instant, read in one transaction, for a
+        verifier reading a ledger that is being written. Close it when done. Raises StoreError."""
         ...
 
     def claim_writer(self) -> None:
@@ -252,6 +270,31 @@ class SqliteStore:
                 conn.close()
         except sqlite3.Error as e:
             raise StoreError(f"ledger read failed: {e}") from e
+
+    def snapshot(self) -> ReadSnapshot:
+        # A private connection in one read transaction: in WAL mode its first read fixes what it sees.
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
+            raise StoreError(f"ledger read failed: {e}") from e
+        try:
+            conn.execute("BEGIN")
+            total = int(conn.execute("SELECT count(*) FROM ledger_entries").fetchone()[0])
+            cps = [(int(s), str(n)) for s, n in conn.execute("SELECT size, note FROM ledger_checkpoints ORDER BY size")]
+        except sqlite3.Error as e:
+            conn.close()
+            raise StoreError(f"ledger read failed: {e}") from e
+
+        def entries() -> Iterator[Row]:
+            try:
+                cur = conn.execute("SELECT seq, hash, data FROM ledger_entries ORDER BY seq")
+                while rows := cur.fetchmany(_FETCH):
+                    for r in rows:
+                        yield _row(*r)
+            except sqlite3.Error as e:
+                raise StoreError(f"ledger read failed: {e}") from e
+
+        return ReadSnapshot(total, cps, entries(), conn.close)
 
     def get_entries(self, start: int, limit: int) -> list[Row]:
         rows = self._query(
@@ -475,6 +518,35 @@ class PostgresStore:
                     yield _row(seq, h, data)
         except psycopg.Error as e:
             raise StoreError(f"ledger read failed: {e}") from e
+
+    def snapshot(self) -> ReadSnapshot:
+        psycopg = self._psycopg
+        try:
+            conn = psycopg.connect(self.url)
+        except psycopg.Error as e:
+            raise StoreError(f"ledger read failed: {e}") from e
+        try:
+            # One REPEATABLE READ transaction: every statement in it sees the database as of its first.
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            row = conn.execute("SELECT count(*) FROM ledger_entries").fetchone()
+            total = int(row[0]) if row else 0
+            cps = [(int(s), str(n)) for s, n in conn.execute("SELECT size, note FROM ledger_checkpoints ORDER BY size")]
+        except psycopg.Error as e:
+            conn.close()
+            raise StoreError(f"ledger read failed: {e}") from e
+
+        def entries() -> Iterator[Row]:
+            try:
+                with conn.cursor(name="ledger_snapshot_scan") as cur:
+                    cur.itersize = _FETCH
+                    cur.execute("SELECT seq, hash, data FROM ledger_entries ORDER BY seq")
+                    for seq, h, data in cur:
+                        yield _row(seq, h, data)
+            except psycopg.Error as e:
+                raise StoreError(f"ledger read failed: {e}") from e
+
+        return ReadSnapshot(total, cps, entries(), conn.close)
 
     def get_entries(self, start: int, limit: int) -> list[Row]:
         rows = self._query(

@@ -36,7 +36,7 @@ from ledger.keys import NoteVerifier
 from ledger.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from ledger.note import Checkpoint, open_checkpoint, peek_checkpoint
 from ledger.rotation import KeySchedule, Rotation, RotationError, rotation_in
-from ledger.store import LedgerStore, Row, open_store
+from ledger.store import LedgerStore, ReadSnapshot, Row, open_store
 
 PROBLEMS = (
     "modified",
@@ -136,7 +136,10 @@ def verify_store(
         store.close()
 
 
-def store_material(store: LedgerStore) -> Material:
+def store_material(store: LedgerStore, snap: ReadSnapshot) -> Material:
+    """What to verify of a store: entries and checkpoints from one snapshot (a ledger may be written meanwhile).
+    Blobs are read as they are referenced: a batch writes its blobs with its entries, and none is ever removed."""
+
     def blob_problem(digest: str) -> str | None:
         data = store.get_blob(digest)
         if data is None:
@@ -144,9 +147,9 @@ def store_material(store: LedgerStore) -> Material:
         return None if hashlib.sha256(data).hexdigest() == digest else "does not match its digest"
 
     return Material(
-        entries=store.iter_entries(0),
-        total=store.count(),
-        checkpoints=[CheckpointRecord(s, n) for s, n in store.checkpoints()],
+        entries=snap.entries,
+        total=snap.total,
+        checkpoints=[CheckpointRecord(s, n) for s, n in snap.checkpoints],
         blob_problem=blob_problem,
     )
 
@@ -160,7 +163,11 @@ def verify(
     trusted: str | None = None,
 ) -> Verdict:
     """verify_store() over an already open store."""
-    return verify_material(store_material(store), verifier, progress=progress, deep=deep, trusted=trusted)
+    snap = store.snapshot()
+    try:
+        return verify_material(store_material(store, snap), verifier, progress=progress, deep=deep, trusted=trusted)
+    finally:
+        snap.close()
 
 
 def verify_material(
