@@ -184,6 +184,13 @@ def open_store(url: str, *, create: bool = True) -> LedgerStore:
     raise StoreError(f"unsupported ledger store URL {url!r} (use sqlite:/// or postgresql://)")
 
 
+def _first_line(e: Exception) -> str:
+    """A driver error's first line: PostgreSQL adds LINE/caret/DETAIL lines, and a StoreError is one line for an
+    operator (`jobgate up` printed the failed statement under its one-line error)."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 class SqliteStore:
     """SQLite in WAL mode with synchronous=FULL: a commit returns only after the WAL is fsynced."""
 
@@ -244,7 +251,7 @@ class SqliteStore:
             try:
                 self._w.executescript(_SQLITE_SCHEMA)
             except sqlite3.Error as e:
-                raise StoreError(f"cannot create ledger tables: {e}") from e
+                raise StoreError(f"cannot create ledger tables: {_first_line(e)}") from e
             self._batch_view = True
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
@@ -252,7 +259,7 @@ class SqliteStore:
             try:
                 return self._r.execute(sql, args).fetchall()
             except sqlite3.Error as e:
-                raise StoreError(f"ledger read failed: {e}") from e
+                raise StoreError(f"ledger read failed: {_first_line(e)}") from e
 
     def count(self) -> int:
         return int(self._query("SELECT count(*) FROM ledger_entries")[0][0])
@@ -269,21 +276,21 @@ class SqliteStore:
             finally:
                 conn.close()
         except sqlite3.Error as e:
-            raise StoreError(f"ledger read failed: {e}") from e
+            raise StoreError(f"ledger read failed: {_first_line(e)}") from e
 
     def snapshot(self) -> ReadSnapshot:
         # A private connection in one read transaction: in WAL mode its first read fixes what it sees.
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as e:
-            raise StoreError(f"ledger read failed: {e}") from e
+            raise StoreError(f"ledger read failed: {_first_line(e)}") from e
         try:
             conn.execute("BEGIN")
             total = int(conn.execute("SELECT count(*) FROM ledger_entries").fetchone()[0])
             cps = [(int(s), str(n)) for s, n in conn.execute("SELECT size, note FROM ledger_checkpoints ORDER BY size")]
         except sqlite3.Error as e:
             conn.close()
-            raise StoreError(f"ledger read failed: {e}") from e
+            raise StoreError(f"ledger read failed: {_first_line(e)}") from e
 
         def entries() -> Iterator[Row]:
             try:
@@ -292,7 +299,7 @@ class SqliteStore:
                     for r in rows:
                         yield _row(*r)
             except sqlite3.Error as e:
-                raise StoreError(f"ledger read failed: {e}") from e
+                raise StoreError(f"ledger read failed: {_first_line(e)}") from e
 
         return ReadSnapshot(total, cps, entries(), conn.close)
 
@@ -343,7 +350,7 @@ class SqliteStore:
                 else:
                     self._write_in_steps(rows, blobs, checkpoint, before_commit)
             except sqlite3.Error as e:
-                raise StoreError(f"ledger write failed: {e}") from e
+                raise StoreError(f"ledger write failed: {_first_line(e)}") from e
             cp.committed()
             self._unchecked += sum(len(r[2]) for r in rows)
             if self._unchecked >= _CHECKPOINT_EVERY:
@@ -424,6 +431,7 @@ class PostgresStore:
         self._psycopg = psycopg
         self.url = url
         self._writer_claimed = False
+        have = False
         try:
             self._w = self._connect(writer=True)
             self._r = self._connect(writer=False)
@@ -439,8 +447,14 @@ class PostgresStore:
                     self._w.execute(_PG_SCHEMA)
             elif not have:
                 raise StoreError("database has no ledger tables")
+        except psycopg.errors.InsufficientPrivilege as e:
+            if have:
+                raise StoreError(f"cannot open ledger database: {_first_line(e)}") from e
+            # A role set up to append only (init-db) may not create the tables it would append to.
+            raise StoreError(f"the database has no ledger tables and this role may not create them"
+                             f" ({_first_line(e)}); run `jobgate ledger init-db --url <its owner's URL>` first") from e
         except psycopg.Error as e:
-            raise StoreError(f"cannot open ledger database: {e}") from e
+            raise StoreError(f"cannot open ledger database: {_first_line(e)}") from e
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
 
@@ -496,14 +510,14 @@ class PostgresStore:
             try:
                 self._writer().execute(_PG_SCHEMA)
             except self._psycopg.Error as e:
-                raise StoreError(f"cannot create ledger tables: {e}") from e
+                raise StoreError(f"cannot create ledger tables: {_first_line(e)}") from e
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._rlock:
             try:
                 return self._reader().execute(sql, args).fetchall()
             except self._psycopg.Error as e:
-                raise StoreError(f"ledger read failed: {e}") from e
+                raise StoreError(f"ledger read failed: {_first_line(e)}") from e
 
     def count(self) -> int:
         return int(self._query("SELECT count(*) FROM ledger_entries")[0][0])
@@ -517,14 +531,14 @@ class PostgresStore:
                 for seq, h, data in cur:
                     yield _row(seq, h, data)
         except psycopg.Error as e:
-            raise StoreError(f"ledger read failed: {e}") from e
+            raise StoreError(f"ledger read failed: {_first_line(e)}") from e
 
     def snapshot(self) -> ReadSnapshot:
         psycopg = self._psycopg
         try:
             conn = psycopg.connect(self.url)
         except psycopg.Error as e:
-            raise StoreError(f"ledger read failed: {e}") from e
+            raise StoreError(f"ledger read failed: {_first_line(e)}") from e
         try:
             # One REPEATABLE READ transaction: every statement in it sees the database as of its first.
             conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -534,7 +548,7 @@ class PostgresStore:
             cps = [(int(s), str(n)) for s, n in conn.execute("SELECT size, note FROM ledger_checkpoints ORDER BY size")]
         except psycopg.Error as e:
             conn.close()
-            raise StoreError(f"ledger read failed: {e}") from e
+            raise StoreError(f"ledger read failed: {_first_line(e)}") from e
 
         def entries() -> Iterator[Row]:
             try:
@@ -544,7 +558,7 @@ class PostgresStore:
                     for seq, h, data in cur:
                         yield _row(seq, h, data)
             except psycopg.Error as e:
-                raise StoreError(f"ledger read failed: {e}") from e
+                raise StoreError(f"ledger read failed: {_first_line(e)}") from e
 
         return ReadSnapshot(total, cps, entries(), conn.close)
 
@@ -586,7 +600,7 @@ class PostgresStore:
                     if before_commit is not None:
                         before_commit()
             except self._psycopg.Error as e:
-                raise StoreError(f"ledger write failed: {e}") from e
+                raise StoreError(f"ledger write failed: {_first_line(e)}") from e
 
     def maintenance_due(self) -> bool:
         return False
@@ -600,7 +614,7 @@ class PostgresStore:
             try:
                 row = self._writer().execute("SELECT pg_try_advisory_lock(%s)", (_WRITER_LOCK,)).fetchone()
             except self._psycopg.Error as e:
-                raise StoreError(f"cannot lock the ledger for writing: {e}") from e
+                raise StoreError(f"cannot lock the ledger for writing: {_first_line(e)}") from e
             self._writer_claimed = bool(row and row[0])
         if not self._writer_claimed:
             raise StoreError("the ledger database is already being written by another process (one gateway"

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -66,3 +67,33 @@ def test_the_banner_on_postgresql_names_the_stores_and_its_verify_command_works(
     r = subprocess.run(verify.replace("jobgate ", jobgate + " ", 1), shell=True, capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0 and r.stdout.startswith("OK: "), verify + "\n" + r.stdout + r.stderr
+
+
+@pytest.fixture
+def bare_role(pg_server_url: str) -> Iterator[str]:
+    """A login role that nobody ran init-db for."""
+    import psycopg
+
+    role = f"jobgate_bare_{os.getpid()}"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    yield role
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_up_on_a_ledger_database_without_init_db_says_to_run_it_in_one_line(
+    tmp_path: Path, fresh_pg_database: Callable[[str], str], bare_role: str
+) -> None:
+    """It printed the failed CREATE TABLE statement and a caret under its error, and no word of init-db."""
+    ledger = urlsplit(fresh_pg_database("jobgate_ledger"))
+    role_url = urlunsplit(ledger._replace(netloc=f"{bare_role}@{ledger.hostname}:{ledger.port}"))
+    env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": fresh_pg_database("jobgate_biz"),
+           "JOBGATE_LEDGER_URL": role_url}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "up", "--port", str(port), "--data-dir",
+                        str(tmp_path / "var")], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "no ledger tables" in r.stderr and "jobgate ledger init-db --url" in r.stderr, r.stderr
