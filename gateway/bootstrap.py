@@ -18,7 +18,7 @@ def open_gateway(settings: Settings) -> Gateway:
     """Create the data dir, keys and schema on first start; reuse them after. Raises on a bad policy set,
     DatabaseInUse when another gateway process runs on the business database."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(settings.resolved_database_url())
+    db = Database(settings.resolved_database_url(), lock_timeout_s=settings.database_lock_timeout_s)
     try:
         db.claim()  # before the ledger is opened: a second process must not start writing a ledger of its own
         db.create_schema()

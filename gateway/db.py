@@ -30,7 +30,13 @@ CHECKPOINT_INTERVAL_S = 0.25
 SINGLE_STATEMENT = "jobgate_single_statement"
 
 
-def make_engine(url: str, *, immediate: bool = False) -> Engine:
+# How long a PostgreSQL statement waits for a lock (a job's row, a table) before its request is refused (503):
+# a session left open in a transaction after a manual UPDATE of a job, or a migration's ALTER TABLE, otherwise
+# held every request on those rows, each an API thread, until the gateway answered nothing at all.
+LOCK_TIMEOUT_S = 30.0
+
+
+def make_engine(url: str, *, immediate: bool = False, lock_timeout_s: float = LOCK_TIMEOUT_S) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20)
 
@@ -51,7 +57,15 @@ def make_engine(url: str, *, immediate: bool = False) -> Engine:
                 conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    return create_engine(sqlalchemy_url(url), pool_size=20, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(sqlalchemy_url(url), pool_size=20, max_overflow=20, pool_pre_ping=True)
+    if "lock_timeout" not in str(engine.url.query.get("options", "")):  # a URL that sets its own keeps it
+
+        @event.listens_for(engine, "connect")
+        def _bounds(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.execute(f"SET lock_timeout = {int(lock_timeout_s * 1000)}")
+            dbapi_conn.commit()  # a SET inside the driver's implicit transaction would be rolled back with it
+
+    return engine
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -131,9 +145,9 @@ def create_schema(engine: Engine) -> None:
 class Database:
     """Owns the engine and hands out sessions, one transaction each."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, lock_timeout_s=lock_timeout_s)
         self.is_sqlite = url.startswith("sqlite")
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         # SQLite only: a second pool whose transactions take the write lock up front.

@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     rate_limit_storage: str = Field(
         "memory://", description="`limits` storage URI; redis://host:6379 shares counts across replicas."
     )
+    database_lock_timeout_s: float = Field(
+        30.0, gt=0, description="PostgreSQL: how long a request waits for a row or table lock before it is refused"
+        " (503) rather than holding an API thread while another session keeps the lock.",
+    )
     rate_limit_timeout_s: float = Field(
         1.0, gt=0, description="How long a mutating call waits for the rate-limit storage (Redis) before it is"
         " refused as counts unavailable.",
