@@ -264,15 +264,16 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     """
     now = gw.clock()
     approval = _load(session, approval_id)
-    _check_open(gw, approval, now)
     try:
+        _check_open(gw, approval, now)
         _check_second_person(caller, approval)  # before any target row is locked
         all_targets = list(session.scalars(select(Job).where(Job.id.in_(approval.target_ids))
                                            .order_by(Job.id).with_for_update()).all())
         # Against the rows just read, not a query of its own.
         _check_approver_scope(caller, approval, {j.project for j in all_targets})
     except (Forbidden, Conflict) as e:
-        # A confirmation refused is an attempt on someone else's job like any other: in the ledger (H3).
+        # A confirmation refused (the request closed or altered, the caller no second person) is an attempt on
+        # someone else's job like any other: in the ledger (H3).
         record_outcome(gw, "outcome", {"action": "approval.grant", "approval_id": approval.id, "result": "refused",
                                        "operator": caller.id, "real_identity": caller.real_identity,
                                        "reason": e.detail})
@@ -351,17 +352,17 @@ def reject(gw: Gateway, session: Session, caller: Caller, approval_id: str, reas
     """Refuse (or, for the requester, withdraw) a pending request. Raises NotFound, Conflict, Forbidden."""
     now = gw.clock()
     approval = _load(session, approval_id)
-    _check_open(gw, approval, now)
     # The requester withdraws, or the person behind the service account that asked; never the other way round.
     withdrawn = caller.id in (approval.requester, approval.requester_real)
-    if not withdrawn:
-        try:
+    try:
+        _check_open(gw, approval, now)
+        if not withdrawn:
             _check_refuser(gw, session, caller, approval)
-        except Forbidden as e:
-            record_outcome(gw, "outcome", {"action": "approval.reject", "approval_id": approval.id,
-                                           "result": "refused", "operator": caller.id,
-                                           "real_identity": caller.real_identity, "reason": e.detail})
-            raise
+    except (Forbidden, Conflict) as e:
+        record_outcome(gw, "outcome", {"action": "approval.reject", "approval_id": approval.id,
+                                       "result": "refused", "operator": caller.id,
+                                       "real_identity": caller.real_identity, "reason": e.detail})
+        raise
     approval.state = "rejected"
     approval.resolved_at = now
     approval.resolved_by = caller.real_identity

@@ -69,6 +69,12 @@ def test_owner_approval_executes_exactly_once(api: Api) -> None:
     entries = ledger_entries(api)
     executed = [e for e in entries if e["body"].get("result") == "executed"]
     assert len(executed) == 1 and executed[0]["body"]["approvers"] == ["alice"]
+    # Answering a closed request is a refused attempt like any other (README: every refused attempt is ledgered).
+    late = api.post(f"/v1/approvals/{approval_id}/reject", "dave", json={"reason": "too late"})
+    assert late.status_code == 409, late.text
+    refused = [(e["body"]["action"], e["body"]["operator"]) for e in ledger_entries(api)
+               if e["body"].get("approval_id") == approval_id and e["body"].get("result") == "refused"]
+    assert refused == [("approval.grant", "dave"), ("approval.reject", "dave")]
 
 
 def test_ineligible_approver_is_refused(api: Api) -> None:
@@ -149,6 +155,9 @@ def test_expired_request_cannot_be_approved(api: Api) -> None:
     r = api.post(f"/v1/approvals/{approval_id}/approve", "alice")
     assert r.status_code == 409 and "expired" in r.json()["detail"]
     assert job_state(api, job_id) == "running"
+    bodies = [e["body"] for e in ledger_entries(api) if e["body"].get("approval_id") == approval_id]
+    assert [b["reason"] for b in bodies if b.get("result") == "refused"] == [r.json()["detail"]]
+    assert [b for b in bodies if b.get("result") == "expired"], bodies  # and the request is closed as expired
 
 
 def test_altered_request_no_longer_matches_its_digest(api: Api) -> None:
