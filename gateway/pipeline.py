@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -28,6 +28,7 @@ from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Allocation, Job
 from gateway.policy.engine import BREAK_GLASS_RULE, Decision
 from gateway.queue_snapshot import snapshot_blob
+from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from ledger.errors import InvalidEntry, LedgerError
 from ledger.service import AppendResult, Ticket
 
@@ -37,6 +38,13 @@ PRINCIPAL_LIMIT_ONLY = frozenset({"emergency.stop"})
 
 def new_request_id() -> str:
     return "req-" + secrets.token_hex(8)
+
+
+def over_runtime_limit(job: Job, now: datetime) -> bool:
+    """Q6: the job has run as long as it declared it would (its run counted from its start, as backfill counts).
+    The bound keeps a limit stored before submissions were bounded from overflowing a datetime."""
+    limit = job.runtime_limit_s
+    return bool(limit and job.started_at and job.started_at + timedelta(seconds=min(limit, MAX_RUNTIME_LIMIT_S)) <= now)
 
 
 def target_facts(job: Job, now: datetime) -> dict[str, Any]:
@@ -56,6 +64,7 @@ def target_facts(job: Job, now: datetime) -> dict[str, Any]:
         "workload": job.workload,
         "valid_until": job.valid_until.isoformat() if job.valid_until else None,
         "expired": bool(job.valid_until and job.valid_until <= now),
+        "over_runtime_limit": over_runtime_limit(job, now),
         "gpus": job.gpus_per_node * job.nodes,
         # A8: for a job a service account started, the pipeline run (trigger) and the person behind it.
         "submitted_via": dict(job.submitted_via),

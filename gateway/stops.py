@@ -29,6 +29,7 @@ from gateway.jobs import lock_jobs, transition
 from gateway.models import Allocation, Job, Node, NodeCommand, RoleBinding
 from gateway.notifications import notify
 from gateway.pipeline import record, record_outcome
+from gateway.runtime_limits import stop_overrunning
 from gateway.stop_tables import AgentSession
 
 log = logging.getLogger("jobgate.stops")
@@ -360,7 +361,9 @@ def mark_confirmed_stopped(gw: Gateway, session: Session, job: Job, *, by: str, 
 
 
 def housekeeping(gw: Gateway, session: Session, now: datetime) -> None:
-    """Called once per scheduler cycle, in its transaction: node health and stop escalation (seconds matter).
+    """Called once per scheduler cycle, in its transaction: node health, stop escalation and runtime limits
+    (seconds matter).
     Retention, R4 auto-offline and purges run in the slower housekeeping loop (gateway/lifecycle.py)."""
     mark_lost_nodes(gw, session, now)
     escalate_unconfirmed_stops(gw, session, now)
+    stop_overrunning(gw, session, now)  # Q6: a reservation counts on declared runtime limits being kept

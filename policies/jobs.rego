@@ -50,13 +50,21 @@ stop_finding(t) := system_stop_finding(t) if {
 	count(stop_any_projects) > 0
 } else := refuse("A4.no_capability", missing_capability(t.project, own_or_any(t)), t.id)
 
-# R4: the system reclaims expired jobs. Q6: a gang runs whole or not at all, so when a member fails the others,
-# which wait on it (often until a collective operation times out, holding their GPUs), are stopped.
+# R4: the system reclaims expired jobs. Q6: a job past its declared runtime limit is stopped; a gang runs whole
+# or not at all, so when a member fails the others, which wait on it (often until a collective operation times
+# out, holding their GPUs), are stopped.
 system_stop_finding(t) := grant_alone(
 	"R4.reclaim_expired", sprintf("job %s is past its validity period and is reclaimed by the system", [t.id]),
 	t, [notify_owner(t)],
 ) if {
 	t.expired == true
+} else := grant_alone(
+	# Q6: a job that declared a runtime limit may have been let onto GPUs held for a larger job on that
+	# promise (backfill); overrunning it would delay that job without bound, so the limit is kept.
+	"Q6.runtime_limit", sprintf("job %s ran past its declared runtime limit and is stopped by the system", [t.id]),
+	t, [notify_owner(t)],
+) if {
+	t.over_runtime_limit == true
 } else := grant_alone(
 	"Q6.gang_member_failed",
 	# %v, not concat: the embedded engine's sprintf quotes a string that concat made.
@@ -66,7 +74,7 @@ system_stop_finding(t) := grant_alone(
 	count(t.failed_members) > 0
 } else := refuse(
 	"R4.not_expired",
-	sprintf("the system stops only expired jobs and gangs with a failed member; job %s is neither", [t.id]),
+	sprintf("the system stops only expired jobs, jobs past their runtime limit and gangs with a failed member; job %s is none of these", [t.id]),
 	t.id,
 )
 

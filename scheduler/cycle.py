@@ -93,7 +93,8 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        time is within reservation_window_s, or once the job has waited that long: without the second rule,
        backfilled jobs whose limits run past the window keep pushing a large gang's start out of it, and it
        never gets one. Later jobs backfill onto unheld GPUs, or onto held ones only if their runtime limit
-       ends by the reservation's start (Slurm's rule); a job without a runtime limit never uses held GPUs.
+       ends by the reservation's start (Slurm's rule), a limit the gateway then enforces; a job without a
+       runtime limit, or declared not stoppable (its limit cannot be enforced), never uses held GPUs.
        At most backfill_depth jobs behind the head are tried; once no node could fit the smallest
        remaining request, placement stops.
     4. Every job not admitted gets a Blocked with a reason and its position among its queue's
@@ -213,9 +214,11 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             why[job.id] = planned.reason if planned is not None else cap_reason
             tier_of[job.id] = "" if planned is not None else "cluster"
             continue
-        # Rule 3: held GPUs are open to a job only if it is done by the time the reservation starts.
+        # Rule 3: held GPUs are open to a job only if it is done by the time the reservation starts: one whose
+        # limit the system will keep (gateway/runtime_limits.py), never one declared not stoppable (R5).
         ends = None if job.runtime_limit_s is None else now + timedelta(seconds=job.runtime_limit_s)
-        use_held = reservation is not None and ends is not None and ends <= reservation.expected_start
+        use_held = (reservation is not None and ends is not None and ends <= reservation.expected_start
+                    and job.stoppable)
         exhausted = exhausted or index.max_available(use_held=True) < smallest_after[i]
         if head is not None and tried_behind_head >= config.backfill_depth and not exhausted:
             fitting = index.count_fitting(g, use_held)
@@ -266,7 +269,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
                 why[job.id] += reasons.guessed_start(config.default_runtime_s)
         elif reservation is not None and not use_held and index.count_fitting(g, use_held=True) >= n:
             why[job.id] = reasons.behind_reservation(reservation.job_id, reservation.expected_start,
-                                                     job.runtime_limit_s)
+                                                     job.runtime_limit_s, stoppable=job.stoppable)
         elif reservation is not None and not use_held:
             held = index.count_fitting(g, use_held=True) - fitting
             why[job.id] = reasons.waiting(n, g, fitting, held=held, held_for=reservation.job_id)

@@ -73,8 +73,9 @@ def beyond_window(nodes: int, gpus: int, fitting: int, start: datetime, window_s
             f"the {duration(window_s)} reservation window, so no GPUs are held for it yet")
 
 
-def behind_reservation(head: JobId, start: datetime, runtime_limit_s: float | None) -> str:
+def behind_reservation(head: JobId, start: datetime, runtime_limit_s: float | None, *, stoppable: bool = True) -> str:
     why = ("it has no runtime limit" if runtime_limit_s is None
+           else "it is declared not stoppable, so its runtime limit cannot be enforced" if not stoppable
            else f"its {duration(runtime_limit_s)} runtime limit runs past that")
     return (f"would fit now only on GPUs held for job {head}, which starts at {when(start)}; "
             f"{why}")

@@ -38,6 +38,8 @@ BACKFILL = [
      job("edge").gpus(4).limit(1), {"edge": {"b": (0, 1, 2, 3)}}),
     ("would run past the reserved start: refused", job("long").gpus(4).limit(2), {}),
     ("no runtime limit: never backfills into held GPUs", job("open").gpus(4), {}),
+    ("declared not stoppable: its limit cannot be enforced, so never onto held GPUs",
+     job("kept").gpus(4).limit(0.5).not_stoppable(), {}),
 ]
 
 
@@ -55,6 +57,9 @@ REFUSALS = [
     ("open", job("open").gpus(4),
      "would fit now only on GPUs held for job head, which starts at 2026-03-02T13:00:00+00:00; "
      "it has no runtime limit"),
+    ("kept", job("kept").gpus(4).limit(0.5).not_stoppable(),
+     "would fit now only on GPUs held for job head, which starts at 2026-03-02T13:00:00+00:00; "
+     "it is declared not stoppable, so its runtime limit cannot be enforced"),
 ]
 
 
