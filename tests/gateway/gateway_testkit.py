@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
@@ -47,6 +55,58 @@ def start_api(settings: Settings) -> Iterator[Api]:
     tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
     with TestClient(create_app(settings, run_scheduler=False)) as client:
         yield Api(client, tokens, settings)
+
+
+class InBackground:
+    """A call run on a daemon thread, so that a test can bound how long it waits for it: on the code under test
+    the call may never return, and must not hold the test run."""
+
+    def __init__(self, call: Callable[[], httpx.Response]) -> None:
+        self._answers: list[httpx.Response] = []
+        self._thread = threading.Thread(target=lambda: self._answers.append(call()), daemon=True)
+        self._started = time.monotonic()
+        self._thread.start()
+
+    def wait(self, timeout: float) -> float:
+        """Wait up to `timeout` seconds more; the seconds since the call started."""
+        self._thread.join(timeout)
+        return time.monotonic() - self._started
+
+    @property
+    def answer(self) -> httpx.Response:
+        assert self._answers, "the call has not returned"
+        return self._answers[0]
+
+
+@contextmanager
+def redis_server(directory: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real redis-server of the test's own, answering at the URL given with it (skipped where none is installed)."""
+    import redis
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}"
+    try:
+        client = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
+                time.sleep(0.05)
+        client.close()
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def job_spec(**overrides: Any) -> dict[str, Any]:

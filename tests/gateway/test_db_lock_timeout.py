@@ -3,22 +3,16 @@ open transaction) is refused after JOBGATE_DATABASE_LOCK_TIMEOUT_S, not held for
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
-import httpx
 import pytest
-from gateway_testkit import Api, assert_problem, job_spec, ledger_entries, start_api
+from gateway_testkit import InBackground, assert_problem, job_spec, ledger_entries, start_api
 
 from gateway.settings import Settings
 
 pytestmark = pytest.mark.integration
-
-
-def _post_into(answers: list[httpx.Response], api: Api, path: str) -> None:
-    answers.append(api.post(path, "alice", json={"reason": "done for today"}))
 
 
 def test_a_job_row_another_session_keeps_locked_refuses_the_stop_in_bounded_time(
@@ -35,19 +29,15 @@ def test_a_job_row_another_session_keeps_locked_refuses_the_stop_in_bounded_time
         dba = psycopg.connect(biz)  # a psql session left open after a manual UPDATE
         try:
             dba.execute("UPDATE jobs SET state_reason = 'looked at by hand' WHERE id = %s", (job_id,))
-            answers: list[httpx.Response] = []
-            # A daemon thread: on the old code the call returned only when that session ended.
-            caller = threading.Thread(target=_post_into, args=(answers, api, f"/v1/jobs/{job_id}/stop"), daemon=True)
-            started = time.monotonic()
-            caller.start()
-            caller.join(20)
-            waited = time.monotonic() - started
+            call = InBackground(partial(api.post, f"/v1/jobs/{job_id}/stop", "alice",
+                                                json={"reason": "done for today"}))
+            waited = call.wait(20)  # on the old code the call returned only when that session ended
         finally:
             dba.rollback()
             dba.close()
-        caller.join(20)
+        call.wait(20)
         assert waited < 20, "the stop waited for the other session's lock"
-        assert_problem(answers[0], 503, "database-unavailable")
+        assert_problem(call.answer, 503, "database-unavailable")
         assert len(ledger_entries(api)) == seen  # refused before anything was decided
         r = api.post(f"/v1/jobs/{job_id}/stop", "alice", json={"reason": "done for today"})
         assert r.status_code in (200, 202), r.text

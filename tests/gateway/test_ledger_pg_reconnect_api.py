@@ -3,15 +3,12 @@ that met the loss, with nothing changed, and takes mutations again once the serv
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
-import httpx
 import pytest
-from gateway_testkit import Api, assert_problem, job_spec, ledger_entries, start_api
+from gateway_testkit import Api, InBackground, assert_problem, job_spec, ledger_entries, start_api
 from sqlalchemy import func, select
 
 from gateway.models import Job
@@ -50,10 +47,6 @@ def test_mutations_resume_after_the_ledger_server_drops_its_connections(pg_api: 
     assert v.ok, v.message
 
 
-def _post_into(answers: list[httpx.Response], api: Api, name: str) -> None:
-    answers.append(api.post("/v1/jobs", "alice", json=job_spec(name=name)))
-
-
 def test_a_ledger_table_a_dba_holds_locked_refuses_mutations_in_bounded_time(pg_api: Api) -> None:
     """The ledger write waited for the lock as long as it was held, and every mutation with it."""
     import psycopg
@@ -63,19 +56,14 @@ def test_a_ledger_table_a_dba_holds_locked_refuses_mutations_in_bounded_time(pg_
     dba = psycopg.connect(api.settings.resolved_ledger_url())
     try:
         dba.execute("LOCK TABLE ledger_entries IN ACCESS EXCLUSIVE MODE")  # VACUUM FULL takes the same lock
-        answers: list[httpx.Response] = []
-        # A daemon thread: on the old code the call returned only when the lock was let go.
-        caller = threading.Thread(target=_post_into, args=(answers, api, "while-locked"), daemon=True)
-        started = time.monotonic()
-        caller.start()
-        caller.join(30)
-        waited = time.monotonic() - started
+        call = InBackground(lambda: api.post("/v1/jobs", "alice", json=job_spec(name="while-locked")))
+        waited = call.wait(30)  # on the old code the call returned only when the lock was let go
     finally:
         dba.rollback()
         dba.close()
-    caller.join(30)
+    call.wait(30)
     assert waited < 30, "the submission waited for the DBA's lock"
-    assert_problem(answers[0], 503, "ledger-unavailable")
+    assert_problem(call.answer, 503, "ledger-unavailable")
     r = api.post("/v1/jobs", "alice", json=job_spec(name="after-the-lock"))
     assert r.status_code == 201, r.text
     with api.gateway.db.transaction(immediate=False) as s:

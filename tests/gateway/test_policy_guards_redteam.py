@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gateway_testkit import Api, job_spec, start_api
+from gateway_testkit import Api, job_spec, redis_server, start_api
 from test_policy_reload_api import ledger
 
 from gateway.settings import Settings
@@ -410,50 +410,8 @@ def test_up_refuses_in_one_line_what_it_cannot_start_with(tmp_path: Path, env: d
 
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
-    """A real redis-server of this test's own (skipped where none is installed)."""
-    import shutil
-    import subprocess
-    import time
-
-    import redis
-
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            server,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}"
-    try:
-        client = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
-                time.sleep(0.05)
-        client.close()
+    with redis_server(tmp_path) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_replicas_sharing_redis_count_a_principals_calls_together(redis_url: str) -> None:
