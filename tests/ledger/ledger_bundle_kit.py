@@ -118,10 +118,10 @@ def _retail(raw: bytes, seq: int, prev: bytes) -> bytes:
     return raw[: raw.rindex(b',"prev":"')] + tail_bytes(seq, raw[-29:-2], prev)
 
 
-def relink(rows: list[Line], i: int) -> None:
-    """Renumber rows i.. to follow row i - 1 and re-chain them, stored hashes recomputed: the chain alone then
-    shows nothing."""
-    for j in range(i, len(rows)):
+def relink(rows: list[Line], i: int, end: int | None = None) -> None:
+    """Renumber rows i.. (up to end) to follow row i - 1 and re-chain them, stored hashes recomputed: the chain
+    alone then shows nothing there."""
+    for j in range(i, len(rows) if end is None else end):
         seq, prev = (rows[j - 1][0] + 1, rows[j - 1][1]) if j else (0, ZERO_HASH.encode())
         raw = _retail(rows[j][2], seq, prev)
         rows[j] = (seq, _sha(raw), raw)
@@ -166,6 +166,8 @@ TAMPER_VARIANTS: list[tuple[str, Callable[[list[Line]], object], str, int]] = [
     ("edited-rehashed", lambda r: edit(r, 5), "modified", 5),
     ("prev-rehashed", lambda r: edit_prev(r, 6), "modified", 6),
     ("edited-relinked", lambda r: (edit(r, 5), relink(r, 6)), "modified", 5),
+    # Re-chained only up to 8: the chain breaks at 9, which points at 8, but the roots show 5 changed already.
+    ("edited-relinked-part-way", lambda r: (edit(r, 5), relink(r, 6, 9)), "modified", 5),
     ("inserted", lambda r: insert(r, 5), "inserted", 5),
     ("inserted-two", lambda r: insert(r, 5, 2), "inserted", 5),
     ("inserted-relinked", lambda r: (insert(r, 5), relink(r, 6)), "inserted", 5),

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from ledger_bundle_kit import TAMPER_VARIANTS, Line, delete, edit, edit_prev, insert, run
+from ledger_bundle_kit import TAMPER_VARIANTS, Line, delete, edit, edit_prev, insert, relink, run
 
 from ledger.entry import encode, prepare
 from ledger.keys import NoteSigner
@@ -240,6 +240,7 @@ BATCHED = [
     ("edited-last-of-batch", lambda r: edit(r, 39), "modified", 39),  # the break is in the next batch
     ("prev-of-first-of-batch", lambda r: edit_prev(r, 40), "modified", 40),  # the root at size 40 clears seq 39
     ("inserted-mid-batch", lambda r: insert(r, 43), "inserted", 43),
+    ("edited-relinked-mid-batch", lambda r: (edit(r, 43), relink(r, 44)), "modified", 40),  # as near as it gets
     # Renumbered and re-chained, nothing but the roots shows it: the first entry of the batch they no longer
     # match is as near as the signatures go. In the last batch, whose root needs the entry removed, that cannot
     # be told from a cut there.
