@@ -5,6 +5,13 @@ Steps, in order; the first failure is reported with its seq and problem code:
    (modified), fields match the position: seq (reordered / inserted), prev chain (modified), field
    syntax (malformed). A byte-level fast path checks prev/seq/time without parsing JSON; entries
    with blobs, key rotations, anything unusual, and every entry under deep=True are parsed in full.
+   The chain alone cannot say which side of a break was changed: an entry edited with its stored
+   hash recomputed breaks the prev of the entry after it, and an inserted entry shows as the next
+   one claiming its seq. So a problem found here is settled against the signed checkpoints (only
+   then, on this failure path): the entry it points at is named if the first signed root the held
+   entries no longer give covers it, the entry where the problem showed if a signed root still
+   vouches for the one it points at, and the first entry of the first unmatched checkpoint if the
+   difference lies before both (_blame).
 2. Every referenced blob exists and hashes to its digest (blob_mismatch).
 3. The key schedule is rebuilt from the key-rotation entries (ledger/rotation.py); the auditor's
    key must be in it, and each rotation's checkpoint must be signed by the old key and cosigned by
@@ -15,16 +22,21 @@ Steps, in order; the first failure is reported with its seq and problem code:
    (modified); those outside it must be consistent with the anchor checkpoint by an RFC 9162
    consistency proof (modified). Entries past the anchor checkpoint were never committed by the
    ledger (inserted); an anchor beyond the held entries without the hashes to reach it means
-   entries were cut off (truncated).
+   entries were cut off (truncated), unless a signed root inside the held range no longer matches:
+   then entries were removed there and the rest renumbered (missing, at the first unmatched one).
+   A held range that does not match its checkpoints and holds more entries than the anchor signed
+   had entries inserted (inserted, at the first unmatched one).
 5. Optionally the auditor's earlier saved checkpoint: the ledger must still contain it (truncated)
    with the same root (modified) — this catches a history rewritten and re-signed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
-from collections.abc import Callable, Iterable
+import json
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -108,12 +120,25 @@ class Material:
     entries_span: tuple[int, int] = (0, 0)
     after_entries: Callable[[], None] | None = None
     workers: int | None = None
+    # A bundle whose unsigned header and trailer disagree on how many entries it holds. Reported (as a corrupt
+    # bundle) only if the entries themselves verify: entry lines edited together with a count are tampering,
+    # and the verdict names the entry.
+    miscount: str | None = None
 
 
 class _Fail(Exception):
     def __init__(self, seq: int | None, problem: str, message: str) -> None:
         super().__init__(message)
         self.seq, self.problem, self.message = seq, problem, message
+
+
+@dataclass
+class _Tail:
+    """Kept when the chain scan stops at a problem: the entry the problem points at (see _pointer), and the leaf
+    hash of every held entry by position, chain ignored, up to the first checkpoint past that entry."""
+
+    pointer: int
+    leaves: bytearray
 
 
 def verify_store(
@@ -181,16 +206,21 @@ def verify_material(
     """Run steps 1-5 over m. Raises TrustedCheckpointError for an unusable trusted checkpoint."""
     state = _State(m.start)
     try:
-        if m.bundle_path is not None:
-            leaves, rotations, blob_refs = _scan_bundle(m, state, progress, deep, verifier)
-        else:
-            leaves, rotations, blob_refs = _scan_entries(m, state, progress, deep)
+        try:
+            if m.bundle_path is not None:
+                leaves, rotations, blob_refs = _scan_bundle(m, state, progress, deep, verifier)
+            else:
+                leaves, rotations, blob_refs = _scan_entries(m, state, progress, deep)
+        except _Fail as f:
+            raise _blame(m, verifier, state, f) from None
         # A bad blob is reported after the checks below, unless they find an earlier bad seq: the verdict
         # names the first bad entry.
         blob_fail = _first_fail(_check_blobs, m, blob_refs)
         try:
             schedule = _schedule(m, verifier, leaves, rotations)
             roots = _Roots(m, leaves, state.end, state.tree, also=_trusted_size(trusted))
+            if roots.short is not None:
+                _check_short(m, verifier, roots, state)
             n_cp = _check_checkpoints(m, schedule, roots, state)
             if trusted is not None:
                 t_size = _check_trusted(trusted, schedule, roots, verifier)
@@ -201,6 +231,10 @@ def verify_material(
             raise
         if blob_fail is not None:
             raise blob_fail
+        miscount = m.miscount or state.miscount
+        if miscount is not None:
+            # Every entry verified: only the unsigned counts are wrong, so the file is unusable, not tampered with.
+            raise BundleError(f"bundle is corrupt: {miscount}")
     except (ValueError, KeyError, TypeError, IndexError, AttributeError, ProofError) as e:
         # Safety net: a verifier must report, never crash, on whatever bytes it is handed.
         return _verdict_fail(state, verifier, None, "malformed", f"unexpected data ({type(e).__name__}: {e})")
@@ -238,6 +272,8 @@ class _State:
         # Checkpoints opened with the auditor's key while the workers scanned (note -> result).
         self.opened: dict[str, Checkpoint | LedgerError] = {}
         self.opened_by: NoteVerifier | None = None
+        self.tail: _Tail | None = None  # set with a scan problem
+        self.miscount: str | None = None  # a bundle's trailer count the lines do not bear out
 
 
 class _Prefetch:
@@ -298,12 +334,15 @@ def _scan_entries(
     part = fastscan.Part(m.start)
     prev: str | None = ZERO_HASH if m.start == 0 else None
     it = iter(m.entries)
+    rest: Iterator[Row] = iter(())
     while True:
         block = list(itertools.islice(it, _PROGRESS_EVERY))
         if not block:
             break
+        done = part.count
         prev = fastscan.scan_rows(block, part, prev, deep)
         if part.problem is not None:
+            rest = itertools.chain(block[part.count - done :], it)  # from the row the problem is in
             break
         if progress is not None:
             progress(part.count, m.total)
@@ -318,6 +357,8 @@ def _scan_entries(
     if part.problem is not None:
         seq, code, message = part.problem
         state.end = seq
+        with contextlib.suppress(LedgerError):  # rows after the problem unreadable: it is reported as found
+            state.tail = _tail(m, part.leaves, seq, code, rest)
         raise _Fail(seq, code, message)
     state.end = m.start + part.count
     if progress is not None:
@@ -371,6 +412,14 @@ def _scan_bundle(
             state.end = seq
             if code == "corrupt":
                 raise BundleError(f"bundle is corrupt: {message}")
+            lines = _lines(path, lo, m.entries_span[1], p.count)
+            try:
+                prefetch.finish()  # the checkpoints, to settle the problem against (_blame)
+                state.tail = _tail(m, leaves, seq, code, lines)
+            except LedgerError:
+                pass  # a bad section after the entries is reported after this problem, as before: no blame
+            finally:
+                lines.close()
             raise _Fail(seq, code, message)
         expect = p.first_seq + p.count
         last = p.last_hash or last
@@ -378,9 +427,30 @@ def _scan_bundle(
     if m.start == 0 and len(parts) > 1:
         state.tree = MerkleTree.from_parts(expect, [(p.leaves, p.levels) for p in parts])
     if expect - m.start != m.total:
-        raise BundleError(f"bundle is corrupt: the trailer says {m.total} entries, the file holds {expect - m.start}")
+        state.miscount = f"the trailer says {m.total} entries, the file holds {expect - m.start}"
     prefetch.finish()
     return leaves, rotations, refs
+
+
+def _lines(path: str, lo: int, hi: int, skip: int) -> Generator[Row, None, None]:
+    """The bundle's entry lines in bytes [lo, hi) after the first skip, as rows (seq -1 for a line that does not
+    start with one). Raises BundleError if the file cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            for buf, a, b in fastscan.iter_buffers(f, lo, hi):
+                pos = a
+                while pos < b:
+                    nl = buf.find(b"\n", pos, b)
+                    if skip:
+                        skip -= 1
+                    else:
+                        head, _, rest = bytes(buf[pos:nl]).partition(b" ")
+                        h, _, raw = rest.partition(b" ")
+                        seq = int(head) if head.isdigit() and len(head) < 20 else -1
+                        yield seq, h.decode("ascii", "replace"), raw
+                    pos = nl + 1
+    except OSError as e:
+        raise BundleError(f"cannot read bundle: {e.strerror or e}") from e
 
 
 def _scan_here(
@@ -406,6 +476,143 @@ def _scan_here(
     except OSError as e:
         raise BundleError(f"cannot read bundle: {e.strerror or e}") from e
     return part
+
+
+def _pointer(start: int, s: int, code: str, row: Row) -> int:
+    """The entry a scan problem (code) at seq s, in row, points at; the signed checkpoints then confirm or clear it.
+
+    An entry that claims an earlier seq (inserted): that seq, the entry signed there having been pushed down
+    to s by entries put in before it. An entry whose bytes match its stored hash but whose prev is not the hash
+    of the entry before (modified): the entry before, which is what editing an entry and recomputing its stored
+    hash leaves. Anything else: s itself.
+    """
+    line_seq, stored, raw = row
+    if code == "inserted":
+        claimed = line_seq if line_seq != s else _claimed_seq(raw)
+        return claimed if claimed is not None and start <= claimed < s else s
+    if code == "modified" and s > start and hashlib.sha256(raw).hexdigest() == stored:
+        return s - 1
+    return s
+
+
+def _claimed_seq(raw: bytes) -> int | None:
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    seq = value.get("seq") if isinstance(value, dict) else None
+    return seq if type(seq) is int else None
+
+
+def _tail(m: Material, leaves: bytes | bytearray, s: int, code: str, rows: Iterator[Row]) -> _Tail | None:
+    """What _blame needs after a scan problem at seq s: leaves holds seqs m.start..s-1, rows the held rows from
+    the one at s on. None if no checkpoint covers the entry the problem points at. Raises LedgerError if the
+    rows cannot be read."""
+    first = next(rows, None)
+    if first is None:
+        return None
+    pointer = _pointer(m.start, s, code, first)
+    # A signed root past the entry pointed at says whether it is still the entry signed; none later is needed.
+    stop = min((c.size for c in m.checkpoints if c.size > pointer), default=None)
+    if stop is None:
+        return None
+    out = bytearray(leaves)
+    n = s
+    sha = hashlib.sha256
+    for _, _, raw in itertools.chain((first,), rows):
+        if n >= stop:
+            break
+        out += sha(b"\x00" + raw).digest()
+        n += 1
+    return _Tail(pointer, out)
+
+
+def _first_mismatch(m: Material, v: NoteVerifier, roots: _Roots, state: _State) -> tuple[int, int | None]:
+    """Where the held entries first leave what was signed: (good, size), size the smallest checkpoint size in the
+    held range whose signed root they no longer give (None if they give every one), good the largest checkpoint
+    size below it whose root they still give (the range's start if none).
+
+    Found by bisecting over the checkpoint sizes: a root at a size commits to every leaf below it, so the sizes
+    whose roots match are a prefix. Only checkpoints the auditor's own key opens are evidence here (others are
+    left out, and reported by the checks that need them): this runs before the key history is checked.
+    """
+    cands = sorted({c.size: c.note for c in m.checkpoints if roots.held(c.size)}.items())
+
+    def agrees(i: int) -> bool | None:
+        size, note = cands[i]
+        try:
+            cp = _open(note, v, size, state)
+        except _Fail:
+            return None
+        return cp.root == roots.at(size) if cp.size == size else None
+
+    lo, hi = 0, len(cands)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        agree = agrees(mid)
+        if agree is None:
+            del cands[mid]
+            hi -= 1
+        elif agree:
+            lo = mid + 1
+        else:
+            hi = mid
+    return (cands[lo - 1][0] if lo else roots.start), (cands[lo][0] if lo < len(cands) else None)
+
+
+def _blame(m: Material, v: NoteVerifier, state: _State, f: _Fail) -> _Fail:
+    """The scan problem f, settled against the signed checkpoints (module docstring, step 1). Never raises: without
+    usable evidence f stands as found."""
+    tail = state.tail
+    if tail is None or f.seq is None:
+        return f
+    try:
+        roots = _Roots(m, tail.leaves, m.start + len(tail.leaves) // 32)
+        found = _first_mismatch(m, v, roots, state)
+    except (_Fail, LedgerError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return f
+    good, size = found
+    if size is None:
+        return f  # the signed roots still vouch for the entry pointed at
+    s, p = f.seq, tail.pointer
+    if size <= p:
+        # Signed entries before the one pointed at differ already (rewritten, and the chain re-linked up to s).
+        state.end = min(state.end, good)
+        return _Fail(good, "modified", f"entries after seq {good - 1} do not match the signed checkpoint at size"
+                     f" {size} (further on, seq {s} {f.problem}: {f.message})")
+    if good > p or p == s:
+        return f
+    state.end = min(state.end, p)
+    if f.problem == "inserted":
+        k = s - p
+        return _Fail(p, "inserted", f"not the entry signed as seq {p} (the checkpoint at size {size} no longer"
+                     f" matches): that entry now sits at seq {s}, pushed down by {k} entr{'y' if k == 1 else 'ies'}"
+                     f" inserted from seq {p}")
+    return _Fail(p, "modified", f"its bytes were changed and its stored hash recomputed: seq {s}'s prev is not"
+                 f" its hash, and the checkpoint at size {size} no longer matches")
+
+
+def _check_short(m: Material, v: NoteVerifier, roots: _Roots, state: _State) -> None:
+    """The anchor lies beyond the held entries and cannot be reached: raise missing at the first entry a signed
+    root in the held range no longer matches (some were removed and the rest renumbered; modified in a partial
+    bundle, where they may as well have been inserted), else truncated at the first entry no signed root held
+    covers."""
+    assert roots.short is not None
+    good, size = _first_mismatch(m, v, roots, state)
+    if size is None:
+        if good < roots.end:
+            # Cut inside a batch: the entries of it still held are vouched for by no signature either.
+            raise _Fail(good, "truncated", f"a signed checkpoint covers {roots.anchor} entries but only {roots.end}"
+                        f" are present, and none held covers those from seq {good} on")
+        raise roots.short
+    if m.right:
+        # The hashes after a partial range were cut for its end as exported: fewer entries or more, nothing says.
+        code, held, what = "modified", "the held entries with the hashes after them", "removed or inserted"
+    else:
+        code, held, what = "missing", "the held entries", "removed"
+    raise _Fail(good, code, f"entries after seq {good - 1} do not match the signed checkpoint at size {size}, and"
+                f" {held} do not reach the latest one (size {roots.anchor}): entries were {what} at or after seq"
+                f" {good} and the rest renumbered")
 
 
 def _first_fail(check: Callable[..., None], *args: Any) -> _Fail | None:
@@ -462,6 +669,7 @@ class _Roots:
                     nxt = next(want, None)
             mv.release()
         self.anchor_root: bytes | None = None
+        self.short: _Fail | None = None  # the anchor lies beyond the held entries and cannot be reached
         if self.anchor <= end:
             return
         # The anchor lies beyond the held entries: the right compact range must bridge the gap.
@@ -470,10 +678,12 @@ class _Roots:
             frontier = Frontier(end, _prefix_nodes(self._tree, end))
         try:
             frontier.extend(end, self.anchor, m.right)
-        except ProofError as e:
-            raise _Fail(
+        except ProofError:
+            # Raised by _check_short, after the roots inside the held range had their say.
+            self.short = _Fail(
                 end, "truncated", f"a signed checkpoint covers {self.anchor} entries but only {end} are present"
-            ) from e
+            )
+            return
         self.anchor_root = frontier.root()
 
     def held(self, size: int) -> bool:
@@ -579,6 +789,12 @@ def _check_checkpoints(m: Material, schedule: KeySchedule, roots: _Roots, state:
                             f" hashes beside them, do not give the root signed at size {size}")
         elif roots.held(size):
             if cp.root != roots.at(size):
+                if end > anchor:
+                    # More entries than were ever signed, and from here on not those signed: the insertion
+                    # is here, not at the anchor where the surplus shows.
+                    raise _Fail(good, "inserted", f"entries after seq {good - 1} do not match the signed checkpoint"
+                                f" at size {size}, and the ledger holds {end - anchor} more than the latest checkpoint"
+                                f" signed: entries were inserted at or after seq {good} and the rest renumbered")
                 raise _Fail(
                     good if good < end else None,
                     "modified",

@@ -1,7 +1,9 @@
-"""Helpers for bundle tests: a data dir with a ledger, the CLI runner, and a bundle line editor."""
+"""Helpers for bundle tests: a data dir with a ledger, the CLI runner, a bundle line editor, and the ways an
+attacker who owns the entries (not the signing key) rewrites them, the same on a store and in a bundle."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,6 +12,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from ledger.cli import ledger_group
+from ledger.entry import ZERO_HASH, encode, prepare, tail_bytes
 from ledger.keys import NoteSigner, load_or_create_signer
 from ledger.service import Ledger
 
@@ -89,3 +92,84 @@ class Bundle:
     def edit(self, fn: Callable[[Bundle], None], path: Path) -> Path:
         fn(self)
         return self.write(path)
+
+
+# -- rewriting entries: (seq, hex hash, entry bytes), a store row's columns or a bundle line's parts ----------
+
+Line = tuple[int, bytes, bytes]
+
+
+def lines_of(b: Bundle) -> list[Line]:
+    return [b.entry(i) for i in range(len(b.entries))]
+
+
+def set_lines(b: Bundle, rows: list[Line]) -> None:
+    """Write rows back as b's entry lines. The header is left as it was: Bundle.write fixes only the trailer's
+    counts, so a variant that adds or drops lines leaves the header's range and the trailer's count apart."""
+    b.entries = [b"%d %s %s" % r for r in rows]
+
+
+def _sha(raw: bytes) -> bytes:
+    return hashlib.sha256(raw).hexdigest().encode()
+
+
+def _retail(raw: bytes, seq: int, prev: bytes) -> bytes:
+    """raw with another seq and prev (its time kept): the canonical tail is ,"prev":"..","seq":n,"time":".."}."""
+    return raw[: raw.rindex(b',"prev":"')] + tail_bytes(seq, raw[-29:-2], prev)
+
+
+def relink(rows: list[Line], i: int, end: int | None = None) -> None:
+    """Renumber rows i.. (up to end) to follow row i - 1 and re-chain them, stored hashes recomputed: the chain
+    alone then shows nothing there."""
+    for j in range(i, len(rows) if end is None else end):
+        seq, prev = (rows[j - 1][0] + 1, rows[j - 1][1]) if j else (0, ZERO_HASH.encode())
+        raw = _retail(rows[j][2], seq, prev)
+        rows[j] = (seq, _sha(raw), raw)
+
+
+def edit(rows: list[Line], i: int) -> None:
+    """Change entry i's body and recompute its stored hash; the next entry's prev still holds the hash it had."""
+    seq, _, raw = rows[i]
+    bad = raw.replace(b'"alice"', b'"mallory"')
+    assert bad != raw
+    rows[i] = (seq, _sha(bad), bad)
+
+
+def edit_prev(rows: list[Line], i: int) -> None:
+    """Change entry i's prev (stored hash recomputed): the entry before it is intact."""
+    seq, _, raw = rows[i]
+    bad = _retail(raw, seq, b"ab" * 32)
+    rows[i] = (seq, _sha(bad), bad)
+
+
+def insert(rows: list[Line], i: int, k: int = 1) -> None:
+    """Put k forged entries in at seq i, chained to the entry before; the entries after move down k seqs (the seq
+    column or line prefix renumbered), their bytes untouched."""
+    forged: list[Line] = []
+    seq, prev = rows[i - 1][0] + 1, rows[i - 1][1]
+    for n in range(k):
+        raw = encode(prepare("decision", {"forged": n}, None), seq + n, "2025-01-02T03:04:06.000000Z", prev.decode())
+        forged.append((seq + n, _sha(raw), raw))
+        prev = forged[-1][1]
+    rows[i:] = [*forged, *((s + k, h, r) for s, h, r in rows[i:])]
+
+
+def delete(rows: list[Line], i: int) -> None:
+    """Remove entry i, renumber the rest and re-chain them."""
+    del rows[i]
+    relink(rows, i)
+
+
+# Each rewrite of a ledger of at least 12 entries signed one checkpoint per entry, with the problem and the seq
+# the verifier must name: the entry changed, put in, or the first renumbered one.
+TAMPER_VARIANTS: list[tuple[str, Callable[[list[Line]], object], str, int]] = [
+    ("edited-rehashed", lambda r: edit(r, 5), "modified", 5),
+    ("prev-rehashed", lambda r: edit_prev(r, 6), "modified", 6),
+    ("edited-relinked", lambda r: (edit(r, 5), relink(r, 6)), "modified", 5),
+    # Re-chained only up to 8: the chain breaks at 9, which points at 8, but the roots show 5 changed already.
+    ("edited-relinked-part-way", lambda r: (edit(r, 5), relink(r, 6, 9)), "modified", 5),
+    ("inserted", lambda r: insert(r, 5), "inserted", 5),
+    ("inserted-two", lambda r: insert(r, 5, 2), "inserted", 5),
+    ("inserted-relinked", lambda r: (insert(r, 5), relink(r, 6)), "inserted", 5),
+    ("deleted-relinked", lambda r: delete(r, 6), "missing", 6),
+]

@@ -145,10 +145,10 @@ def _drop_blob(b: Bundle) -> None:
     ("edit", "problem", "seq"),
     [
         (_modify_raw, "modified", 7),
-        (_modify_and_rehash, "modified", 8),
+        (_modify_and_rehash, "modified", 7),  # not 8, whose prev the recomputed hash breaks
         (_drop, "missing", 9),
         (_swap, "reordered", 4),
-        (_insert, "inserted", 13),
+        (_insert, "inserted", 12),  # the forged entry itself, not the one pushed down after it
         (_truncate_keep_checkpoints, "truncated", 30),
         (_flip_signature, "bad_signature", None),
         (_change_blob, "blob_mismatch", BLOB_SEQS[1]),
@@ -436,8 +436,8 @@ def test_parallel_workers_catch_a_break_exactly_at_a_range_boundary(
         x.set_entry(last_of_first, seq, hashlib.sha256(bad).hexdigest().encode(), bad)
 
     bad = Bundle.read(full).edit(rehash, tmp_path / "edge.bundle")
-    assert _verdict(bad, key, 1, monkeypatch) == (1, "modified", first_of_second)
-    assert _verdict(bad, key, 2, monkeypatch) == (1, "modified", first_of_second)
+    assert _verdict(bad, key, 1, monkeypatch) == (1, "modified", last_of_first)
+    assert _verdict(bad, key, 2, monkeypatch) == (1, "modified", last_of_first)
 
 
 def test_parallel_scan_keeps_the_order_of_problems_after_the_entries(

@@ -8,10 +8,23 @@ import json
 import shutil
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from ledger_bundle_kit import Bundle, export, make_data_dir, verify
+from ledger_bundle_kit import (
+    TAMPER_VARIANTS,
+    Bundle,
+    Line,
+    delete,
+    edit,
+    export,
+    insert,
+    lines_of,
+    make_data_dir,
+    set_lines,
+    verify,
+)
 
 JOBGATE = str(Path(".venv/bin/jobgate").resolve())
 
@@ -100,3 +113,59 @@ def test_a_trusted_checkpoint_inside_a_partial_range_needs_no_checkpoint_of_its_
     code, out, err = verify(b.write(tmp_path / "t.bundle"), dd / "keys/ledger.vkey",
                             "--trusted-checkpoint", str(trusted))
     assert code == 0 and "consistent with trusted checkpoint at size 15" in out, out + err
+
+
+@pytest.mark.parametrize(
+    ("change", "problem", "seq"), [v[1:] for v in TAMPER_VARIANTS], ids=[v[0] for v in TAMPER_VARIANTS]
+)
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_rewritten_bundle_names_the_first_entry_changed_with_its_count_edited_too(
+    dd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: str,
+    change: Callable[[list[Line]], object], problem: str, seq: int,
+) -> None:  # fmt: skip
+    """The variants that add or drop lines leave the header's range as exported and the trailer's count fixed (the
+    way the bundle kit writes), so header and trailer disagree: that was exit 2, unusable input, not a verdict."""
+    b = Bundle.read(export(dd, tmp_path / "f.bundle"))
+    rows = lines_of(b)
+    change(rows)
+    set_lines(b, rows)
+    monkeypatch.setenv("JOBGATE_VERIFY_WORKERS", workers)
+    code, out, err = verify(b.write(tmp_path / "t.bundle"), dd / "keys/ledger.vkey", "--json")
+    assert code == 1, out + err
+    v = json.loads(out)
+    assert (v["problem"], v["first_bad_seq"]) == (problem, seq), v["message"]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem", "seq"),
+    [
+        (lambda r: edit(r, 5), "modified", 15),
+        (lambda r: insert(r, 5), "inserted", 15),
+        # The hashes after the range no longer fit its end: nothing tells a removal from an insertion.
+        (lambda r: delete(r, 6), "modified", 16),
+    ],
+    ids=["edited-rehashed", "inserted", "deleted-relinked"],
+)
+def test_a_rewritten_partial_bundle_names_the_entry_from_the_roots_inside_its_range(
+    dd: Path, tmp_path: Path, change: Callable[[list[Line]], object], problem: str, seq: int
+) -> None:
+    b = Bundle.read(export(dd, tmp_path / "p.bundle", "--from-seq", "10", "--to-seq", "19"))
+    rows = lines_of(b)
+    change(rows)
+    set_lines(b, rows)
+    code, out, _ = verify(b.write(tmp_path / "t.bundle"), dd / "keys/ledger.vkey", "--json")
+    v = json.loads(out)
+    assert code == 1 and (v["problem"], v["first_bad_seq"]) == (problem, seq), v["message"]
+
+
+def test_a_trailer_count_edited_alone_is_still_a_corrupt_bundle(dd: Path, tmp_path: Path) -> None:
+    """Every entry line verifies: only the unsigned count is off, so the file is unusable, not a tampered ledger."""
+    path = export(dd, tmp_path / "f.bundle")
+    lines = path.read_bytes().split(b"\n")
+    trailer = json.loads(lines[-2])
+    trailer["entries"] -= 1
+    lines[-2] = json.dumps(trailer).encode()
+    path.write_bytes(b"\n".join(lines))
+    code, out, err = verify(path, dd / "keys/ledger.vkey")
+    assert (code, out) == (2, ""), out + err
+    assert err == "Error: bundle is corrupt: the header's range holds 40 entries, the trailer says 39\n", err
