@@ -1,9 +1,17 @@
 """The gateway side of the node-agent channel: heartbeats, command delivery, reports of process events.
 
 Delivery is at-least-once: a command counts as delivered only when a report carrying its nonce comes back
-(an agent's `rejected: replayed` counts too, since it proves the agent holds the nonce). Until then the very
-same signed envelope is handed out again, so an agent that died between fetching and obeying gets it
-after restart, and its nonce store keeps it from running twice.
+(an agent's `rejected: replayed` counts too for a start or a delete, since it proves the agent holds the nonce).
+Until then the very same signed envelope is handed out again, so an agent that died between fetching and
+obeying gets it after restart, and its nonce store keeps it from running twice. A stop is different: a
+"rejected" answer never acknowledges it. The stop is idempotent, so it goes out again until the node says it is
+stopping or stopped, and a stop that never takes escalates to stop_failed with the rejections as evidence.
+
+A node is believed only about what that node can know (H1, F3): a report is about the job's allocation on that
+node, an acknowledgement names a nonce issued to that node, a stop's evidence carries that stop's nonce. A report
+that contradicts the gateway's own record (another job's or another node's nonce, a second end of the same run,
+GPUs other than the ones it holds, a job its heartbeat still runs after it said it ended) is not applied: it is
+ledgered as a node anomaly and on-call is alerted, as for a bypass.
 """
 
 from __future__ import annotations
@@ -28,6 +36,9 @@ from gateway.stop_tables import CommandAck
 
 # An unacknowledged envelope is handed out again after this long (same nonce, same signature).
 RESEND_AFTER_S = 3.0
+# Commands that stop jobs: a "rejected" answer to one is never its acknowledgement.
+STOP_KINDS = ("stop", "reconcile")
+MAX_REJECTIONS_KEPT = 20
 # States a node's `stopped` evidence may still finish: the stop path, and a stop a person is waiting on.
 _STOP_FINISHABLE = ("stop_requested", "stopping", "stop_failed", "lost")
 
@@ -51,10 +62,21 @@ def heartbeat(gw: Gateway, session: Session, node_id: str, beat: Heartbeat, inst
         gw.scheduler_kick.set()
     if node.gpus != beat.gpus:
         _alert_if_short(gw, session, node_id, beat.gpus, now)
+    if beat.isolation != node.isolation:
+        if beat.isolation == "none":
+            stops.alert(gw, session, now, "node_not_isolated", {
+                "node": node_id, "isolation": "none",
+                "effect": "its jobs run as the agent's own user: any of them could read the node's token and act "
+                          "as the node"})
+        record_outcome(gw, "node", {"node": node_id, "isolation_before": node.isolation,
+                                    "isolation": beat.isolation, "at": now.isoformat()})
+        node.isolation = beat.isolation
+        gw.scheduler_kick.set()
     node.gpus = beat.gpus
     node.state = "alive"
     node.last_heartbeat = now
     node.running = beat.running
+    _contradicted_by_beat(gw, session, node_id, beat.running, now, beat.at)
     stops.on_heartbeat(gw, session, node, was, instance, beat.running, now)
 
 
@@ -131,20 +153,94 @@ def apply_reports(gw: Gateway, session: Session, node_id: str, reports: list[Age
             apply_report(gw, session, node_id, report, batch)
 
 
+def _sent(session: Session, nonce: str, batch: _Batch | None) -> NodeCommand | None:
+    return batch.commands.get(nonce) if batch is not None else session.get(NodeCommand, nonce)
+
+
+def _foreign_nonce(session: Session, node_id: str, report: AgentReport, batch: _Batch | None) -> str | None:
+    """Why the report's nonce cannot be this node's to answer (never issued to it, or a `reconciled` naming
+    another kind of command), or None."""
+    if not report.nonce:
+        return "a reconciled report without the reconcile's nonce" if report.event == "reconciled" else None
+    sent = _sent(session, report.nonce, batch)
+    if sent is None or sent.node != node_id:
+        return "it answers a nonce the gateway never issued to this node"
+    if report.event == "reconciled" and sent.kind != "reconcile":
+        return f"it calls a {sent.kind} command reconciled"
+    return None
+
+
 def _acknowledge(session: Session, node_id: str, report: AgentReport, now: datetime, batch: _Batch | None) -> None:
+    """Mark the command the report answers as delivered (once the report is known to be the node's to make)."""
     if not report.nonce:
         return
+    sent = _sent(session, report.nonce, batch)
+    if sent is None or (report.event == "rejected" and sent.kind in STOP_KINDS):
+        return  # a rejected stop is never acknowledged: it goes out again (see the module docstring)
     if batch is not None:
-        sent = batch.commands.get(report.nonce)
-        if sent is None or sent.node != node_id or report.nonce in batch.acked:
+        if report.nonce in batch.acked:
             return
         batch.acked.add(report.nonce)
-    else:
-        cmd = session.get(NodeCommand, report.nonce)
-        if cmd is None or cmd.node != node_id or session.get(CommandAck, report.nonce) is not None:
-            return
+    elif session.get(CommandAck, report.nonce) is not None:
+        return
     session.add(CommandAck(nonce=report.nonce, node=node_id, acked_at=now, event=report.event,
                            detail=report.detail[:500]))
+
+
+def anomaly(gw: Gateway, session: Session, node_id: str, report: AgentReport | None, why: str, now: datetime,
+            **body: Any) -> None:
+    """A node said something it cannot know or that contradicts the gateway's record: not applied, ledgered and
+    alerted as a node anomaly (F3). Either its agent is broken, or something on the node speaks as the agent."""
+    about = {} if report is None else {"job_id": report.job_id or None, "event": report.event, "nonce": report.nonce,
+                                        "pid": report.pid, "detail": report.detail[:500]}
+    entry = {"node": node_id, "anomaly": why, **about, **body, "at": now.isoformat()}
+    record_outcome(gw, "agent_report", entry)
+    stops.alert(gw, session, now, "node_anomaly", {**entry, "effect": "the report was not applied"})
+
+
+def _contradiction(session: Session, job: Job, part: Allocation, report: AgentReport, batch: _Batch | None
+                   ) -> str | None:
+    """Why this report about `part` contradicts the gateway's own record, or None."""
+    if report.event in ("stopping", "stopped") and not _answers_stop(session, job, part, report, batch):
+        return "stop evidence without the nonce of a stop sent to this node for this job"
+    if report.event not in ("stopped", "exited") or report.evidence is None:
+        return None
+    if part.state in stops.PART_DONE and part.evidence.get("reported_at") is not None \
+            and (part.evidence.get("reported_at"), part.evidence.get("reported_event")) != (report.at, report.event):
+        return f"a second end of the same run: the node already reported it {part.state}"
+    released = report.evidence.get("gpus_released")
+    if report.evidence.get("process_group_gone") is not False and isinstance(released, list) \
+            and not set(released) <= set(part.gpus):
+        return f"it releases GPUs {released}, but this job holds {sorted(part.gpus)} there"
+    return None
+
+
+def _answers_stop(session: Session, job: Job, part: Allocation, report: AgentReport, batch: _Batch | None) -> bool:
+    """A stop's report must carry the nonce of a stop of this job sent to this node, or of a reconcile of this node
+    that asked for this job to be stopped."""
+    sent = _sent(session, report.nonce, batch) if report.nonce else None
+    if sent is None or sent.node != part.node:
+        return False
+    if sent.kind == "stop":
+        return sent.job_id == job.id
+    return sent.kind == "reconcile" and job.id in (sent.envelope_params().get("stop") or [])
+
+
+def _contradicted_by_beat(gw: Gateway, session: Session, node_id: str, running: list[dict[str, Any]],
+                          now: datetime, at: float | None) -> None:
+    """A heartbeat taken after the node said a run ended, still listing that very process: the GPUs it freed
+    are still held (or the end was false). Alerted once per run."""
+    if at is None or not running:
+        return
+    listed = {str(r.get("job_id")): r.get("pid") for r in running}
+    for part in session.scalars(select(Allocation).where(
+            Allocation.node == node_id, Allocation.job_id.in_(sorted(listed)), Allocation.state.in_(stops.PART_DONE))):
+        ended_at = part.evidence.get("reported_at")
+        if ended_at is None or at <= ended_at or listed[part.job_id] != part.pid or part.evidence.get("contradicted"):
+            continue
+        part.evidence = {**part.evidence, "contradicted": now.isoformat()}
+        anomaly(gw, session, node_id, None, "its heartbeat still runs a process it reported ended: the GPUs it freed"
+                " are not free", now, job_id=part.job_id, pid=part.pid, state=part.state, gpus=list(part.gpus))
 
 
 def _job_state_from_parts(parts: list[Allocation]) -> str | None:
@@ -169,9 +265,16 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
     GPUs are released only on the node's evidence that the process group is gone.
     """
     now = gw.clock()
-    _acknowledge(session, node_id, report, now, batch)
+    foreign = _foreign_nonce(session, node_id, report, batch)
+    if foreign is not None:
+        anomaly(gw, session, node_id, report, foreign, now)
+        return
+    if report.event not in ("started", "stopping", "stopped", "exited"):
+        _acknowledge(session, node_id, report, now, batch)  # about a command, not (yet) a job's processes
+    if report.event == "reconciled":
+        return
     if report.event == "rejected":
-        _rejected(gw, session, node_id, report, now)
+        _rejected(gw, session, node_id, report, now, batch)
         return
     if report.event == "deleted":
         if _asked_to_delete(session, node_id, report, batch):
@@ -189,9 +292,14 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
         parts = list(session.scalars(select(Allocation).where(Allocation.job_id == job.id)).all())
     part = next((p for p in parts if p.node == node_id), None)
     if part is None:
-        record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
-                                            "detail": report.detail, "nonce": report.nonce, "known_part": False})
+        anomaly(gw, session, node_id, report, "a report about a job that has no allocation on this node", now,
+                job_state=job.state, placed_on=sorted(p.node for p in parts))
         return
+    contradiction = _contradiction(session, job, part, report, batch)
+    if contradiction is not None:
+        anomaly(gw, session, node_id, report, contradiction, now, job_state=job.state, part_state=part.state)
+        return
+    _acknowledge(session, node_id, report, now, batch)
     stale = stops.stale_report(session, job, part, report.event, report.pid, report.nonce)
     if stale is not None:
         record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
@@ -211,7 +319,10 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
             # The agent has no such process (it keeps a record of every group it runs): nothing left there.
             ev = {"process_group_gone": True, "note": report.detail or "not running on this node",
                   "exit_code": None}
-        part.evidence = ev
+        # Which observed end it was: a resend of it (delivery is at-least-once) is told from a second end. A
+        # report without evidence ("not running here", "already exited") saw no end, and a later one may fill in.
+        part.evidence = ev if report.evidence is None else {**ev, "reported_at": report.at,
+                                                            "reported_event": report.event}
         part.exit_code = ev.get("exit_code")
         if ev.get("process_group_gone") is False:
             group_survived = True
@@ -277,16 +388,36 @@ def _may_finish(job: Job, target: str) -> bool:
     return job.state in ("starting", "running") or job.state in _STOP_FINISHABLE
 
 
-def _rejected(gw: Gateway, session: Session, node_id: str, report: AgentReport, now: datetime) -> None:
-    # `replayed` is the agent telling us it already has this nonce: an acknowledgement, not an attack.
+def _rejected(gw: Gateway, session: Session, node_id: str, report: AgentReport, now: datetime,
+              batch: _Batch | None) -> None:
+    sent = _sent(session, report.nonce, batch) if report.nonce else None
+    stop = sent is not None and sent.kind in STOP_KINDS
+    # `replayed` is the agent telling us it already has this nonce: not an attack, and for a start or a delete an
+    # acknowledgement; a stop only the node's own stopping, stopped or reconciled answers (it is sent again).
     replay = report.detail.startswith("replayed")
     record_outcome(gw, "agent_report", {"node": node_id, "job_id": report.job_id or None, "event": "rejected",
                                         "detail": report.detail, "nonce": report.nonce,
-                                        "acknowledgement": replay, "at": now.isoformat()})
+                                        "acknowledgement": replay and not stop, "at": now.isoformat(),
+                                        **({"stop_resent": True} if stop else {})})
+    if stop and sent is not None and not replay:
+        _note_stop_rejection(session, sent, node_id, report, now)
     if not replay:
         stops.alert(gw, session, now, "command_rejected",
                     {"node": node_id, "job_id": report.job_id or None, "nonce": report.nonce,
                      "detail": report.detail})
+
+
+def _note_stop_rejection(session: Session, sent: NodeCommand, node_id: str, report: AgentReport, now: datetime
+                         ) -> None:
+    """Keep the rejection on the job's stop request: if the stop never takes, it is the escalation's evidence."""
+    jobs = [sent.job_id] if sent.kind == "stop" else list(sent.envelope_params().get("stop") or [])
+    for job_id in jobs:
+        job = session.get(Job, job_id)
+        if job is None or job.state not in _STOP_FINISHABLE:
+            continue
+        seen = list(job.stop_request.get("rejections") or [])[-(MAX_REJECTIONS_KEPT - 1):]
+        job.stop_request = {**job.stop_request, "rejections": [
+            *seen, {"node": node_id, "nonce": report.nonce, "detail": report.detail[:200], "at": now.isoformat()}]}
 
 
 def _asked_to_delete(session: Session, node_id: str, report: AgentReport, batch: _Batch | None) -> bool:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event, text
+from sqlalchemy import ColumnDefault, Connection, Engine, Insert, MetaData, Table, create_engine, event, inspect, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.errors import DatabaseInUse
@@ -131,6 +131,7 @@ def create_schema(engine: Engine) -> None:
     Base.metadata.create_all(engine)
     # create_all makes the indexes of new tables only: add those a newer version declares to older tables.
     with engine.begin() as conn:
+        add_missing_columns(conn, Base.metadata)
         for table in Base.metadata.sorted_tables:
             for index in table.indexes:
                 index.create(conn, checkfirst=True)
@@ -140,6 +141,23 @@ def create_schema(engine: Engine) -> None:
 
             add_rendered_rows(conn)
             add_submission_view(conn)
+
+
+def add_missing_columns(conn: Connection, metadata: MetaData) -> list[str]:
+    """ALTER TABLE ... ADD COLUMN for each nullable column a newer version declares on a table an older one made
+    (a data dir kept across an upgrade); returns them as `table.column`. Only nullable columns are added this way:
+    a column that needs a value for the existing rows needs a migration of its own."""
+    added = []
+    inspector = inspect(conn)
+    for table in metadata.sorted_tables:
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present or not column.nullable:
+                continue
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
+            added.append(f"{table.name}.{column.name}")
+    return added
 
 
 class Database:

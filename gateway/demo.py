@@ -14,6 +14,7 @@ from gateway.db import Database
 from gateway.models import Meta, Node, Principal, Project, RoleBinding
 from gateway.settings import Settings
 from gateway.tokens import issue_token
+from nodeagent.layout import private_state_dir
 
 DEMO_NODES = ("demo-node-1", "demo-node-2")
 DEMO_GPUS_PER_NODE = 8
@@ -86,7 +87,7 @@ def seed_demo(session: Session, data_dir: Path) -> bool:
         session.flush()
         secret = issue_token(session, node, purpose="node agent", now=now, lifetime=timedelta(days=365),
                              actions=["agent"]).secret
-        write_secret_text(data_dir / "agents" / node / "token", secret)
+        write_secret_text(private_state_dir(data_dir / "agents" / node) / "token", secret)
     session.add(Meta(key="demo_seeded", value=now.isoformat()))
     write_secret_json(data_dir / "demo-tokens.json", tokens)
     return True

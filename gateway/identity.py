@@ -4,6 +4,7 @@ ledgered."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from datetime import timedelta
 from typing import Any
@@ -15,13 +16,21 @@ from gateway.approvals import withdraw_made_with
 from gateway.auth import Caller, refuse_unknown_actions
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
-from gateway.models import Principal, Project, RoleBinding, Token
+from gateway.models import Node, Principal, Project, RoleBinding, Token
 from gateway.pipeline import record_outcome
 from gateway.policy.engine import RoleBinding as EngineBinding
 from gateway.tokens import IssuedToken, issue_token
 
 PERSON_TOKEN_MAX_DAYS = 365
+NODE_TOKEN_DAYS = 365
 SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
+NODE_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
+
+
+def is_node_name(gw: Gateway, name: str) -> bool:
+    """Whether `name` is of the kind kept for nodes (JOBGATE_NODE_NAMES)."""
+    patterns = [p.strip() for p in gw.settings.node_names.split(",") if p.strip()]
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def _is_platform_admin(gw: Gateway, caller: Caller) -> bool:
@@ -48,6 +57,9 @@ def create_service_account(gw: Gateway, session: Session, caller: Caller, name: 
         raise Forbidden("only a person can be responsible for a service account (F1)")
     if not SERVICE_NAME.match(name):
         raise Invalid(f"service account name {name!r} must be lowercase letters, digits and dashes")
+    if is_node_name(gw, name):
+        # A principal named like a node reads in the ledger as that node, and would take the name from the node.
+        raise Invalid(f"{name!r} is a name kept for nodes ({gw.settings.node_names}); choose another")
     if session.get(Project, project) is None:
         raise Invalid(f"unknown project {project!r}")
     if "job.submit" not in gw.policy.capabilities(caller.id, project) and not _is_platform_admin(gw, caller):
@@ -76,6 +88,27 @@ def _grant_live(gw: Gateway, binding: EngineBinding) -> None:
     the old one the swap then drops."""
     with gw.policy_lock:
         gw.policy.grant(binding)
+
+
+def enrol_node(gw: Gateway, session: Session, caller: Caller, name: str, gpus: int) -> IssuedToken:
+    """A node and its agent's token (shown once), by a platform admin; ledgered. Raises Forbidden, Invalid,
+    Conflict."""
+    if caller.kind != "person" or not _is_platform_admin(gw, caller) or caller.breakglass:
+        raise Forbidden("only a platform admin (a person, without break-glass) may enrol nodes")
+    if not NODE_NAME.match(name) or not is_node_name(gw, name):
+        raise Invalid(f"node name {name!r} must be lowercase letters, digits, dots and dashes and match the node "
+                      f"names of this site ({gw.settings.node_names})", node_names=gw.settings.node_names)
+    if session.get(Principal, name) is not None:
+        raise Conflict(f"a principal named {name!r} already exists")
+    now = gw.clock()
+    session.add(Principal(id=name, kind="node", display_name=f"agent of {name}", created_at=now))
+    session.add(Node(id=name, gpus=gpus, state="registered", last_heartbeat=None, running=[]))
+    session.flush()
+    issued = issue_token(session, name, purpose="node agent", now=now, lifetime=timedelta(days=NODE_TOKEN_DAYS),
+                         actions=["agent"])
+    _ledger(gw, caller, "node.enrol", node=name, gpus=gpus, token_id=issued.id,
+            expires_at=issued.expires_at.isoformat())
+    return issued
 
 
 def list_service_accounts(gw: Gateway, session: Session, caller: Caller) -> list[dict[str, Any]]:

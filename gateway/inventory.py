@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.jobs import visible_projects
-from gateway.models import Job, Project
+from gateway.models import Job, Node, Project
 
 LIVE_STATES = ("pending", "starting", "running", "lost", "stop_requested", "stopping", "stop_failed", "paused")
 
@@ -40,6 +40,7 @@ def workloads(gw: Gateway, session: Session, caller: Caller, *, environment: str
     if environment:
         stmt = stmt.where(Job.environment == environment)
     jobs = [j for j in session.scalars(stmt).all() if all(j.labels.get(k) == v for k, v in (labels or {}).items())]
+    isolation = {n.id: n.isolation or "unknown" for n in session.scalars(select(Node)).all()}
     groups: dict[str, list[Job]] = defaultdict(list)
     for job in jobs:
         groups[job.workload or job.id].append(job)
@@ -61,7 +62,9 @@ def workloads(gw: Gateway, session: Session, caller: Caller, *, environment: str
             "trackable": trackable,
             "stoppable": stoppable,
             "not_stoppable_jobs": [j.id for j in members if not j.stoppable],
-            "jobs": [{"id": j.id, "name": j.name, "state": j.state, "labels": dict(j.labels)} for j in members],
+            "jobs": [{"id": j.id, "name": j.name, "state": j.state, "labels": dict(j.labels),
+                      "nodes": [{"node": p["node"], "isolation": isolation.get(p["node"], "unknown")}
+                                for p in j.placement]} for j in members],
             "gpus": sum(j.gpus_per_node * j.nodes for j in members if j.state not in ("pending", "paused")),
         })
     out.sort(key=lambda w: (w["environments"], w["workload"]))
@@ -70,6 +73,10 @@ def workloads(gw: Gateway, session: Session, caller: Caller, *, environment: str
               "why": "tracked but not stoppable: an emergency stop cannot reach it; its owner must stop it"}
              for w in out if w["trackable"] and not w["stoppable"]]
     untracked = [w["workload"] for w in out if not w["trackable"]]
+    # H1: where jobs run as the agent's own user, any of them could act as the node (its token is readable).
+    bare = sorted({p["node"] for j in jobs for p in j.placement if isolation.get(p["node"]) == "none"})
     return {"workloads": out, "blind_spots": blind, "untracked": untracked,
+            "unisolated_nodes": [{"node": n, "why": "isolation none: its jobs run as the agent's own user and could "
+                                                   "act as the node"} for n in bare],
             "totals": {"workloads": len(out), "jobs": len(jobs), "blind_spots": len(blind)},
             "scope": {"environment": environment, "labels": labels or {}}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -87,6 +88,8 @@ class Node(Base):
     state: Mapped[str] = mapped_column(String(16), default="registered")  # registered | alive | lost
     last_heartbeat: Mapped[datetime | None] = mapped_column(nullable=True)
     running: Mapped[list[Any]] = mapped_column(default=list)
+    # What its agent says of how jobs are kept apart there (H1): uid+cgroup | uid | none; None until it said.
+    isolation: Mapped[str | None] = mapped_column(String(16), nullable=True)
 
 
 class Job(Base):
@@ -169,3 +172,8 @@ class NodeCommand(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime]
     delivered_at: Mapped[datetime | None] = mapped_column(nullable=True, index=True)
+
+    def envelope_params(self) -> dict[str, Any]:
+        """The parameters the gateway signed into this command (its own record of what it asked)."""
+        params = json.loads(str(self.envelope["payload"])).get("params")
+        return params if isinstance(params, dict) else {}

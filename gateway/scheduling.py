@@ -282,7 +282,9 @@ def _admit(gw: Gateway, session: Session, result: CycleResult, now: datetime) ->
             session.add(Allocation(job_id=job.id, node=p.node, gpus=list(p.gpus), state="starting"))
             enqueue(gw, session, p.node, job.id, "start", {
                 "argv": list(job.command), "gpus": list(p.gpus), "grace_seconds": job.grace_seconds,
-                "stop_signal": job.stop_signal, "env": dict(job.env)})
+                "stop_signal": job.stop_signal, "env": dict(job.env),
+                # H1: a node that maps people to Unix accounts runs the job as its submitter's account.
+                "run_as": job.creator if job.creator_kind == "person" else None})
 
 
 def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: datetime,

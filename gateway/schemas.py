@@ -215,6 +215,11 @@ class Heartbeat(BaseModel):
     running: list[dict[str, Any]] = Field(
         default_factory=list, max_length=1024, description="Jobs the agent runs: job_id, pid and GPU indexes of each.")
     version: Name = Field("", description="The agent's version.")
+    at: float | None = Field(None, ge=0, le=LAST_UNIX_SECOND, allow_inf_nan=False,
+                             description="When the agent took this view of its jobs, in Unix seconds on the node.")
+    isolation: Literal["uid+cgroup", "uid", "none"] | None = Field(
+        None, description="How the agent keeps jobs apart: each under its own uid and cgroup, its own uid only, or "
+                          "none (jobs run as the agent's user and could act as the node).")
 
 
 class AgentReport(BaseModel):
@@ -224,8 +229,9 @@ class AgentReport(BaseModel):
 
     job_id: Name = Field(description="The job the event is about.")
     nonce: Name | None = Field(None, description="Nonce of the signed command this answers; acknowledges its delivery.")
-    event: Literal["started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted"] = Field(
-        description="What happened to the job's processes (rejected: a command the agent refused).")
+    event: Literal["started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted", "reconciled"] = Field(
+        description="What happened to the job's processes (rejected: a command the agent refused; reconciled: a "
+                    "reconcile command carried out).")
     # Bounded to what the gateway does with them: a datetime (at) and an INTEGER column (pid); past those a
     # report for a starting job failed with a 500.
     at: float = Field(ge=0, le=LAST_UNIX_SECOND, allow_inf_nan=False, description="When, in Unix seconds on the node.")

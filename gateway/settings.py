@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from nodeagent.protocol import MAX_COMMAND_TTL_S
+
 REPO_POLICIES = Path(__file__).resolve().parent.parent / "policies"
 
 
@@ -30,7 +32,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = 8080
     node_heartbeat_timeout_s: float = Field(10.0, gt=0)
-    command_ttl_s: float = Field(300.0, gt=0, description="How long a signed node command stays valid.")
+    node_names: str = Field(
+        "*node*", description="Glob patterns (comma-separated) of the names nodes use: only a node enrolled by a "
+                              "platform admin may take one; a service account never can (no squatting on a node's "
+                              "name).")
+    command_ttl_s: float = Field(300.0, gt=0, le=MAX_COMMAND_TTL_S,
+                                 description="How long a signed node command stays valid (agents refuse longer).")
     scheduler_interval_s: float = Field(1.0, gt=0)
     max_long_poll_s: float = Field(30.0, gt=0)
     service_token_max_days: int = Field(90, gt=0)

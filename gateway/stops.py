@@ -30,7 +30,7 @@ from gateway.models import Allocation, Job, Node, NodeCommand, RoleBinding
 from gateway.notifications import notify
 from gateway.pipeline import record, record_outcome
 from gateway.runtime_limits import stop_overrunning
-from gateway.stop_tables import AgentSession
+from gateway.stop_tables import AgentSession, CommandAck
 
 log = logging.getLogger("jobgate.stops")
 
@@ -69,13 +69,19 @@ def alert(gw: Gateway, session: Session, now: datetime, kind: str, body: dict[st
 def escalate(gw: Gateway, session: Session, job: Job, now: datetime, why: str, *, unreachable: bool) -> None:
     """stop_failed: ledgered, alerted, and left for a person (`POST /v1/jobs/{id}/confirm-stopped`)."""
     reason = f"{why}; waiting for on-call to confirm"
+    # A node that answered the stop with "rejected": its words are the evidence of why the stop did not take.
+    rejections = list(job.stop_request.get("rejections") or [])
+    if rejections:
+        reason = f"{why}; the node rejected it {len(rejections)} time(s) ({rejections[-1]['detail']}); waiting " \
+                 "for on-call to confirm"
+    evidence = {"rejections": rejections} if rejections else {}
     ledger_transition(gw, job, "stop_failed", now, by="system", reason=reason,
-                      alert="stop_failed", unreachable=unreachable)
+                      alert="stop_failed", unreachable=unreachable, **evidence)
     job.stop_request = {**job.stop_request, "failed_at": now.isoformat(), "unreachable": unreachable,
                         "failure": why}
     alert(gw, session, now, "stop_failed",
           {"job_id": job.id, "why": why, "unreachable": unreachable, "nodes": [p["node"] for p in job.placement],
-           "action": f"POST /v1/jobs/{job.id}/confirm-stopped"}, also=[job.owner])
+           "action": f"POST /v1/jobs/{job.id}/confirm-stopped", **evidence}, also=[job.owner])
 
 
 def escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> int:
@@ -278,18 +284,22 @@ def jobs_on_node(session: Session, node_id: str) -> list[Job]:
     return list(session.scalars(select(Job).where(Job.id.in_(sorted(set(ids)))).order_by(Job.id)).all())
 
 
-def reconcile_params(session: Session, node_id: str) -> dict[str, list[str]]:
+def reconcile_params(session: Session, node_id: str, now: datetime) -> dict[str, list[str]]:
     """What the node should run (`expected`) and what it must stop (`stop`): every job with an unconfirmed part
-    there that the gateway no longer wants running."""
+    there that the gateway no longer wants running; and the nonces of the commands still in flight to it
+    (`pending`), the only ones issued before this reconcile that a restarted agent may still obey."""
     expected: list[str] = []
     stop: list[str] = []
     for job in jobs_on_node(session, node_id):
         (expected if job.state in ("starting", "running", "lost") else stop).append(job.id)
-    return {"expected": expected, "stop": stop}
+    pending = sorted(session.scalars(
+        select(NodeCommand.nonce).outerjoin(CommandAck, CommandAck.nonce == NodeCommand.nonce)
+        .where(NodeCommand.node == node_id, NodeCommand.expires_at > now, CommandAck.nonce.is_(None))).all())
+    return {"expected": expected, "stop": stop, "pending": pending}
 
 
 def send_reconcile(gw: Gateway, session: Session, node_id: str, now: datetime, why: str) -> str:
-    params = reconcile_params(session, node_id)
+    params = reconcile_params(session, node_id, now)
     nonce = enqueue(gw, session, node_id, "", "reconcile", params)
     row = session.get(AgentSession, node_id)
     if row is not None:

@@ -7,7 +7,15 @@ Threads:
   plus the runner's waiter and stop threads. The agent serves no HTTP at all (H1).
 
 Commands are obeyed only after `protocol.verify_command`; the nonce is persisted before the command
-runs, so neither a replay nor an agent restart can make a command run twice.
+runs, so neither a replay nor an agent restart can make a command run twice. Replay protection does not rest
+on that file alone (H1): a command also carries its issue time and expiry, checked against this node's clock
+within `protocol.MAX_CLOCK_SKEW_S`, and after every start of the agent no start command is executed until the
+gateway's reconcile for this run of the agent has arrived. That reconcile lists the commands the gateway still
+has in flight for the node; a start issued before it that it does not list is refused, so an agent whose state
+was lost cannot be made to start an old command again.
+
+Layout of the work directory: `state/` (0700: nonces, process records, outbox, the node token) is the agent's
+alone; `jobs/<job id>/` is each job's (nodeagent/jobdir.py).
 """
 
 from __future__ import annotations
@@ -24,9 +32,12 @@ from typing import Any
 
 import nacl.signing
 
+from nodeagent import isolation as isolation_modes
 from nodeagent import protocol, reports
 from nodeagent.commands import DeleteParams, ReconcileParams, StartParams, StopParams
 from nodeagent.errors import GatewayError, InvalidCommand
+from nodeagent.isolation import Isolation
+from nodeagent.layout import private_state_dir
 from nodeagent.runner import Runner, RunnerEvent, check_job_id
 from nodeagent.state import NonceStore, Outbox, ProcessStore
 from nodeagent.transport import GatewayPort
@@ -80,22 +91,29 @@ class Agent:
         *,
         clock: Callable[[], float] = time.time,
         subreaper: bool = True,
+        isolation: Isolation | None = None,
     ) -> None:
+        """Raises OSError if the work directory cannot be made private to the agent."""
         self.config = config
         self._gateway = gateway
         self._verify_key = verify_key
         self._clock = clock
-        config.work_dir.mkdir(parents=True, exist_ok=True)
-        self.nonces = NonceStore(config.work_dir / "nonces.json", clock)
-        self.processes = ProcessStore(config.work_dir / "processes.json")
-        self.outbox = Outbox(config.work_dir / "outbox.jsonl")
+        self.isolation_mode = isolation.mode if isolation is not None else isolation_modes.NONE
+        state = private_state_dir(config.work_dir)
+        self.nonces = NonceStore(state / "nonces.json", clock)
+        self.processes = ProcessStore(state / "processes.json")
+        self.outbox = Outbox(state / "outbox.jsonl")
         self._report_ready = threading.Event()
         self._handling = threading.Lock()
         self._accepting = True
         self.shutdown = threading.Event()
         # A new id per agent process: the gateway reconciles when it sees a new one (restart).
         self.instance = secrets.token_hex(8)
-        self.runner = Runner(config.work_dir, self._on_event, subreaper=subreaper)
+        self.started_at = clock()
+        # Until the gateway's reconcile for this run arrives, starts wait here (by nonce), not yet obeyed.
+        self._reconciled: protocol.Command | None = None
+        self._pending_starts: dict[str, Any] = {}
+        self.runner = Runner(config.work_dir, self._on_event, subreaper=subreaper, isolation=isolation)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -143,26 +161,54 @@ class Agent:
                 # The nonce is not consumed, so the gateway may deliver this command again.
                 log.warning("command dropped at shutdown", extra=_fields(**_peek(envelope)))
                 return
-            try:
-                command = protocol.verify_command(
-                    envelope,
-                    self._verify_key,
-                    node=self.config.node,
-                    now=self._clock(),
-                    seen_nonce=self.nonces.seen,
-                )
-            except protocol.CommandRejected as e:
-                self._reject(envelope, e.reason, e.detail)
-                return
-            self.nonces.remember(command.nonce, command.expires_at)
-            log.info(
-                "command accepted",
-                extra=_fields(kind=command.kind, job_id=command.job_id, nonce=command.nonce),
+            self._handle(envelope)
+
+    def _handle(self, envelope: Any) -> None:
+        try:
+            command = protocol.verify_command(
+                envelope,
+                self._verify_key,
+                node=self.config.node,
+                now=self._clock(),
+                seen_nonce=self.nonces.seen,
             )
-            try:
-                self._execute(command)
-            except InvalidCommand as e:
-                self._reject(envelope, e.reason, e.detail, trusted=True)
+            self._check_reconciled(command)
+        except protocol.CommandRejected as e:
+            self._reject(envelope, e.reason, e.detail)
+            return
+        if command.kind == "start" and self._reconciled is None:
+            # Not obeyed, nonce not consumed: run once the reconcile says the gateway still wants it.
+            if command.nonce not in self._pending_starts:
+                log.info("start waits for the gateway's reconcile", extra=_fields(job_id=command.job_id))
+            self._pending_starts[command.nonce] = envelope
+            return
+        self.nonces.remember(command.nonce, command.expires_at)
+        log.info(
+            "command accepted",
+            extra=_fields(kind=command.kind, job_id=command.job_id, nonce=command.nonce),
+        )
+        try:
+            self._execute(command)
+        except InvalidCommand as e:
+            self._reject(envelope, e.reason, e.detail, trusted=True)
+            return
+        if command.kind == "reconcile" and self._reconciled is None \
+                and command.issued_at >= self.started_at - protocol.MAX_CLOCK_SKEW_S:
+            self._reconciled = command
+            waiting, self._pending_starts = list(self._pending_starts.values()), {}
+            for start in waiting:
+                self._handle(start)
+
+    def _check_reconciled(self, command: protocol.Command) -> None:
+        """A start issued before this run's reconcile is obeyed only if that reconcile listed it as in flight.
+        Raises CommandRejected(stale)."""
+        rec = self._reconciled
+        if command.kind != "start" or rec is None or command.issued_at > rec.issued_at:
+            return
+        if command.nonce not in ReconcileParams.parse(rec.params).pending:
+            raise protocol.CommandRejected(
+                "stale", "a start issued before the gateway reconciled this node, and not among its commands in"
+                " flight then")
 
     def _execute(self, command: protocol.Command) -> None:
         if command.kind == "start":
@@ -179,6 +225,7 @@ class Agent:
                 start.grace_seconds,
                 start.stop_signal,
                 nonce=command.nonce,
+                run_as=start.run_as,
             )
         elif command.kind == "stop":
             stop = StopParams.parse(command.params)
@@ -223,8 +270,12 @@ class Agent:
                     evidence={"gpus": list(record.gpus), "started_at": record.started_at},
                 )
         # 3. Tell the gateway which of its expected jobs are not here at all.
-        for job_id in sorted(params.expected - running.keys() - wanted_stopped):
+        missing = sorted(params.expected - running.keys() - wanted_stopped)
+        for job_id in missing:
             self._report(job_id, "exited", command.nonce, pid=None, detail="not running on this node")
+        # 4. Say it is done: the answer that acknowledges a reconcile (a "rejected" never does).
+        self._report("", "reconciled", command.nonce, pid=None,
+                     detail=f"{len(running)} running, {len(wanted_stopped)} to stop, {len(missing)} missing")
 
     def _reject(self, envelope: Any, reason: str, detail: str, *, trusted: bool = False) -> None:
         peek = _peek(envelope)
@@ -316,11 +367,13 @@ class Agent:
     # -- gateway loops -------------------------------------------------------------------------------
 
     def heartbeat_body(self) -> dict[str, Any]:
+        at = self._clock()  # before the list: a job ending meanwhile is never listed in a beat dated after its end
         running = [
             {"job_id": r.job_id, "pid": r.pid, "gpus": list(r.gpus)}
             for r in sorted(self.runner.running(), key=lambda r: r.job_id)
         ]
-        return {"gpus": self.config.gpus, "running": running, "version": VERSION, "instance": self.instance}
+        return {"gpus": self.config.gpus, "running": running, "version": VERSION, "instance": self.instance,
+                "isolation": self.isolation_mode, "at": at}
 
     def _heartbeat_loop(self) -> None:
         while not self.shutdown.is_set():

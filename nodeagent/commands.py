@@ -52,10 +52,12 @@ class StartParams:
     env: dict[str, str]
     grace_seconds: float
     stop_signal: str
+    # The submitting person, whose Unix account the job runs as where the node maps people to accounts.
+    run_as: str | None = None
 
     @classmethod
     def parse(cls, params: Mapping[str, Any], *, node_gpus: int) -> StartParams:
-        """Raises InvalidCommand for an empty argv, GPUs outside 0..node_gpus-1 or repeated, bad env."""
+        """Raises InvalidCommand for an empty argv, GPUs outside 0..node_gpus-1 or repeated, bad env or run_as."""
         argv = _str_list(params, "argv")
         if not argv:
             raise InvalidCommand("invalid", "argv is empty")
@@ -74,7 +76,10 @@ class StartParams:
         grace = _grace(params.get("grace_seconds"), DEFAULT_GRACE_SECONDS)
         sig = _signal(params.get("stop_signal"), DEFAULT_STOP_SIGNAL)
         assert grace is not None and sig is not None
-        return cls(tuple(argv), tuple(raw_gpus), {k: str(v) for k, v in env.items()}, grace, sig)
+        run_as = params.get("run_as")
+        if run_as is not None and not isinstance(run_as, str):
+            raise InvalidCommand("invalid", "run_as must be a person's id")
+        return cls(tuple(argv), tuple(raw_gpus), {k: str(v) for k, v in env.items()}, grace, sig, run_as)
 
 
 @dataclass(frozen=True)
@@ -97,13 +102,18 @@ class StopParams:
 
 @dataclass(frozen=True)
 class ReconcileParams:
+    """expected: jobs the gateway believes run here; stop: jobs to stop; pending: nonces of the commands the
+    gateway still had in flight for this node when it reconciled (the only older starts still to be obeyed)."""
+
     expected: frozenset[str]
     stop: tuple[str, ...]
+    pending: frozenset[str] = frozenset()
 
     @classmethod
     def parse(cls, params: Mapping[str, Any]) -> ReconcileParams:
-        """Raises InvalidCommand unless `expected` and `stop` are lists of job ids."""
-        return cls(frozenset(_str_list(params, "expected")), tuple(dict.fromkeys(_str_list(params, "stop"))))
+        """Raises InvalidCommand unless `expected`, `stop` and `pending` are lists of strings."""
+        return cls(frozenset(_str_list(params, "expected")), tuple(dict.fromkeys(_str_list(params, "stop"))),
+                   frozenset(_str_list(params, "pending")))
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Stopping is not rolling back (C5): everything under the checkpoints directory is listed as an artifact,
 and the subset written since the prepare signal is listed separately as the checkpoints of this stop.
 
-The job runs as our own user and owns its directory, so anything in it may be a trap: a symlink to a
+The job owns its directory, so anything in it may be a trap: a symlink to a
 file outside, a FIFO whose open() blocks forever, a socket, /dev/zero. Every directory and file is
 therefore opened relative to its parent's descriptor with O_NOFOLLOW and O_NONBLOCK, and only regular
 files are read; a symlink is never followed, not even one that replaced the job or checkpoint directory.
@@ -83,8 +83,9 @@ def walk(dir_fd: int, rel: str = "", depth: int = 0) -> Iterator[Entry]:
         yield Entry(path, dir_fd, name, is_dir)
 
 
-def file_record(entry: Entry) -> dict[str, Any] | None:
-    """`{"path", "size", "mtime", "sha256"}` for a regular file; None for anything else or a vanished one."""
+def file_record(entry: Entry, owner: int | None = None) -> dict[str, Any] | None:
+    """`{"path", "size", "mtime", "sha256"}` for a regular file (owned by `owner`, if given); None for anything
+    else or a vanished one."""
     try:
         fd = os.open(entry.name, _OPEN_FILE, dir_fd=entry.dir_fd)
     except OSError:
@@ -95,6 +96,8 @@ def file_record(entry: Entry) -> dict[str, Any] | None:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 return None  # a FIFO or device: opened without blocking, but never read
+            if owner is not None and st.st_uid != owner:
+                return None  # not written by the job: a hard link to someone else's file is not its artifact
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
     except OSError:
@@ -102,14 +105,15 @@ def file_record(entry: Entry) -> dict[str, Any] | None:
     return {"path": entry.path, "size": st.st_size, "mtime": st.st_mtime, "sha256": digest.hexdigest()}
 
 
-def scan_files(job_dir: Path, sub: str = "checkpoints") -> list[dict[str, Any]]:
-    """Records for every regular file under `job_dir/sub` (`sub` "" for the whole job directory), with
-    paths relative to `job_dir`, sorted by path. A missing or symlinked directory has no files."""
+def scan_files(job_dir: Path, sub: str = "checkpoints", *, owner: int | None = None) -> list[dict[str, Any]]:
+    """Records for every regular file under `job_dir/sub` (`sub` "" for the whole job directory) owned by
+    `owner` if given, with paths relative to `job_dir`, sorted by path. A missing or symlinked directory has
+    no files."""
     records = []
     try:
         with open_job_dir(job_dir) as job_fd:
             for entry in _walk_sub(job_fd, sub):
-                record = None if entry.is_dir else file_record(entry)
+                record = None if entry.is_dir else file_record(entry, owner)
                 if record is not None:
                     records.append(record)
     except OSError:
@@ -184,8 +188,9 @@ def since(records: list[dict[str, Any]], t: float | None) -> list[dict[str, Any]
     return [r for r in records if float(r["mtime"]) >= t - MTIME_SLACK_SECONDS]
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
-    """The last `lines` lines of the job's output log, decoded leniently; [] unless it is a regular file."""
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, *, owner: int | None = None) -> list[str]:
+    """The last `lines` lines of the job's output log, decoded leniently; [] unless it is a regular file (owned
+    by `owner`, if given: the job could have linked another file in its place)."""
     try:
         fd = os.open(path, _OPEN_FILE)
     except OSError:
@@ -193,7 +198,7 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     try:
         with os.fdopen(fd, "rb") as f:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(st.st_mode) or (owner is not None and st.st_uid != owner):
                 return []
             # Read only the end: training logs can be gigabytes.
             f.seek(max(0, st.st_size - 64 * 1024))

@@ -129,6 +129,16 @@ def strays(job_id: str, leaders: set[int]) -> list[ProcStat]:
     return found
 
 
+def reap_orphans(leaders: set[int]) -> None:
+    """Reap our zombie children other than `leaders` (the job leaders, whose waiter threads reap them and need
+    their status): processes a job started in another session that were re-parented to us, the subreaper."""
+    for pid in own_children() - leaders:
+        stat = read_stat(pid)
+        if stat is not None and stat.state == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
 def reap(pid: int) -> bool:
     """Collect the exit status of our child `pid` if it has ended; True once it is gone."""
     try:

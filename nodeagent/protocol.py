@@ -25,8 +25,16 @@ import rfc8785
 CommandKind = Literal["start", "stop", "reconcile", "delete_artifacts"]
 COMMAND_KINDS: tuple[str, ...] = ("start", "stop", "reconcile", "delete_artifacts")
 
+# How far the agent's clock may be behind the gateway's: a command issued further in the agent's future is
+# refused (clocks are kept by NTP; a larger gap is a fault to fix, not to tolerate).
+MAX_CLOCK_SKEW_S = 30.0
+# The longest a command may be valid: with the skew, what bounds how long a captured command could be replayed
+# to an agent that lost its nonce store (the gateway's JOBGATE_COMMAND_TTL_S must stay below it).
+MAX_COMMAND_TTL_S = 3600.0
+
 # Events an agent reports back about a job's process group (and `deleted` for removed artifacts).
-EVENT_KINDS: tuple[str, ...] = ("started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted")
+EVENT_KINDS: tuple[str, ...] = (
+    "started", "stopping", "stopped", "exited", "rejected", "unknown", "deleted", "reconciled")
 
 
 class CommandRejected(Exception):
@@ -87,10 +95,11 @@ def verify_command(
     now: float,
     seen_nonce: Any,
 ) -> Command:
-    """Check signature, address, expiry and nonce, in that order, and return the command.
+    """Check signature, address, issue time and expiry, and nonce, in that order, and return the command.
 
     `seen_nonce(nonce) -> bool` reports whether the nonce was already accepted once (replay).
-    Raises CommandRejected with reason forged | malformed | misaddressed | expired | replayed.
+    Raises CommandRejected with reason forged | malformed | misaddressed | expired | future | lifetime |
+    replayed.
     """
     try:
         payload = str(envelope["payload"]).encode()
@@ -120,6 +129,12 @@ def verify_command(
         raise CommandRejected("misaddressed", f"command for {command.node!r} delivered to {node!r}")
     if command.expires_at < now:
         raise CommandRejected("expired", f"expired {now - command.expires_at:.1f}s ago")
+    if command.issued_at > now + MAX_CLOCK_SKEW_S:
+        raise CommandRejected("future", f"issued {command.issued_at - now:.1f}s ahead of this node's clock (more"
+                                        f" than the {MAX_CLOCK_SKEW_S:g}s skew allowed): check both clocks")
+    if command.expires_at - command.issued_at > MAX_COMMAND_TTL_S:
+        raise CommandRejected("lifetime", f"valid for {command.expires_at - command.issued_at:.0f}s, more than"
+                                          f" the {MAX_COMMAND_TTL_S:g}s a command may be")
     if seen_nonce(command.nonce):
         raise CommandRejected("replayed", f"nonce {command.nonce} was already used")
     return command

@@ -23,8 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodeagent import evidence, procgroup
+from nodeagent import cgroups, evidence, jobdir, procgroup, spawn
+from nodeagent.confinement import Confinement
 from nodeagent.errors import InvalidCommand
+from nodeagent.identity import JobIdentity
+from nodeagent.isolation import Isolation
 
 log = logging.getLogger("nodeagent.runner")
 
@@ -87,6 +90,16 @@ class ProcessRecord:
     # pid numbers are reused; boot id + kernel start time tell our process from a stranger.
     boot_id: str | None = None
     start_ticks: int | None = None
+    # Isolation (H1): the run's own uid/gid (None: the agent's), whether that uid was allocated for this run
+    # (not a person's account), and its cgroup directory.
+    uid: int | None = None
+    gid: int | None = None
+    allocated_uid: bool = False
+    cgroup: str | None = None
+
+    @property
+    def confinement(self) -> Confinement:
+        return Confinement(self.pgid, self.cgroup, self.uid if self.allocated_uid else None)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +113,10 @@ class ProcessRecord:
             "stop_signal": self.stop_signal,
             "boot_id": self.boot_id,
             "start_ticks": self.start_ticks,
+            "uid": self.uid,
+            "gid": self.gid,
+            "allocated_uid": self.allocated_uid,
+            "cgroup": self.cgroup,
         }
 
     @classmethod
@@ -117,20 +134,29 @@ class ProcessRecord:
             stop_signal=str(data.get("stop_signal", "SIGTERM")),
             boot_id=None if data.get("boot_id") is None else str(data["boot_id"]),
             start_ticks=None if ticks is None else int(ticks),
+            uid=None if data.get("uid") is None else int(data["uid"]),
+            gid=None if data.get("gid") is None else int(data["gid"]),
+            allocated_uid=bool(data.get("allocated_uid", False)),
+            cgroup=None if data.get("cgroup") is None else str(data["cgroup"]),
         )
 
     def still_ours(self) -> bool:
         """True if the recorded group still runs and is the very job we started (not a reused pid).
 
-        processes.json is writable by the job (same user), so the record alone proves nothing: the kernel
-        must confirm it. The leader must match the recorded boot, start time and group and carry the job
-        id the agent put in its environment; once the leader is gone, some live member must carry it.
+        Without isolation processes.json is writable by the job (same user), so the record alone proves
+        nothing: the kernel must confirm it. The leader must match the recorded boot, start time and group and
+        carry the job id the agent put in its environment; once the leader is gone, some live member must
+        carry it. A job cgroup is the agent's own (root's) and only its job enters it: a member proves it.
         """
         current_boot = procgroup.boot_id()
         if current_boot is None:
             return procgroup.group_alive(self.pgid)  # no /proc: nothing better to ask
         if self.boot_id != current_boot or self.start_ticks is None:
             return False
+        if self.cgroup:
+            return cgroups.populated(Path(self.cgroup))
+        if self.allocated_uid and self.uid is not None:
+            return self.confinement.alive()  # only this run ever has that uid while it lives
         stat = procgroup.read_stat(self.pid)
         if stat is not None and stat.state != "Z":
             return (
@@ -168,14 +194,21 @@ class Runner:
         work_dir: Path,
         sink: EventSink,
         *,
+        isolation: Isolation | None = None,
         subreaper: bool = True,
         reap_interval: float = 1.0,
     ) -> None:
         self.work_dir = Path(work_dir)
+        self.isolation = isolation
         self._sink = sink
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
         self._stop_threads: list[threading.Thread] = []
+        # Uids being given to a start right now, and allocated uids whose run left processes SIGKILL could not
+        # end: neither is handed out, the second until nothing of that run is alive any more.
+        self._reserved_uids: set[int] = set()
+        self._spawn_lock = threading.Lock()
+        self._lingering_uids: set[int] = set()
         self._closed = threading.Event()
         self._boot_id = procgroup.boot_id()
         self._janitor: threading.Thread | None = None
@@ -201,6 +234,12 @@ class Runner:
             job = self._jobs.get(job_id)
             return None if job is None else job.record
 
+    def _uids_in_use(self) -> set[int]:
+        """Uids no new run may take (called under the lock)."""
+        self._lingering_uids = {u for u in self._lingering_uids if Confinement(0, uid=u).alive()}
+        running = {job.record.uid for job in self._jobs.values() if job.record.uid is not None}
+        return running | self._reserved_uids | self._lingering_uids
+
     def busy_gpus(self) -> set[int]:
         with self._lock:
             return {g for job in self._jobs.values() for g in job.record.gpus}
@@ -217,8 +256,11 @@ class Runner:
         stop_signal: str,
         *,
         nonce: str | None = None,
+        run_as: str | None = None,
     ) -> ProcessRecord | None:
-        """Spawn `argv` as a new process group; emits `started`, or `exited` if spawning failed.
+        """Spawn `argv` as a new process group (with isolation: as its own identity, in its own cgroup, see
+        nodeagent/spawn.py); emits `started`, or `exited` if spawning failed. `run_as` is the submitting person,
+        whose mapped Unix account the job uses if the node has one.
 
         Raises InvalidCommand for a bad job id or signal, or if the job already runs here.
         Failures of the spawn itself (missing executable, unwritable job dir) are reported, not raised.
@@ -228,23 +270,35 @@ class Runner:
         with self._lock:
             if job_id in self._jobs:
                 raise InvalidCommand("conflict", f"job {job_id} already runs on this node")
-        checkpoints = job_dir / "checkpoints"
-        child_env = dict(os.environ)
-        child_env.update({str(k): str(v) for k, v in env.items()})
-        # Set last so a job's own env cannot point it at GPUs or checkpoint paths it was not given.
-        child_env.update(
-            {
-                "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus),
-                "JOBGATE_JOB_ID": job_id,
-                "JOBGATE_CHECKPOINT_DIR": str(checkpoints),
-                "JOBGATE_CHECKPOINT_DONE": str(job_dir / "checkpoint.done"),
-            }
-        )
+            identity = None
+            if self.isolation is not None:
+                identity = self.isolation.identities.assign(run_as, self._uids_in_use())
+                self._reserved_uids.add(identity.uid)
         try:
-            checkpoints.mkdir(parents=True, exist_ok=True)
-            with (job_dir / "output.log").open("ab") as out:
+            with self._spawn_lock:
+                return self._spawn(job_id, job_dir, argv, gpus, env, grace_seconds, stop_signal, nonce, identity)
+        finally:
+            if identity is not None:
+                with self._lock:
+                    self._reserved_uids.discard(identity.uid)
+
+    def _spawn(self, job_id: str, job_dir: Path, argv: Sequence[str], gpus: Sequence[int], env: Mapping[str, str],
+               grace_seconds: float, stop_signal: str, nonce: str | None, identity: JobIdentity | None
+               ) -> ProcessRecord | None:
+        child_env = spawn.job_environment(env, job_id=job_id, job_dir=job_dir, gpus=gpus, identity=identity)
+        cgroup = None
+        try:
+            relative = "/" in argv[0] and not argv[0].startswith("/")  # resolved in the job's directory
+            if not relative and spawn.resolve_program(argv[0], child_env["PATH"]) is None:
+                raise FileNotFoundError(f"no program {argv[0]!r} on the job's PATH ({child_env['PATH']})")
+            owner = None if identity is None else (identity.uid, identity.gid)
+            jobdir.make(job_dir, owner)
+            if identity is not None and self.isolation is not None and self.isolation.cgroups is not None:
+                cgroup = self.isolation.cgroups.create(job_id)
+            chain = spawn.exec_chain(argv, identity, cgroup, self.isolation.setpriv if self.isolation else None)
+            with jobdir.open_log(job_dir, owner) as out:
                 popen = subprocess.Popen(
-                    list(argv),
+                    chain,
                     cwd=job_dir,
                     env=child_env,
                     stdin=subprocess.DEVNULL,
@@ -252,9 +306,13 @@ class Runner:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
+                    # What the job writes is its own alone: other jobs (other uids) cannot read it.
+                    umask=0o077 if identity is not None else -1,
                 )
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             log.warning("spawn failed job_id=%s error=%s", job_id, e)
+            if cgroup is not None:
+                cgroups.remove(cgroup)
             self._emit(job_id, "exited", nonce, pid=None, detail=f"spawn failed: {e}")
             return None
         stat = procgroup.read_stat(popen.pid)
@@ -269,6 +327,10 @@ class Runner:
             stop_signal=stop_signal,
             boot_id=self._boot_id,
             start_ticks=None if stat is None else stat.start_ticks,
+            uid=None if identity is None else identity.uid,
+            gid=None if identity is None else identity.gid,
+            allocated_uid=identity is not None and identity.allocated,
+            cgroup=None if cgroup is None else str(cgroup),
         )
         job = _Job(record=record, job_dir=job_dir, popen=popen)
         with self._lock:
@@ -298,7 +360,7 @@ class Runner:
         job.exited.set()
         # Gone unless the recorded group still lives: then it is a stranger's now, or the record was
         # edited; either way nobody may count its GPUs as free without a person looking.
-        self._finish(job, "exited", None, detail=detail, gone=not procgroup.group_alive(record.pgid))
+        self._finish(job, "exited", None, detail=detail, gone=not record.confinement.alive())
 
     # -- stop ----------------------------------------------------------------------------------------
 
@@ -390,7 +452,8 @@ class Runner:
     def _stop_job(self, job: _Job, sig: signal.Signals, grace: float, nonce: str | None, reason: str) -> None:
         record = job.record
         sent_at = time.time()
-        procgroup.signal_group(record.pgid, sig)
+        # The whole job hears it: with a cgroup or an allocated uid also what it started in other sessions.
+        record.confinement.signal(sig)
         self._emit(
             record.job_id,
             "stopping",
@@ -416,10 +479,8 @@ class Runner:
                 continue
             job.exited.wait(min(_POLL_SECONDS, max(0.0, deadline - now)))
         graceful = job.exited.is_set() and sig != signal.SIGKILL
-        # Also reaches stragglers a gracefully exited leader left behind in its group.
-        procgroup.signal_group(record.pgid, signal.SIGKILL)
-        job.exited.wait(_KILL_WAIT_SECONDS)
-        gone = _await_group_gone(record.pgid, _KILL_WAIT_SECONDS)
+        # Also reaches stragglers a gracefully exited leader left behind.
+        gone = _kill_whole(job)
         detail = "exited within the grace window" if graceful else "killed after the grace window"
         if settling:
             detail += " (checkpoint.done seen)"
@@ -461,8 +522,7 @@ class Runner:
         if finish_here:
             # The leader defines the job's life, as PID 1 does a container's: leftovers go with it,
             # else they would hold GPUs we report as released.
-            procgroup.signal_group(job.record.pgid, signal.SIGKILL)
-            gone = _await_group_gone(job.record.pgid, _KILL_WAIT_SECONDS)
+            gone = _kill_whole(job)
             self._finish(job, "exited", None, detail="exited on its own", gone=gone)
 
     def _finish(
@@ -481,9 +541,13 @@ class Runner:
         with job.lock:
             job.finishing = True
         record = job.record
-        strays = self._end_strays(job)
+        confinement = record.confinement
+        # A cgroup or an allocated uid holds everything the job started; only a bare process group has strays.
+        strays = self._end_strays(job) if confinement.kind == "process_group" else []
         gone = gone and all(s["ended"] for s in strays)
-        artifacts = evidence.scan_files(job.job_dir, "checkpoints")
+        # With isolation only the run's own files are read: never one a job linked in from elsewhere.
+        owner = record.uid if record.allocated_uid else None
+        artifacts = evidence.scan_files(job.job_dir, "checkpoints", owner=owner)
         ev = {
             "signal": signal_name,
             "signal_sent_at": sent_at,
@@ -496,13 +560,20 @@ class Runner:
             "gpus_released": list(record.gpus) if gone else [],
             "checkpoints": evidence.since(artifacts, sent_at),
             "artifacts": artifacts,
-            "log_tail": evidence.log_tail(job.job_dir / "output.log"),
+            "log_tail": evidence.log_tail(job.job_dir / "output.log", owner=owner),
+            "confinement": confinement.kind,
         }
         if strays:
             ev["strays"] = strays
+        if record.allocated_uid and record.uid is not None and gone:
+            jobdir.give_back(job.job_dir, record.uid)
+        if record.cgroup and gone:
+            cgroups.remove(Path(record.cgroup))
         with self._lock:
             if self._jobs.get(record.job_id) is job:
                 del self._jobs[record.job_id]
+            if record.allocated_uid and record.uid is not None and not gone:
+                self._lingering_uids.add(record.uid)  # never handed out while something of this run lives
         self._emit(record.job_id, event, nonce, pid=record.pid, detail=detail, evidence=ev)
 
     def _end_strays(self, job: _Job) -> list[dict[str, Any]]:
@@ -552,9 +623,11 @@ class Runner:
 
     def _reap_loop(self, interval: float) -> None:
         while not self._closed.wait(interval):
-            with self._lock:
-                pgids = {job.record.pgid for job in self._jobs.values()}
-            procgroup.reap_group_zombies(pgids)
+            # Under the spawn lock: a leader that exits before it is registered must stay its waiter's to reap.
+            with self._spawn_lock:
+                with self._lock:
+                    leaders = {job.popen.pid for job in self._jobs.values() if job.popen is not None}
+                procgroup.reap_orphans(leaders)
 
 
 def _adopted_alive(record: ProcessRecord) -> bool:
@@ -570,6 +643,18 @@ def _touched_since(path: Path, t: float) -> bool:
         return path.stat().st_mtime >= t - evidence.MTIME_SLACK_SECONDS
     except FileNotFoundError:
         return False
+
+
+def _kill_whole(job: _Job) -> bool:
+    """SIGKILL everything left of the job; True once nothing of it lives (zombies of ours reaped)."""
+    confinement = job.record.confinement
+    if confinement.kind != "process_group":
+        gone = confinement.kill(_KILL_WAIT_SECONDS)
+        job.exited.wait(_KILL_WAIT_SECONDS)
+        return gone
+    procgroup.signal_group(job.record.pgid, signal.SIGKILL)
+    job.exited.wait(_KILL_WAIT_SECONDS)
+    return _await_group_gone(job.record.pgid, _KILL_WAIT_SECONDS)
 
 
 def _await_group_gone(pgid: int, timeout: float) -> bool:

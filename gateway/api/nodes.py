@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, status
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
+from gateway import identity
 from gateway.api.deps import Ctx
 from gateway.models import Allocation, Node
 from gateway.stop_tables import AgentSession
@@ -15,12 +17,31 @@ from gateway.stop_tables import AgentSession
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
 
+class NodeEnrol(BaseModel):
+    """A node to add to the pool; its agent authenticates with the token the answer carries (once)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"id": "gpu-node-17", "gpus": 8}]})
+    id: str = Field(min_length=1, max_length=63, description="The node's name; must match JOBGATE_NODE_NAMES.")
+    gpus: int = Field(ge=0, le=1024, description="GPUs it offers (its agent reports the real count).")
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, summary="Enrol a node (platform admin)")
+def enrol_node(body: NodeEnrol, ctx: Ctx) -> dict[str, Any]:
+    """Add a node and mint its agent's token, shown once: put it in the agent's `state/token` (0600), never on a
+    command line. Names are those the site keeps for nodes (`JOBGATE_NODE_NAMES`); ledgered."""
+    with ctx.gw.transaction() as session:
+        issued = identity.enrol_node(ctx.gw, session, ctx.caller(session), body.id, body.gpus)
+    return {"id": body.id, "gpus": body.gpus, "token": issued.secret, "token_id": issued.id,
+            "expires_at": issued.expires_at.isoformat()}
+
+
 @router.get("", summary="Nodes, health and GPU use")
 def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
     """Every registered node: its state (alive, lost, ...), GPUs in all and in use, GPUs withheld on a lost
     node until it returns or on-call confirms its jobs stopped, whether it is degraded (its agent reports
     fewer GPUs than its jobs hold: it takes no new work until they fit), the jobs placed there, and when its
-    agent last spoke."""
+    agent last spoke, and how it keeps jobs apart (`isolation`: uid+cgroup, uid, or none: there jobs run as the
+    agent's own user and could act as the node; `unknown` until its agent said)."""
     with ctx.gw.transaction() as session:
         ctx.caller(session)
         used: dict[str, int] = defaultdict(int)
@@ -41,6 +62,7 @@ def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
              # As the scheduler sees it (gateway.scheduling._node_state).
              "degraded": top[n.id] >= n.gpus,
              "jobs": sorted(jobs[n.id]),
+             "isolation": n.isolation or "unknown",
              "agent_since": agents[n.id].since.isoformat() if n.id in agents else None,
              "last_heartbeat": n.last_heartbeat.isoformat() if n.last_heartbeat else None}
             for n in nodes

@@ -11,7 +11,7 @@ from gateway.cli.forensics import forensics_group
 from gateway.cli.identity import service_account_group, token_group
 from gateway.cli.jobs import job_group
 from gateway.cli.lifecycle import priority as _registers_job_priority_pause_resume  # noqa: F401
-from gateway.cli.nodes import nodes_cmd
+from gateway.cli.nodes import node_group, nodes_cmd
 from gateway.cli.policy import policy_group
 from gateway.cli.queue import queue_cmd, quota_group, stats_group
 from gateway.cli.roles import role_group
@@ -74,6 +74,7 @@ def cli() -> None:
 
 
 cli.add_command(up)
+cli.add_command(node_group)
 cli.add_command(demo_token)
 cli.add_command(job_group)
 cli.add_command(queue_cmd)

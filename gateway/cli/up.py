@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,21 +15,42 @@ import click
 
 from gateway.demo import DEMO_GPUS_PER_NODE, DEMO_NODES
 from gateway.settings import Settings
+from nodeagent.layout import private_state_dir
 
 if TYPE_CHECKING:
     from gateway.context import Gateway
 
 
-def _start_agents(data_dir: Path, url: str) -> list[subprocess.Popen[bytes]]:
+def demo_isolation(data_dir: Path) -> str | None:
+    """Why the demo's agents cannot isolate their jobs here (None: they can, each job under its own uid)."""
+    from nodeagent.errors import ConfigError
+    from nodeagent.isolation import reachable
+    from nodeagent.spawn import find_setpriv
+
+    if os.geteuid() != 0:
+        return "the gateway does not run as root, so its agents cannot give jobs identities of their own"
+    try:
+        find_setpriv()
+        reachable(data_dir / "agents")
+    except ConfigError as e:
+        return e.detail
+    return None
+
+
+def _start_agents(data_dir: Path, url: str, *, isolate: bool) -> list[subprocess.Popen[bytes]]:
     procs = []
     for node in DEMO_NODES:
         work = data_dir / "agents" / node
-        log = open(work / "agent.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        state = private_state_dir(work)
+        log = open(state / "agent.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        # The work dir goes in the environment, not the command line, which every process on the node can read.
+        env = {**os.environ, "JOBGATE_AGENT_WORK_DIR": str(work)}
+        if not isolate:
+            env["JOBGATE_AGENT_UNSAFE_JOBS_SHARE_AGENT_UID"] = "1"
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "nodeagent", "--node", node, "--gpus", str(DEMO_GPUS_PER_NODE),
-             "--gateway", url, "--token-file", str(work / "token"),
-             "--command-key", str(data_dir / "keys" / "command.pub"), "--work-dir", str(work)],
-            stdout=log, stderr=subprocess.STDOUT,
+             "--gateway", url, "--command-key", str(data_dir / "keys" / "command.pub")],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
         ))
     return procs
 
@@ -202,7 +224,10 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     agents: list[subprocess.Popen[bytes]] = []
     if demo:
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
-        agents = _start_agents(data_dir, url)
+        unisolated = demo_isolation(data_dir)
+        if unisolated:
+            click.echo(f"node agents: isolation none ({unisolated}): every demo job runs as your own user")
+        agents = _start_agents(data_dir, url, isolate=unisolated is None)
     click.echo(_banner(url, settings, demo))
 
     def _terminate(*_: object) -> None:

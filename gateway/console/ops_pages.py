@@ -77,7 +77,8 @@ def _nodes(session: object) -> list[dict[str, object]]:
         used[node] = used.get(node, 0) + len(gpus)
     agents = {a.node: a for a in session.scalars(select(AgentSession)).all()}
     return [{"id": n.id, "state": n.state, "gpus": n.gpus, "used": used.get(n.id, 0),
-             "last_heartbeat": n.last_heartbeat, "agent_since": agents[n.id].since if n.id in agents else None}
+             "last_heartbeat": n.last_heartbeat, "agent_since": agents[n.id].since if n.id in agents else None,
+             "isolation": n.isolation or "unknown"}
             for n in session.scalars(select(Node).order_by(Node.id)).all()]
 
 

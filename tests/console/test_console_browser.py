@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 from console_browser_kit import browser
 from e2e_testkit import System, wait_for
+from job_host import JOB_PYTHON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -63,10 +63,10 @@ def test_console_researcher_approver_auditor(demo_system: System, tmp_path: Path
     alice = demo_system.client("alice")
     # Two 8-GPU nodes: a 16-GPU gang runs, the next 8-GPU job waits first in line.
     big = alice.post("/v1/jobs", json={"name": "resnet-big", "project": "vision", "gpus_per_node": 8, "nodes": 2,
-                                       "command": [sys.executable, str(script)]}).json()["id"]
+                                       "command": [JOB_PYTHON, str(script)]}).json()["id"]
     wait_for(lambda: alice.get(f"/v1/jobs/{big}").json()["state"] == "running", 30, "the big job to run")
     waiting = alice.post("/v1/jobs", json={"name": "resnet-next", "project": "vision", "gpus_per_node": 8,
-                                           "nodes": 1, "command": [sys.executable, str(script)]}).json()["id"]
+                                           "nodes": 1, "command": [JOB_PYTHON, str(script)]}).json()["id"]
     wait_for(lambda: alice.get(f"/v1/jobs/{waiting}/queue").json()["position"] == 1, 30,
              "the waiting job's queue position")
 
@@ -97,7 +97,7 @@ def test_console_researcher_approver_auditor(demo_system: System, tmp_path: Path
         ci.headers["X-Jobgate-Trigger"] = "ci/nightly#42"
         ci_job = ci.post("/v1/jobs", json={"name": "nightly-eval", "project": "vision", "gpus_per_node": 4,
                                            "nodes": 1,
-                                           "command": [sys.executable, str(script)]}).json()["id"]
+                                           "command": [JOB_PYTHON, str(script)]}).json()["id"]
         wait_for(lambda: alice.get(f"/v1/jobs/{ci_job}").json()["state"] == "running", 60,
                  "the CI job to run")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from job_host import searchable_by_jobs
 
 JOBGATE = [sys.executable, "-m", "gateway.cli"]
 
@@ -88,6 +89,7 @@ def kill_workloads(data_dir: Path) -> None:
 def demo_system(tmp_path: Path) -> Iterator[System]:
     port = free_port()
     data_dir = tmp_path / "var"
+    searchable_by_jobs(tmp_path)  # the demo's agents run each job under a uid of its own (as root, in CI)
     log = open(tmp_path / "gateway.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([*JOBGATE, "up", "--demo", "--port", str(port), "--data-dir", str(data_dir)],
                             stdout=log, stderr=subprocess.STDOUT)

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import uvicorn
+from job_host import searchable_by_jobs
 
 from gateway.app import create_app
 from gateway.db import Database
@@ -32,6 +33,7 @@ from gateway.keys import load_or_create_command_key
 from gateway.models import Node, Principal
 from gateway.settings import Settings
 from gateway.tokens import issue_token
+from nodeagent.layout import private_state_dir
 
 
 def free_port() -> int:
@@ -76,14 +78,17 @@ class Cluster:
     def work_dir(self, node: str) -> Path:
         return self.data_dir / "agents" / node
 
-    def start_agent(self, node: str) -> subprocess.Popen[bytes]:
+    def start_agent(self, node: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """A real agent process; as root (CI) each of its jobs runs under a uid and in a cgroup of its own."""
         work = self.work_dir(node)
-        log = open(work / "agent.log", "ab")  # noqa: SIM115 - the child owns it
+        log = open(private_state_dir(work) / "agent.log", "ab")  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(
             [sys.executable, "-m", "nodeagent", "--node", node, "--gpus", str(self.gpus), "--gateway", self.url,
-             "--token-file", str(work / "token"), "--command-key", str(self.data_dir / "keys" / "command.pub"),
-             "--work-dir", str(work), "--poll-wait", "10", "--heartbeat-interval", "0.5"],
+             "--command-key", str(self.data_dir / "keys" / "command.pub"), "--poll-wait", "10",
+             "--heartbeat-interval", "0.5", *([] if os.geteuid() == 0 else ["--unsafe-jobs-share-agent-uid"]),
+             *extra],
             stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "JOBGATE_AGENT_WORK_DIR": str(work), **(env or {})},
         )
         log.close()
         self.agents[node] = proc
@@ -128,7 +133,7 @@ class Cluster:
 
 def kill_leftover_jobs(data_dir: Path) -> None:
     """Jobs outlive their agents by design; a test must not leave them behind."""
-    for records in data_dir.glob("agents/*/processes.json"):
+    for records in data_dir.glob("agents/*/state/processes.json"):
         try:
             data = json.loads(records.read_text())
         except (OSError, ValueError):
@@ -136,11 +141,15 @@ def kill_leftover_jobs(data_dir: Path) -> None:
         for rec in data.values() if isinstance(data, dict) else data:
             with contextlib.suppress(ProcessLookupError, PermissionError, KeyError, TypeError, ValueError):
                 os.killpg(int(rec["pgid"]), signal.SIGKILL)
+            with contextlib.suppress(OSError, KeyError, TypeError):
+                if rec.get("cgroup"):
+                    Path(rec["cgroup"], "cgroup.kill").write_text("1")
 
 
 def start_cluster(data_dir: Path, nodes: int, gpus: int = 16, *, prefix: str = "sn",
                   settings_overrides: dict[str, Any] | None = None, start_agents: bool = True) -> Cluster:
     data_dir.mkdir(parents=True, exist_ok=True)
+    searchable_by_jobs(data_dir)  # its agents run each job under a uid of its own (as root, in CI)
     port = free_port()
     values: dict[str, Any] = {"node_heartbeat_timeout_s": 3.0, "scheduler_interval_s": 0.2,
                               **(settings_overrides or {})}
@@ -160,7 +169,7 @@ def start_cluster(data_dir: Path, nodes: int, gpus: int = 16, *, prefix: str = "
             session.flush()
             secret = issue_token(session, node, purpose="node agent", now=now, lifetime=timedelta(days=1),
                                  actions=["agent"]).secret
-            write_secret_text(data_dir / "agents" / node / "token", secret)
+            write_secret_text(private_state_dir(data_dir / "agents" / node) / "token", secret)
         # Only this cluster's agents: the demo nodes would count as lost capacity.
         for demo in ("demo-node-1", "demo-node-2"):
             row = session.get(Node, demo)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from e2e_testkit import System, wait_for
+from job_host import JOB_PYTHON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -65,7 +65,7 @@ def test_urgent_job_preempts_a_borrowed_job_which_checkpoints_and_resumes(
     mallory, carol = sysd.client("mallory"), sysd.client("carol")
 
     def submit(client, **spec) -> str:  # type: ignore[no-untyped-def]
-        r = client.post("/v1/jobs", json={"command": [sys.executable, str(script)], "grace_seconds": 20, **spec})
+        r = client.post("/v1/jobs", json={"command": [JOB_PYTHON, str(script)], "grace_seconds": 20, **spec})
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
@@ -81,7 +81,7 @@ def test_urgent_job_preempts_a_borrowed_job_which_checkpoints_and_resumes(
     log = sysd.data_dir / "agents" / node / "jobs" / lent / "output.log"
 
     r = carol.post("/v1/jobs", json={"name": "urgent-eval", "project": "vision", "queue": "urgent",
-                                     "gpus_per_node": 8, "command": [sys.executable, "-c", SHORT_URGENT_JOB]})
+                                     "gpus_per_node": 8, "command": [JOB_PYTHON, "-c", SHORT_URGENT_JOB]})
     assert r.status_code == 201, r.text
     urgent = r.json()["id"]
 

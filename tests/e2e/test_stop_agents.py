@@ -14,6 +14,7 @@ from typing import Any
 
 import nacl.signing
 import pytest
+from job_host import JOB_PYTHON
 from sqlalchemy import select
 from stop_testkit import Cluster, start_cluster, submit, wait_for
 
@@ -87,7 +88,7 @@ def gpus_used(cluster: Cluster, node: str) -> int:
 def script(tmp_path: Path, name: str, text: str) -> list[str]:
     path = tmp_path / name
     path.write_text(text)
-    return [sys.executable, str(path)]
+    return [JOB_PYTHON, str(path)]
 
 
 def test_graceful_with_checkpoint_and_forced_after_window(one_node: Cluster, tmp_path: Path) -> None:
@@ -208,7 +209,7 @@ def test_forged_and_replayed_commands_are_refused_and_reported(one_node: Cluster
     with gw.transaction() as session:
         assert session.get(CommandAck, cmd.nonce) is not None  # the refusal counts as delivery
     assert transitions_of(one_node, job_id).count("running") == 1
-    log = (one_node.work_dir("solo-1") / "agent.log").read_text()
+    log = (one_node.work_dir("solo-1") / "state" / "agent.log").read_text()
     assert "command rejected" in log and "forged" in log and "replayed" in log
     with gw.transaction() as session:
         alerts = [n.body for n in session.scalars(select(Notification).where(Notification.kind == "command_rejected"))]

@@ -9,7 +9,6 @@ import signal
 import sqlite3
 import stat
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_testkit import JOBGATE, System, wait_for
+from job_host import JOB_PYTHON
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -43,7 +43,7 @@ def test_submit_refuse_stop_audit_and_tamper(demo_system: System, tmp_path: Path
 
     # alice submits through the CLI, as a new user would.
     out = sysd.cli("alice", "job", "submit", "--name", "resnet", "--project", "vision", "--gpus", "2",
-                   "--grace", "20", "--json", "--", sys.executable, str(script))
+                   "--grace", "20", "--json", "--", JOB_PYTHON, str(script))
     job_id = json.loads(out.stdout)["id"]
     alice = sysd.client("alice")
     job = wait_for(lambda: (j := alice.get(f"/v1/jobs/{job_id}").json())["state"] == "running" and j, 30,
@@ -103,7 +103,7 @@ def test_submit_refuse_stop_audit_and_tamper(demo_system: System, tmp_path: Path
 def test_the_system_shuts_down_cleanly_while_agents_long_poll(demo_system: System, tmp_path: Path) -> None:
     """SIGTERM (or Ctrl-C) ends `jobgate up` with its agents: long polls are released at once instead of
     being cancelled after the graceful timeout, which printed an ASGI traceback on every shutdown."""
-    token = (demo_system.data_dir / "agents" / "demo-node-1" / "token").read_text().strip()
+    token = (demo_system.data_dir / "agents" / "demo-node-1" / "state" / "token").read_text().strip()
     answers: list[int] = []
 
     def poll() -> None:  # one more long poll, certain to be waiting when the signal comes
@@ -126,7 +126,7 @@ def test_stopping_the_demo_says_which_jobs_keep_running(demo_system: System, tmp
     """Ctrl-C on `jobgate up --demo` ends the gateway and its agents but not their jobs' processes (on purpose:
     an agent restart must not kill training). It used to end in silence, leaving them running unseen."""
     out = demo_system.cli("alice", "job", "submit", "--name", "sleeper", "--project", "vision", "--gpus", "1",
-                          "--json", "--", sys.executable, "-c", "import time; time.sleep(600)")
+                          "--json", "--", JOB_PYTHON, "-c", "import time; time.sleep(600)")
     job_id = json.loads(out.stdout)["id"]
     alice = demo_system.client("alice")
     wait_for(lambda: alice.get(f"/v1/jobs/{job_id}").json()["state"] == "running", 30, "the job to run")

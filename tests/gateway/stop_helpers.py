@@ -21,7 +21,7 @@ class FakeAgent:
 
     @property
     def token(self) -> str:
-        return (self.api.settings.data_dir / "agents" / self.node / "token").read_text().strip()
+        return (self.api.settings.data_dir / "agents" / self.node / "state" / "token").read_text().strip()
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}

@@ -405,7 +405,7 @@ def sweep(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     try:
         prepare_demo(settings)
         tokens = json.loads((data_dir / "demo-tokens.json").read_text())
-        tokens["demo-node-1"] = (data_dir / "agents" / "demo-node-1" / "token").read_text().strip()
+        tokens["demo-node-1"] = (data_dir / "agents" / "demo-node-1" / "state" / "token").read_text().strip()
         # A 5xx comes back as a response to assert on, not as the exception behind it.
         with TestClient(create_app(settings, run_scheduler=False), raise_server_exceptions=False) as client:
             api = Api(client, tokens, settings)

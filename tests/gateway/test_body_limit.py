@@ -38,7 +38,7 @@ def test_a_chunked_body_is_counted_and_refused_at_the_ceiling_and_nothing_is_sub
 
 
 def test_node_agents_may_send_more_for_stop_evidence_but_not_without_bound(api: Api) -> None:
-    token = (api.settings.data_dir / "agents" / "demo-node-1" / "token").read_text().strip()
+    token = (api.settings.data_dir / "agents" / "demo-node-1" / "state" / "token").read_text().strip()
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
     def heartbeat(pad: int) -> bytes:

@@ -75,6 +75,7 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/service-accounts"): Case("ledgered", "alice", body={"name": "guard-bot", "project": "vision"}),
     ("POST", "/v1/break-glass/{grant_id}/revoke"): Case("ledgered", "dave"),
     ("POST", "/v1/notifications/{notification_id}/ack"): Case("ledgered", "alice"),
+    ("POST", "/v1/nodes"): Case("ledgered", "erin", body={"id": "guard-node-1", "gpus": 8}),
     # The node agents' channel: only a node's own token; a person is refused.
     ("POST", "/v1/agents/{node_id}/heartbeat"): Case("node", "dave", body={"gpus": 8}),
     ("POST", "/v1/agents/{node_id}/reports"): Case("node", "dave", body={"reports": []}),

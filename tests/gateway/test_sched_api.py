@@ -10,7 +10,7 @@ from typing import Any
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 
-from gateway.models import Allocation, Job, Principal, RoleBinding
+from gateway.models import Allocation, Job, NodeCommand, Principal, RoleBinding
 from gateway.notifications import Notification
 from gateway.policy.engine import RoleBinding as PolicyBinding
 from gateway.quotas import apply_change
@@ -20,7 +20,7 @@ from gateway.tokens import issue_token
 
 
 def node_headers(api: Api, node: str) -> dict[str, str]:
-    token = (api.settings.data_dir / "agents" / node / "token").read_text().strip()
+    token = (api.settings.data_dir / "agents" / node / "state" / "token").read_text().strip()
     return {"Authorization": f"Bearer {token}"}
 
 
@@ -32,10 +32,24 @@ def bring_up_nodes(api: Api) -> None:
 
 
 def report(api: Api, node: str, job_id: str, event: str, **extra: Any) -> None:
+    """Report as the node's agent would; a stop's events carry the nonce of the last stop sent there for the job."""
     now = api.gateway.clock().timestamp()
+    if event in ("stopping", "stopped") and "nonce" not in extra:
+        extra["nonce"] = last_stop_nonce(api, node, job_id)
     r = api.client.post(f"/v1/agents/{node}/reports", headers=node_headers(api, node),
                         json={"reports": [{"job_id": job_id, "event": event, "at": now, **extra}]})
     assert r.status_code == 200, r.text
+
+
+def last_stop_nonce(api: Api, node: str, job_id: str) -> str | None:
+    """The nonce of the newest stop of `job_id` sent to `node`, or of the newest reconcile asking it stopped there."""
+    with api.gateway.transaction(immediate=False) as s:
+        commands = s.scalars(select(NodeCommand).where(NodeCommand.node == node, NodeCommand.kind.in_(
+            ("stop", "reconcile"))).order_by(NodeCommand.created_at.desc())).all()
+        for c in commands:
+            if (c.kind == "stop" and c.job_id == job_id) or job_id in (c.envelope_params().get("stop") or []):
+                return c.nonce
+    return None
 
 
 def job(api: Api, job_id: str) -> dict[str, Any]:

@@ -21,15 +21,15 @@ def agent(api: Api) -> FakeAgent:
 
 @pytest.fixture
 def settled(agent: FakeAgent) -> FakeAgent:
-    """An agent whose start-up reconcile was acknowledged (a real agent's nonce store answers `replayed`)."""
+    """An agent whose start-up reconcile was carried out and acknowledged, as a real agent does."""
     (rec,) = agent.take()
-    agent.report("", "rejected", rec["nonce"], detail="replayed: nonce already used")
+    agent.report("", "reconciled", rec["nonce"], detail="0 running, 0 to stop, 0 missing")
     return agent
 
 
 def test_agent_start_gets_a_signed_reconcile(api: Api, agent: FakeAgent) -> None:
     (cmd,) = agent.take()
-    assert cmd["kind"] == "reconcile" and cmd["params"] == {"expected": [], "stop": []}
+    assert cmd["kind"] == "reconcile" and cmd["params"] == {"expected": [], "stop": [], "pending": []}
     pub = nacl.signing.VerifyKey(bytes(api.gateway.command_key.verify_key))
     verified = verify_command(cmd["envelope"], pub, node="demo-node-1", now=cmd["issued_at"],
                               seen_nonce=lambda _n: False)
@@ -137,13 +137,18 @@ def test_commands_are_resent_until_acknowledged(api: Api, agent: FakeAgent) -> N
     shift_clock(api, agents.RESEND_AFTER_S + 1)
     (again,) = agent.take()
     assert again["envelope"] == first["envelope"]  # the very same signed envelope, same nonce
-    # The agent already has that nonce: `rejected: replayed` is its acknowledgement.
+    # A reconcile stops jobs: a "rejected" answer, even `replayed`, never acknowledges it, so it goes out again.
     agent.report("", "rejected", first["nonce"], detail="replayed: nonce already used")
+    shift_clock(api, agents.RESEND_AFTER_S + 1)
+    (third,) = agent.take()
+    assert third["nonce"] == first["nonce"]
+    # The agent's `reconciled` does.
+    agent.report("", "reconciled", first["nonce"], detail="0 running, 0 to stop, 0 missing")
     shift_clock(api, agents.RESEND_AFTER_S + 1)
     assert agent.take() == []
     refusals = [e["body"] for e in ledger(api) if e["kind"] == "agent_report"]
-    assert refusals[-1]["acknowledgement"] is True
-    assert not any(n["kind"] == "command_rejected" for n in notices(api, "dave"))
+    assert refusals[-1]["acknowledgement"] is False and refusals[-1]["stop_resent"] is True
+    assert not any(n["kind"] == "command_rejected" for n in notices(api, "dave"))  # the agent has it: no alarm
 
 
 def test_rejected_report_without_job_or_nonce_is_recorded_and_alerted(api: Api, agent: FakeAgent) -> None:
@@ -179,7 +184,7 @@ def test_lost_node_withholds_gpus_then_reconciles_when_it_returns(api: Api, sett
     agent.beat(running=[job_id])
     assert api.get(f"/v1/jobs/{job_id}", "alice").json()["state"] == "running"
     (rec,) = agent.take()
-    assert rec["kind"] == "reconcile" and rec["params"] == {"expected": [job_id], "stop": []}
+    assert rec["kind"] == "reconcile" and rec["params"] == {"expected": [job_id], "stop": [], "pending": []}
     assert transitions(api, job_id)[-2:] == ["lost", "running"]
 
 
@@ -194,7 +199,7 @@ def test_on_call_confirms_a_lost_job_and_the_returning_node_is_told_to_stop_it(a
     agent.instance = "inst-2"  # the agent restarted while away
     agent.beat(running=[job_id])
     (rec,) = agent.take()
-    assert rec["params"] == {"expected": [], "stop": [job_id]}
+    assert rec["params"] == {"expected": [], "stop": [job_id], "pending": []}
     # The node's late evidence is kept, the job stays as the person confirmed it.
     agent.report(job_id, "stopped", rec["nonce"], evidence=stopped_evidence(outcome="forced"))
     assert api.get(f"/v1/jobs/{job_id}", "alice").json()["outcome"] == "confirmed"

@@ -30,7 +30,7 @@ def test_long_polls_do_not_starve_api_calls(one_thread_gateway: tuple[TestClient
     client, data_dir = one_thread_gateway
     alice = json.loads((data_dir / "demo-tokens.json").read_text())["alice"]
     node = DEMO_NODES[0]
-    node_token = (data_dir / "agents" / node / "token").read_text().strip()
+    node_token = (data_dir / "agents" / node / "state" / "token").read_text().strip()
     finished: list[str] = []
     bus = client.app.state.gateway.bus
     waiting = threading.Semaphore(0)

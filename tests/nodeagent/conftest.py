@@ -35,8 +35,8 @@ def signing_key() -> nacl.signing.SigningKey:
 
 
 @pytest.fixture
-def gateway() -> Iterator[FakeGateway]:
-    g = FakeGateway()
+def gateway(signing_key: nacl.signing.SigningKey) -> Iterator[FakeGateway]:
+    g = FakeGateway(signing_key)
     yield g
     g.close()
 

@@ -17,8 +17,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import nacl.signing
+from job_host import JOB_PYTHON, searchable_by_jobs
 
-from nodeagent import protocol
+from nodeagent import cgroups, protocol
+from nodeagent.layout import private_state_dir
 from nodeagent.runner import RunnerEvent
 
 TOKEN = "node-token-for-tests"
@@ -37,8 +39,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = 
 
 
 def py(code: str) -> list[str]:
-    """argv running `code` in this interpreter."""
-    return [sys.executable, "-c", code]
+    """argv running `code` in the node's own interpreter (a job under a uid of its own can run that one)."""
+    return [JOB_PYTHON, "-c", code]
 
 
 class EventLog:
@@ -78,9 +80,11 @@ def command(
     node: str = "node-a",
     ttl: float = 60.0,
     nonce: str | None = None,
+    issued_in: float = 0.0,
     **params: Any,
 ) -> dict[str, str]:
-    now = time.time()
+    """A command signed with `key`, issued `issued_in` seconds from now (a clock ahead), valid `ttl` seconds."""
+    now = time.time() + issued_in
     cmd = protocol.Command(
         kind=kind,
         node=node,
@@ -103,7 +107,13 @@ def nonce_of(envelope: dict[str, str]) -> str:
 class FakeGateway:
     """The three agent endpoints, in a thread on 127.0.0.1, recording what the agent sends."""
 
-    def __init__(self) -> None:
+    def __init__(self, key: nacl.signing.SigningKey | None = None) -> None:
+        # With the command key it answers a new agent instance's first heartbeat with a reconcile, as the real
+        # gateway does: an agent obeys no start before it.
+        self.key = key
+        self.instances: set[str] = set()
+        # Nonces pushed that no report has answered yet: what the real gateway lists as in flight.
+        self.inflight: dict[str, str] = {}
         self.reports: list[dict[str, Any]] = []
         self.heartbeats: list[dict[str, Any]] = []
         self.pending: dict[str, list[Any]] = {}
@@ -165,6 +175,7 @@ class FakeGateway:
                 if what == "heartbeat":
                     with gateway._cond:
                         gateway.heartbeats.append(body)
+                    gateway._reconcile_new(_node, body)
                     self._reply(200, {"ok": True})
                 elif what == "reports":
                     if gateway.refuse_reports:
@@ -176,6 +187,8 @@ class FakeGateway:
                         return
                     with gateway._cond:
                         gateway.reports.extend(body["reports"])
+                        for r in body["reports"]:
+                            gateway.inflight.pop(str(r.get("nonce")), None)
                     self._reply(200, {"ok": True})
                 else:
                     self._reply(404, {})
@@ -186,8 +199,20 @@ class FakeGateway:
         self._thread.start()
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
+    def _reconcile_new(self, node: str, beat: dict[str, Any]) -> None:
+        instance = str(beat.get("instance", ""))
+        if self.key is None or instance in self.instances:
+            return
+        self.instances.add(instance)
+        with self._cond:
+            pending = sorted(n for n, to in self.inflight.items() if to == node)
+        running = [str(r["job_id"]) for r in beat.get("running", [])]
+        self.push(command(self.key, "reconcile", "", node=node, expected=running, stop=[], pending=pending), node)
+
     def push(self, envelope: Any, node: str = "node-a") -> None:
         with self._cond:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                self.inflight[nonce_of(envelope)] = node
             self.pending.setdefault(node, []).append(envelope)
             self._cond.notify_all()
 
@@ -210,8 +235,8 @@ class AgentProcess:
 
     def __init__(self, tmp_path: Path, gateway_url: str, key: nacl.signing.SigningKey) -> None:
         self.work_dir = tmp_path / "agent"
-        self.token_file = tmp_path / "token"
-        self.token_file.write_text(TOKEN + "\n")
+        searchable_by_jobs(tmp_path)
+        (private_state_dir(self.work_dir) / "token").write_text(TOKEN + "\n")
         self.key_file = tmp_path / "command.key"
         self.key_file.write_text(base64.b64encode(bytes(key.verify_key)).decode() + "\n")
         self.gateway_url = gateway_url
@@ -233,22 +258,31 @@ class AgentProcess:
                     "8",
                     "--gateway",
                     self.gateway_url,
-                    "--token-file",
-                    str(self.token_file),
                     "--command-key",
                     str(self.key_file),
-                    "--work-dir",
-                    str(self.work_dir),
                     "--poll-wait",
                     "1",
                     "--heartbeat-interval",
                     "0.2",
+                    # Not root (a developer's laptop): jobs can only run as the test's own user.
+                    *([] if os.geteuid() == 0 else ["--unsafe-jobs-share-agent-uid"]),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
+                # As a deployment should: a command line is readable by every process on the node.
+                env={**os.environ, "JOBGATE_AGENT_WORK_DIR": str(self.work_dir)},
                 cwd=Path(__file__).resolve().parents[2],
             )
+
+    def wait_reconciled(self, timeout: float = 10.0) -> None:
+        """Until the agent obeyed the reconcile its gateway sends a new instance (it obeys no start before)."""
+        wait_until(lambda: '"kind": "reconcile"' in self.stderr(), timeout, "the agent to be reconciled")
+
+    @staticmethod
+    def expected_isolation() -> str:
+        """What a root agent on this host gives its jobs: cgroup v2 where the host has it."""
+        return "uid+cgroup" if cgroups.cgroup2_mount() is not None else "uid"
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM the agent and return its exit code."""
@@ -264,7 +298,7 @@ class AgentProcess:
         return self.stderr_path.read_text() if self.stderr_path.exists() else ""
 
     def kill_leftover_jobs(self) -> None:
-        path = self.work_dir / "processes.json"
+        path = self.work_dir / "state" / "processes.json"
         if path.exists():
             for record in json.loads(path.read_text()).values():
                 with contextlib.suppress(ProcessLookupError, PermissionError):

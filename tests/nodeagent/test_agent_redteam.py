@@ -157,7 +157,7 @@ def test_edited_process_record_does_not_make_a_stranger_adoptable(harness: Harne
     try:
         harness.agent.handle_envelope(command(harness.key, "start", "forger", argv=SLEEPER, gpus=[0]))
         job_pid = harness.wait("forger", "started")["pid"]
-        path = harness.work_dir / "processes.json"
+        path = harness.work_dir / "state" / "processes.json"
         records = json.loads(path.read_text())
         stat = procgroup.read_stat(victim.pid)
         assert stat is not None
@@ -202,7 +202,7 @@ def test_deletion_report_without_a_delete_command_for_that_node_is_not_ledgered(
     settings = Settings(data_dir=tmp_path / "gw")
     prepare_demo(settings)
     alice = json.loads((settings.data_dir / "demo-tokens.json").read_text())["alice"]
-    node_token = {n: (settings.data_dir / "agents" / n / "token").read_text().strip() for n in DEMO_NODES}
+    node_token = {n: (settings.data_dir / "agents" / n / "state" / "token").read_text().strip() for n in DEMO_NODES}
 
     with TestClient(create_app(settings, run_scheduler=False)) as client:
         def as_node(node: str) -> dict[str, str]:

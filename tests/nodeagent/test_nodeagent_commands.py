@@ -16,6 +16,7 @@ import nacl.signing
 import pytest
 from nodeagent_testkit import command, nonce_of, py, wait_until
 
+from nodeagent import protocol
 from nodeagent.agent import Agent, AgentConfig
 
 pytestmark = pytest.mark.integration
@@ -57,6 +58,9 @@ class Harness:
         config = AgentConfig(node="node-a", gpus=8, work_dir=self.work_dir, poll_wait=0.1)
         agent = Agent(config, InProcessGateway(), self.key.verify_key)
         agent.recover()
+        # What the gateway sends a new agent instance first: no start is obeyed before it.
+        running = [r.job_id for r in agent.runner.running()]
+        agent.handle_envelope(command(self.key, "reconcile", "", expected=running, stop=[], pending=[]))
         self.agents.append(agent)
         self.agent = agent
         return agent
@@ -88,7 +92,8 @@ def harness(tmp_path: Path, signing_key: nacl.signing.SigningKey) -> Iterator[Ha
 
 
 def start(key: nacl.signing.SigningKey, job_id: str, **kw: Any) -> dict[str, str]:
-    return command(key, "start", job_id, argv=SLEEPER, gpus=[0], grace_seconds=1, stop_signal="SIGTERM", **kw)
+    return command(key, "start", job_id, **{"argv": SLEEPER, "gpus": [0], "grace_seconds": 1, "stop_signal": "SIGTERM",
+                                            **kw})
 
 
 def assert_never_ran(h: Harness, job_id: str) -> None:
@@ -102,10 +107,14 @@ def assert_never_ran(h: Harness, job_id: str) -> None:
         (lambda key: start(nacl.signing.SigningKey.generate(), "j-forged"), "forged"),
         (lambda key: start(key, "j-expired", ttl=-5), "expired"),
         (lambda key: start(key, "j-misaddressed", node="node-b"), "misaddressed"),
+        # Replay protection that does not rest on the nonce store alone: issue time and lifetime are bounded.
+        (lambda key: start(key, "j-future", issued_in=protocol.MAX_CLOCK_SKEW_S + 60), "future"),
+        (lambda key: start(key, "j-forever", ttl=protocol.MAX_COMMAND_TTL_S + 60), "lifetime"),
         (lambda key: {"payload": "{}", "signature": "not base64!"}, "malformed"),
         (lambda key: "not even an object", "malformed"),
     ],
-    ids=["forged", "expired", "misaddressed", "bad-signature-encoding", "not-an-object"],
+    ids=["forged", "expired", "misaddressed", "from-the-future", "valid-too-long", "bad-signature-encoding",
+         "not-an-object"],
 )
 def test_bad_envelopes_are_rejected_and_never_run(harness: Harness, make: Any, reason: str) -> None:
     envelope = make(harness.key)
@@ -120,6 +129,34 @@ def test_bad_envelopes_are_rejected_and_never_run(harness: Harness, make: Any, r
         # An unverifiable payload's nonce is attacker-chosen and is not echoed back.
         assert report["nonce"] == (None if reason == "forged" else nonce_of(envelope))
     assert harness.agent.runner.running() == []
+
+
+def test_no_start_is_obeyed_before_the_reconcile_and_then_only_those_it_lists(
+    tmp_path: Path, signing_key: nacl.signing.SigningKey
+) -> None:
+    """An agent whose state was lost (here: a fresh one) cannot be made to run an old start again: starts wait for
+    the gateway's reconcile, which lists the commands still in flight; an older one it does not list is stale."""
+    agent = Agent(AgentConfig(node="node-a", gpus=8, work_dir=tmp_path / "agent"), InProcessGateway(),
+                  signing_key.verify_key)
+    listed, unlisted = start(signing_key, "j-listed", gpus=[0]), start(signing_key, "j-unlisted", gpus=[1])
+    for envelope in (listed, unlisted, listed):  # the gateway hands an unanswered command out again
+        agent.handle_envelope(envelope)
+    assert agent.runner.running() == [] and agent.outbox.peek(10) == []
+    agent.handle_envelope(command(signing_key, "reconcile", "", expected=[], stop=[], pending=[nonce_of(listed)]))
+    later = start(signing_key, "j-later", gpus=[2])  # issued after the reconcile: obeyed
+    agent.handle_envelope(later)
+    try:
+        events = {(r["job_id"], r["event"]) for r in agent.outbox.peek(100)}
+        assert {("j-listed", "started"), ("j-later", "started"), ("j-unlisted", "rejected"), ("", "reconciled")} \
+            <= events
+        assert ("j-unlisted", "started") not in events
+        [stale] = [r for r in agent.outbox.peek(100) if r["event"] == "rejected"]
+        assert stale["detail"].startswith("stale: ") and stale["nonce"] == nonce_of(unlisted)
+    finally:
+        for record in agent.runner.running():
+            agent.runner.stop(record.job_id, 0)
+        agent.runner.join_stops(10)
+        agent.runner.close()
 
 
 def test_replayed_command_is_rejected_also_after_restart(harness: Harness) -> None:
@@ -138,7 +175,7 @@ def test_replayed_command_is_rejected_also_after_restart(harness: Harness) -> No
     assert rejected["detail"].startswith("replayed: ")
     assert rejected["nonce"] == nonce_of(envelope)
     assert harness.agent.runner.get("j-replay") is None
-    assert nonce_of(envelope) in json.loads((harness.work_dir / "nonces.json").read_text())
+    assert nonce_of(envelope) in json.loads((harness.work_dir / "state" / "nonces.json").read_text())
 
     # A restarted agent reads nonces.json and still refuses both commands.
     restarted = harness.new_agent()
@@ -153,9 +190,10 @@ def test_replayed_command_is_rejected_also_after_restart(harness: Harness) -> No
 
 def test_expired_nonces_are_pruned(harness: Harness) -> None:
     harness.agent.nonces.remember("old", expires_at=1.0)
-    harness.agent.handle_envelope(command(harness.key, "stop", "nobody", grace_seconds=0))
-    stored = json.loads((harness.work_dir / "nonces.json").read_text())
-    assert "old" not in stored and len(stored) == 1
+    stop = command(harness.key, "stop", "nobody", grace_seconds=0)
+    harness.agent.handle_envelope(stop)
+    stored = json.loads((harness.work_dir / "state" / "nonces.json").read_text())
+    assert "old" not in stored and nonce_of(stop) in stored
 
 
 @pytest.mark.parametrize(
@@ -220,7 +258,7 @@ def test_reconcile_stops_listed_and_reports_unknown_and_missing(harness: Harness
 def test_restarted_agent_adopts_running_job_and_can_stop_it(harness: Harness) -> None:
     harness.agent.handle_envelope(start(harness.key, "long"))
     started = harness.wait("long", "started")
-    records = json.loads((harness.work_dir / "processes.json").read_text())
+    records = json.loads((harness.work_dir / "state" / "processes.json").read_text())
     assert records["long"]["pid"] == started["pid"]
 
     # A new agent over the same directory (the old one simply stops being used).
@@ -231,7 +269,7 @@ def test_restarted_agent_adopts_running_job_and_can_stop_it(harness: Harness) ->
     stopped = harness.wait("long", "stopped")
     assert stopped["evidence"]["process_group_gone"] is True
     assert stopped["evidence"]["outcome"] == "graceful"  # sleep dies of SIGTERM within the window
-    assert json.loads((harness.work_dir / "processes.json").read_text()) == {}
+    assert json.loads((harness.work_dir / "state" / "processes.json").read_text()) == {}
 
 
 CHECKPOINTER = py(

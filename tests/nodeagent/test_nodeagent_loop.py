@@ -34,6 +34,9 @@ def test_start_then_stop_reports_started_stopping_stopped(
     first = dict(gateway.heartbeats[0])
     # A fresh instance id per agent process lets the gateway notice a restart and reconcile.
     assert len(first.pop("instance")) == 16
+    assert isinstance(first.pop("at"), float)
+    # As root (CI) each job gets a uid of its own; without root only the named unsafe switch lets the agent run.
+    assert first.pop("isolation") == ("none" if os.geteuid() != 0 else agent_process.expected_isolation())
     assert first == {"gpus": 8, "running": [], "version": "0.1.0"}
 
     start = command(signing_key, "start", "train-1", argv=CHECKPOINTING_JOB, gpus=[2, 5], grace_seconds=10)
@@ -113,7 +116,7 @@ def test_reports_survive_an_unreachable_gateway_and_a_restart(
     gateway.refuse_reports = True
     agent_process.start()
     gateway.push(command(signing_key, "stop", "never-ran", grace_seconds=0))
-    outbox = agent_process.work_dir / "outbox.jsonl"
+    outbox = agent_process.work_dir / "state" / "outbox.jsonl"
     wait_until(lambda: outbox.exists() and "never-ran" in outbox.read_text(), 10, "report in the outbox")
     assert gateway.reports == []
 
@@ -133,12 +136,41 @@ def test_agent_exits_cleanly_on_sigint(gateway: FakeGateway, agent_process: Agen
     assert "agent exited" in agent_process.stderr()
 
 
-def test_unusable_command_key_is_a_startup_error(gateway: FakeGateway, agent_process: AgentProcess) -> None:
-    agent_process.key_file.write_text("not-a-key\n")
+def _bad_key(agent: AgentProcess) -> None:
+    agent.key_file.write_text("not-a-key\n")
+
+
+def _plain_http_elsewhere(agent: AgentProcess) -> None:
+    agent.gateway_url = "http://gateway.example:8080"  # the node token would cross the network in clear
+
+
+def _unreachable_jobs(agent: AgentProcess) -> None:
+    private = agent.work_dir.parent / "private"
+    private.mkdir(mode=0o700)
+    agent.work_dir = private / "agent"
+    (agent.work_dir / "state").mkdir(parents=True)
+    (agent.work_dir / "state" / "token").write_text("t\n")
+
+
+STARTUP_ERRORS = {
+    "unusable command key": (_bad_key, "command key"),
+    "plain http to another host": (_plain_http_elsewhere, "plain http to another host"),
+    # As root a job runs under a uid of its own, which must be able to walk to its directory.
+    "jobs unreachable by job uids": (_unreachable_jobs, "not reachable by job uids"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STARTUP_ERRORS), ids=str)
+def test_startup_errors_are_one_line_and_exit_2(gateway: FakeGateway, agent_process: AgentProcess, case: str
+                                                ) -> None:
+    spoil, says = STARTUP_ERRORS[case]
+    if case == "jobs unreachable by job uids" and os.geteuid() != 0:
+        pytest.skip("without root jobs run as the agent's user")
+    spoil(agent_process)
     agent_process.start()
     assert agent_process.proc.wait(20) == 2
     line = json.loads(agent_process.stderr().splitlines()[-1])
-    assert line["msg"] == "cannot start" and "command key" in line["error"]
+    assert line["msg"] == "cannot start" and says in line["error"], line
 
 
 def test_a_report_the_gateway_refuses_as_it_is_is_set_aside_and_does_not_hold_back_the_rest(
@@ -151,7 +183,7 @@ def test_a_report_the_gateway_refuses_as_it_is_is_set_aside_and_does_not_hold_ba
     gateway.push(command(signing_key, "start", "train-2", argv=py("import time; time.sleep(30)"), gpus=[0]))
     assert gateway.wait_report("train-2", "started")["pid"]
     assert gateway.refused_batches >= 1 and not gateway.find("poison-1", "stopped")
-    rejected = agent_process.work_dir / "outbox.rejected.jsonl"
+    rejected = agent_process.work_dir / "state" / "outbox.rejected.jsonl"
     aside = [json.loads(line) for line in rejected.read_text().splitlines()]
     assert [(a["report"]["job_id"], a["report"]["event"]) for a in aside] == [("poison-1", "stopped")]
     assert "HTTP 422" in aside[0]["refused"] and "reports about poison-1 are refused" in aside[0]["refused"]
@@ -162,9 +194,9 @@ def test_a_command_the_agent_cannot_even_refuse_does_not_end_its_command_loop(
     gateway: FakeGateway, agent_process: AgentProcess, signing_key: nacl.signing.SigningKey
 ) -> None:
     agent_process.start()
-    wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
+    agent_process.wait_reconciled()
     # The nonce file cannot be written (as on a full disk): the command is not run, and not refusable either.
-    blocker = agent_process.work_dir / ".nonces.json.tmp"
+    blocker = agent_process.work_dir / "state" / ".nonces.json.tmp"
     blocker.mkdir()
     gateway.push(command(signing_key, "start", "train-3", argv=py("import time; time.sleep(30)"), gpus=[0]))
     wait_until(lambda: "command handling failed" in agent_process.stderr(), 10, "the failure logged")
@@ -180,11 +212,11 @@ def test_a_refused_report_that_cannot_be_set_aside_is_retried_and_the_reporter_l
     gateway.refuse_job = "poison-2"
     agent_process.start()
     wait_until(lambda: gateway.heartbeats, 10, "first heartbeat")
-    blocker = agent_process.work_dir / "outbox.rejected.jsonl"
+    blocker = agent_process.work_dir / "state" / "outbox.rejected.jsonl"
     blocker.mkdir()  # as on a full disk: the refused report cannot be written aside
     gateway.push(command(signing_key, "stop", "poison-2", reason="not here"))
     wait_until(lambda: "refused report not set aside" in agent_process.stderr(), 10, "the failure logged")
     blocker.rmdir()
     gateway.push(command(signing_key, "start", "train-5", argv=py("import time; time.sleep(30)"), gpus=[2]))
     assert gateway.wait_report("train-5", "started", timeout=30)["pid"]
-    assert "poison-2" in (agent_process.work_dir / "outbox.rejected.jsonl").read_text()
+    assert "poison-2" in (agent_process.work_dir / "state" / "outbox.rejected.jsonl").read_text()
