@@ -29,7 +29,7 @@ from typing import Any
 # Run as a script, this folder would come first on sys.path and its modules shadow the packages.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path[:0] = [str(_HERE.parent), str(_HERE.parent / "tests" / "e2e")]
+sys.path[:0] = [str(_HERE.parent), str(_HERE.parent / "tests"), str(_HERE.parent / "tests" / "e2e")]
 
 from stop_testkit import start_cluster, submit, wait_for  # noqa: E402
 

@@ -163,7 +163,7 @@ def _without_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@", 1)))
 
 
-def _banner(url: str, settings: Settings, demo: bool) -> str:
+def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True) -> str:
     data_dir = settings.data_dir
     # On PostgreSQL (JOBGATE_DATABASE_URL / JOBGATE_LEDGER_URL) the stores are not the data dir's files: the banner
     # named jobgate.db and ledger.db there, and its verify command answered "no ledger database at .../ledger.db".
@@ -181,7 +181,8 @@ def _banner(url: str, settings: Settings, demo: bool) -> str:
     ]
     if demo:
         lines += [
-            f"  node agents     {', '.join(DEMO_NODES)} ({DEMO_GPUS_PER_NODE} virtual GPUs each)",
+            f"  node agents     {', '.join(DEMO_NODES)} ({DEMO_GPUS_PER_NODE} virtual GPUs each; "
+            + ("each job under a uid of its own)" if isolated else "isolation: none)"),
             f"  demo tokens     {data_dir / 'demo-tokens.json'}",
             "",
             "Try, in another terminal:",
@@ -222,13 +223,14 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     url = f"http://{host}:{port}"
     gateway, seeded = _open(settings, demo)
     agents: list[subprocess.Popen[bytes]] = []
+    unisolated = None
     if demo:
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
         unisolated = demo_isolation(data_dir)
         if unisolated:
             click.echo(f"node agents: isolation none ({unisolated}): every demo job runs as your own user")
         agents = _start_agents(data_dir, url, isolate=unisolated is None)
-    click.echo(_banner(url, settings, demo))
+    click.echo(_banner(url, settings, demo, isolated=unisolated is None))
 
     def _terminate(*_: object) -> None:
         raise KeyboardInterrupt

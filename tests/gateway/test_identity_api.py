@@ -90,3 +90,24 @@ def test_revoked_token_stops_working_and_revocation_is_ledgered(api: Api) -> Non
     revocations = [e for e in ledger_entries(api) if e["kind"] == "identity" and e["body"]["action"] == "token.revoke"]
     assert revocations[-1]["body"]["token_id"] == tok["id"]
     assert revocations[-1]["body"]["actor"]["id"] == "alice"
+
+
+def test_nobody_squats_on_a_nodes_name_and_only_a_platform_admin_enrols_a_node(api: Api) -> None:
+    """A researcher could create a service account named `demo-node-3`: read in the ledger as that node, and the
+    name taken from the node that would come. Names of the kind nodes use are kept for nodes (H1)."""
+    for name in ("demo-node-3", "demo-node-1", "gpu-node-7"):
+        r = api.post("/v1/service-accounts", "bob", json={"name": name, "project": "vision"})
+        assert r.status_code in (409, 422) and name in r.text, r.text
+    assert api.post("/v1/nodes", "mallory", json={"id": "gpu-node-7", "gpus": 8}).status_code == 403
+    assert api.post("/v1/nodes", "erin", json={"id": "sweep-bot", "gpus": 8}).status_code == 422  # not a node name
+    r = api.post("/v1/nodes", "erin", json={"id": "gpu-node-7", "gpus": 8})
+    assert r.status_code == 201, r.text
+    token = r.json()["token"]
+    beat = api.client.post("/v1/agents/gpu-node-7/heartbeat", json={"gpus": 8, "isolation": "none"},
+                           headers={"Authorization": f"Bearer {token}"})
+    assert beat.status_code == 200, beat.text
+    node = next(n for n in api.get("/v1/nodes", "dave").json()["nodes"] if n["id"] == "gpu-node-7")
+    assert node["state"] == "alive" and node["isolation"] == "none"
+    assert any(e["body"].get("action") == "node.enrol" and e["body"]["node"] == "gpu-node-7"
+               for e in ledger_entries(api) if e["kind"] == "identity")
+    assert api.post("/v1/nodes", "erin", json={"id": "gpu-node-7", "gpus": 8}).status_code == 409
