@@ -13,7 +13,7 @@ from starlette.background import BackgroundTask
 from gateway.api.deps import Ctx, RequestContext
 from gateway.api.ledger import LAST_SEQ
 from gateway.console import insights, ledger_view
-from gateway.console.web import ADMIN_CAPABILITIES
+from gateway.console.access import ADMIN_CAPABILITIES
 from gateway.errors import Forbidden
 from gateway.jobs import refuse_unless_allowed
 from gateway.pipeline import decide

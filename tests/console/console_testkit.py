@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +80,40 @@ def submit(con: Console, who: str = "alice", **spec: Any) -> str:
     r = con.api("POST", "/v1/jobs", who, json=body)
     assert r.status_code == 201, r.text
     return str(r.json()["id"])
+
+
+@dataclass
+class PageForm:
+    """A form as a browser would send it: its action, method and the fields it holds by default."""
+
+    action: str
+    method: str
+    fields: dict[str, str]
+    submits: list[tuple[str, str]]  # (name, value) of each named submit button; ("", "") for an unnamed one
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.links: list[str] = []
+        self.forms: list[PageForm] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+        elif tag == "form":
+            self.forms.append(PageForm(a.get("action", ""), a.get("method", "get").lower(), {}, []))
+        elif tag == "input" and self.forms and a.get("name") and a.get("type") not in ("submit", "checkbox", "radio"):
+            self.forms[-1].fields[a["name"]] = a.get("value", "")
+        elif tag == "textarea" and self.forms and a.get("name"):
+            self.forms[-1].fields[a["name"]] = ""
+        elif tag == "button" and self.forms and a.get("type", "submit") == "submit":
+            self.forms[-1].submits.append((a.get("name", ""), a.get("value", "")))
+
+
+def links_and_forms(html: str) -> tuple[list[str], list[PageForm]]:
+    """Every link's href and every form of a page, in page order."""
+    parser = _Links()
+    parser.feed(html)
+    return parser.links, parser.forms
