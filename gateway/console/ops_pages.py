@@ -13,7 +13,7 @@ from sqlalchemy import select
 from starlette.background import BackgroundTask
 
 from gateway import emergency, preemption
-from gateway.console import insights, ledger_view
+from gateway.console import figures, insights, ledger_view
 from gateway.console.access import emergency_viewer, ledger_reader, may, operator
 from gateway.console.web import need_view, page
 from gateway.context import load_bindings
@@ -39,12 +39,14 @@ def admin(request: Request, period: str = "month") -> Response:
         usage = insights.cluster_usage(session)
         heat = insights.heatmap(session, now)
         waits = insights.waits(session, now)
+        use = insights.usage_over_time(session, now)
         frag = insights.fragmentation(session)
         tips = insights.suggestions(session, now)
         pre = preemption.stats(session, None, period)
         nodes = _nodes(session)
-    return view.render("admin.html", usage=usage, heat=heat, waits=waits, frag=frag, tips=tips, pre=pre,
-                       period=period, nodes=nodes, refresh=True)
+    return view.render("admin.html", usage=usage, heat_chart=figures.quota_heatmap(heat),
+                       waits_chart=figures.wait_histograms(waits), use_chart=figures.usage_timeline(use, width=1100),
+                       frag=frag, tips=tips, pre=pre, period=period, nodes=nodes, refresh=True)
 
 
 def _nodes(session: object) -> list[dict[str, object]]:

@@ -11,7 +11,7 @@ from sqlalchemy import or_, select
 
 from gateway import approvals, jobs, priority_history
 from gateway.api.approvals import ApproveBody, RejectBody
-from gateway.console import insights, job_actions
+from gateway.console import figures, insights, job_actions
 from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
 from gateway.console.web import need_view, new_login_nonce, page, store, templates
 from gateway.context import Gateway, load_bindings
@@ -113,10 +113,12 @@ def home(request: Request) -> Response:
             select(Notification).where(Notification.principal == me)
             .order_by(Notification.created_at.desc()).limit(30)).all()]
         usage = insights.cluster_usage(session)
+        use = insights.usage_over_time(session, view.gw.clock())
         visible = jobs.visible_projects(view.gw, session, caller, list(session.scalars(select(Project.id)).all()))
         queues = _queues(session, visible)
         contacts = _contacts(session, me)
-    return view.render("home.html", rows=rows, notes=notes, usage=usage, queues=queues, contacts=contacts)
+    return view.render("home.html", rows=rows, notes=notes, usage=usage, queues=queues, contacts=contacts,
+                       use_chart=figures.usage_timeline(use, width=540))
 
 
 def _contacts(session: Any, me: str) -> dict[str, Any]:

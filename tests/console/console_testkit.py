@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,12 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from gateway.app import create_app
 from gateway.demo import prepare_demo
+from gateway.models import Allocation, Job
+from gateway.scheduler_tables import SchedJob
 from gateway.settings import Settings
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -49,6 +53,20 @@ class Console:
         c = self.browser()
         return c.request(method, path, headers={"Authorization": f"Bearer {self.tokens[who]}",
                                                 **kw.pop("headers", {})}, **kw)
+
+
+def ran(con: Console, job_id: str, *, started_ago: timedelta, waited: timedelta, node: str | None = None,
+        gpus: list[int] | None = None) -> None:
+    """Stand in for the scheduler and a node: the job entered its queue `waited` before it started, `started_ago`
+    (on `node`'s `gpus`, when given), and runs still."""
+    gw = con.gateway
+    now = gw.clock()
+    with gw.transaction() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(
+            state="running", started_at=now - started_ago, submitted_at=now - started_ago - waited))
+        session.execute(update(SchedJob).where(SchedJob.job_id == job_id).values(queued_at=now - started_ago - waited))
+        if node:
+            session.add(Allocation(job_id=job_id, node=node, gpus=gpus or [], state="running", released=False))
 
 
 def csrf_of(r: httpx.Response) -> str:
