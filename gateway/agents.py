@@ -370,7 +370,8 @@ def _stop_gang(gw: Gateway, session: Session, job: Job, failed: Allocation, part
     still running (decided and ledgered like any stop); the job then ends `failed`, not `stopped`."""
     from gateway.retention import SYSTEM  # late: retention imports this module's neighbours
 
-    why = f"gang member on {failed.node} failed (exit code {failed.exit_code}); the other members are stopped"
+    status = f"exit code {failed.exit_code}" if failed.exit_code is not None else "its node reported no exit status"
+    why = f"gang member on {failed.node} failed ({status}); the other members are stopped"
     rec = decide(gw, session, SYSTEM, "job.stop", targets=[job], project=job.project, reason=why)
     if rec.decision.effect != "allow":  # the policy keeps this to people: tell on-call the GPUs are held
         stops.alert(gw, session, now, "gang_member_failed",
@@ -502,7 +503,8 @@ def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: da
                     "process_groups_gone": all(p.evidence.get("process_group_gone") is not False for p in parts)}
     action = "job.pause" if paused else "job.stop" if state == "stopped" else "job.exit"
     stops.ledger_transition(gw, job, state, now, by=f"node:{node_id}",
-                            reason=job.outcome or f"exit code {job.exit_code}", node=node_id)
+                            reason=job.outcome or (f"exit code {job.exit_code}" if job.exit_code is not None
+                                                   else "its node reported no exit status"), node=node_id)
     blob = rfc8785.dumps(job.evidence)
     record(gw, object_session(job), "outcome",
                  {"action": action, "job_id": job.id, "result": state, "outcome": job.outcome,

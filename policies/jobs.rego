@@ -125,7 +125,7 @@ priority_finding(t) := grant_alone(
 	not own_priority_ceiling(t)
 } else := refuse(
 	"A2.raise_needs_admin",
-	sprintf("%s may set their own job %s at most to %v (its priority now, or what the scheduler alone gives it); a higher value puts it ahead of others' jobs and needs a queue admin or on-call of project %s, with a written reason and a second person", [actor, t.id, own_priority_ceiling(t), t.project]),
+	sprintf("%s may set their own job %s at most to %v (its priority now, or what the scheduler alone gives it); a higher value puts it ahead of others' jobs and needs a queue admin or on-call of project %s, with a written reason and a second person", [actor, t.id, priority_said_down(own_priority_ceiling(t)), t.project]),
 	t.id,
 ) if {
 	owns(t)
@@ -133,7 +133,7 @@ priority_finding(t) := grant_alone(
 	not "job.priority.any" in granted[t.project]
 } else := refuse(
 	"A3.reason_required",
-	sprintf("raising your own job %s above %v puts it ahead of others' jobs: it needs a written reason", [t.id, own_priority_ceiling(t)]),
+	sprintf("raising your own job %s above %v puts it ahead of others' jobs: it needs a written reason", [t.id, priority_said(own_priority_ceiling(t))]),
 	t.id,
 ) if {
 	owns(t)
@@ -141,7 +141,7 @@ priority_finding(t) := grant_alone(
 	"job.priority.any" in granted[t.project]
 } else := grant(
 	"A3.own_raise",
-	sprintf("%s raises their own job %s above %v, the most an owner may set alone; a second person must confirm", [actor, t.id, own_priority_ceiling(t)]),
+	sprintf("%s raises their own job %s above %v, the most an owner may set alone; a second person must confirm", [actor, t.id, priority_said(own_priority_ceiling(t))]),
 	t, 1, second_person(t), [],
 ) if {
 	owns(t)
@@ -185,6 +185,12 @@ own_priority_ceiling(t) := t.priority if {
 } else := t.unadjusted_priority if {
 	is_number(t.unadjusted_priority)
 }
+
+# Priorities are said to people to two decimals (570.05, not 570.0491041888889); the most she may set is rounded
+# down, so that the value the message names is one she may set.
+priority_said(x) := round(x * 100) / 100
+
+priority_said_down(x) := floor(x * 100) / 100
 
 # Taking a lowering back means setting the unadjusted value, which the gateway computes as now - manual:
 # in floating point that can come out an ulp below the value the owner read before lowering. A millionth

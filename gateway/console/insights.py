@@ -50,6 +50,19 @@ def _overlap_hours(start: datetime, end: datetime, lo: datetime, hi: datetime) -
     return max(0.0, (e - s).total_seconds() / 3600.0)
 
 
+def _runs(session: Session, since: datetime, projects: set[str] | None) -> list[tuple[str, int, datetime,
+                                                                                 datetime | None]]:
+    """(project, GPUs, started, ended or None) of every run that held GPUs at some point since `since`: jobs'
+    current runs and the runs before a requeue (a preempted or resumed job's row holds only its current one)."""
+    rows: list[Any] = list(session.execute(select(Job.project, Job.gpus_per_node * Job.nodes, Job.started_at,
+                                                  Job.ended_at)
+                                           .where(Job.started_at.is_not(None))
+                                           .where((Job.ended_at.is_(None)) | (Job.ended_at >= since))).all())
+    rows += session.execute(select(PastRun.project, PastRun.gpus, PastRun.started_at, PastRun.ended_at)
+                            .where(PastRun.ended_at >= since)).all()
+    return [(p, g, s, e) for p, g, s, e in rows if s is not None and (projects is None or p in projects)]
+
+
 def heatmap(session: Session, now: datetime, days: int = 7, projects: set[str] | None = None) -> dict[str, Any]:
     """Quota utilisation per tenant and UTC day: GPU-hours used ÷ (quota GPUs × 24 h).
 
@@ -61,16 +74,7 @@ def heatmap(session: Session, now: datetime, days: int = 7, projects: set[str] |
     total = sum(session.scalars(select(Node.gpus).where(Node.gpus > 0)).all()) or 1
     quotas = {q.project: q.gpus for q in session.scalars(select(QuotaRow)).all()}
     used: dict[str, list[float]] = defaultdict(lambda: [0.0] * days)
-    rows: list[Any] = list(session.execute(select(Job.project, Job.gpus_per_node * Job.nodes, Job.started_at,
-                                                  Job.ended_at)
-                                           .where(Job.started_at.is_not(None))
-                                           .where((Job.ended_at.is_(None)) | (Job.ended_at >= first))).all())
-    # Runs before a requeue: a preempted or resumed job's row holds only its current run.
-    rows += session.execute(select(PastRun.project, PastRun.gpus, PastRun.started_at, PastRun.ended_at)
-                            .where(PastRun.ended_at >= first)).all()
-    for project, gpus, started, ended in rows:
-        if started is None or (projects is not None and project not in projects):
-            continue
+    for project, gpus, started, ended in _runs(session, first, projects):
         for i, lo in enumerate(day_starts):
             hi = min(lo + timedelta(days=1), now)
             used[project][i] += gpus * _overlap_hours(started, ended or now, lo, hi)
@@ -88,6 +92,24 @@ def heatmap(session: Session, now: datetime, days: int = 7, projects: set[str] |
                           "utilisation": round(gh / (cap * hours), 4) if hours > 0 else 0.0})
         out_rows.append({"tenant": t, "quota_gpus": quotas.get(t), "measured_against": cap, "cells": cells})
     return {"days": [d.date().isoformat() for d in day_starts], "rows": out_rows}
+
+
+def usage_over_time(session: Session, now: datetime, hours: int = 24,
+                    projects: set[str] | None = None) -> dict[str, Any]:
+    """GPUs in use per tenant in each of the last `hours` UTC hours, the current one up to now: the average over
+    the hour (GPU-hours used in it ÷ its length), beside the GPUs of all nodes."""
+    this_hour = now.replace(minute=0, second=0, microsecond=0)
+    starts = [this_hour - timedelta(hours=i) for i in range(hours - 1, -1, -1)]
+    used: dict[str, list[float]] = defaultdict(lambda: [0.0] * hours)
+    for project, gpus, started, ended in _runs(session, starts[0], projects):
+        for i, lo in enumerate(starts):
+            hi = min(lo + timedelta(hours=1), now)
+            used[project][i] += gpus * _overlap_hours(started, ended or now, lo, hi)
+    lengths = [max(1e-9, (min(lo + timedelta(hours=1), now) - lo).total_seconds() / 3600.0) for lo in starts]
+    total = sum(session.scalars(select(Node.gpus).where(Node.gpus > 0)).all())
+    return {"hours": [lo.isoformat() for lo in starts], "gpus": total,
+            "tenants": [{"tenant": t, "gpus_in_use": [round(v / lengths[i], 3) for i, v in enumerate(used[t])]}
+                        for t in sorted(used)]}
 
 
 def _percentile(values: list[float], p: float) -> float | None:

@@ -13,13 +13,12 @@ from sqlalchemy import select
 from starlette.background import BackgroundTask
 
 from gateway import emergency, preemption
-from gateway.console import insights, ledger_view
-from gateway.console.web import ADMIN_CAPABILITIES, View, need_view, page
+from gateway.console import figures, insights, ledger_view
+from gateway.console.access import emergency_viewer, ledger_reader, may, operator
+from gateway.console.web import need_view, page
 from gateway.context import load_bindings
-from gateway.errors import Forbidden, Invalid
-from gateway.jobs import refuse_unless_allowed
+from gateway.errors import Invalid
 from gateway.models import Allocation, Node
-from gateway.pipeline import decide
 from gateway.policy import whatif
 from gateway.policy.errors import PolicyLoadError
 from gateway.stop_tables import AgentSession
@@ -27,31 +26,11 @@ from gateway.stop_tables import AgentSession
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
 
-def require_admin(view: View) -> None:
-    """Cluster-wide views are for people holding an operator capability everywhere (platform admin,
-    on-call, security reviewer). Raises Forbidden naming what is missing."""
-    if not view.capabilities() & ADMIN_CAPABILITIES:
-        raise Forbidden(f"{view.cs.principal} may not see cluster administration data"
-                        f" (needs one of {', '.join(sorted(ADMIN_CAPABILITIES))} in every project)")
-
-
-def require_ledger_read(view: View) -> None:
-    """The same check as GET /v1/ledger/*: the policy decides `ledger.read`. Raises PolicyDenied."""
-    with view.gw.transaction(immediate=False) as session:
-        refuse_unless_allowed(decide(view.gw, session, view.caller(session), "ledger.read", record=False))
-
-
-def may_read_ledger(view: View) -> bool:
-    """Whether require_ledger_read would pass: pages offer only what the viewer may do."""
-    with view.gw.transaction(immediate=False) as session:
-        return decide(view.gw, session, view.caller(session), "ledger.read", record=False).decision.effect == "allow"
-
-
 @router.get("/admin", response_class=HTMLResponse)
 @page
 def admin(request: Request, period: str = "month") -> Response:
     view = need_view(request)
-    require_admin(view)
+    operator(view)
     if period not in ("month", "quarter"):
         raise Invalid("period must be month or quarter")
     now = view.gw.clock()
@@ -60,12 +39,14 @@ def admin(request: Request, period: str = "month") -> Response:
         usage = insights.cluster_usage(session)
         heat = insights.heatmap(session, now)
         waits = insights.waits(session, now)
+        use = insights.usage_over_time(session, now)
         frag = insights.fragmentation(session)
         tips = insights.suggestions(session, now)
         pre = preemption.stats(session, None, period)
         nodes = _nodes(session)
-    return view.render("admin.html", usage=usage, heat=heat, waits=waits, frag=frag, tips=tips, pre=pre,
-                       period=period, nodes=nodes, refresh=True)
+    return view.render("admin.html", usage=usage, heat_chart=figures.quota_heatmap(heat),
+                       waits_chart=figures.wait_histograms(waits), use_chart=figures.usage_timeline(use, width=1100),
+                       frag=frag, tips=tips, pre=pre, period=period, nodes=nodes, refresh=True)
 
 
 def _nodes(session: object) -> list[dict[str, object]]:
@@ -86,8 +67,9 @@ def _nodes(session: object) -> list[dict[str, object]]:
 @page
 def emergency_list(request: Request) -> Response:
     view = need_view(request)
+    emergency_viewer(view)
     with view.gw.transaction(immediate=False) as session:
-        emergency.may_view(view.gw, view.caller(session), None)
+        view.caller(session)
         rows = emergency.list_stops(session, 50)
         stops = emergency.reports(session, rows, view.gw.clock())
     emergency.settle_after_read(view.gw, rows, stops)
@@ -112,7 +94,7 @@ def policy(request: Request) -> Response:
     """What GET /v1/policy shows: the active set, its hash, and the reload history with errors."""
     view = need_view(request)
     status = request.app.state.policy_reloader.status()
-    return view.render("policy.html", status=status, whatif=None, last=WHATIF_LAST, may_replay=may_read_ledger(view))
+    return view.render("policy.html", status=status, whatif=None, last=WHATIF_LAST, may_replay=may(view, ledger_reader))
 
 
 WHATIF_LAST = 2000
@@ -127,7 +109,7 @@ def policy_whatif(request: Request, csrf: Annotated[str | None, Form()] = None) 
     decision inputs from the ledger, so it needs `ledger.read`; it changes nothing."""
     view = need_view(request)
     view.require_csrf(csrf)
-    require_ledger_read(view)
+    ledger_reader(view)
     gw = view.gw
     size = gw.ledger.size()
     start = max(0, size - WHATIF_LAST * 3)  # decisions are about a third of the entries or more
@@ -151,7 +133,7 @@ def ledger_browser(request: Request, job: str = "", actor: str = "", action: str
                    kind: str = "", since: str = "", until: str = "",
                    before: Annotated[int | None, Query(ge=0)] = None) -> Response:
     view = need_view(request)
-    require_ledger_read(view)
+    ledger_reader(view)
     f = ledger_view.Filter(job=job.strip() or None, actor=actor.strip() or None, action=action.strip() or None,
                            effect=effect.strip() or None, kind=kind.strip() or None,
                            since=ledger_view.parse_time(since, "since"), until=ledger_view.parse_time(until, "until"))
@@ -167,7 +149,7 @@ def ledger_export(request: Request) -> Response:
     """A bundle of every signed entry, for
     `jobgate ledger verify --bundle FILE --public-key <data-dir>/keys/ledger.vkey`."""
     view = need_view(request)
-    require_ledger_read(view)
+    ledger_reader(view)
     path = ledger_view.export(view.gw)
     return FileResponse(path, filename="jobgate-ledger.bundle", media_type="application/octet-stream",
                         background=BackgroundTask(shutil.rmtree, path.parent, ignore_errors=True))
@@ -177,6 +159,6 @@ def ledger_export(request: Request) -> Response:
 @page
 def ledger_entry(request: Request, seq: int) -> Response:
     view = need_view(request)
-    require_ledger_read(view)
+    ledger_reader(view)
     detail = ledger_view.entry_detail(view.gw, seq)
     return view.render("entry.html", d=detail, pretty=ledger_view.pretty)

@@ -11,7 +11,7 @@ from sqlalchemy import or_, select
 
 from gateway import approvals, jobs, priority_history
 from gateway.api.approvals import ApproveBody, RejectBody
-from gateway.console import insights
+from gateway.console import figures, insights, job_actions
 from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
 from gateway.console.web import need_view, new_login_nonce, page, store, templates
 from gateway.context import Gateway, load_bindings
@@ -21,7 +21,6 @@ from gateway.notifications import Notification
 from gateway.obligations import acknowledge, note_json
 from gateway.scheduler_tables import SchedJob
 from gateway.schemas import StopRequest
-from gateway.states import ENDED_STATES
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Field_ = Annotated[str | None, Form()]
@@ -96,7 +95,9 @@ def _my_jobs(gw: Gateway, session: Any, caller: Any, limit: int = 100) -> list[d
     rows = session.execute(select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
                            .where(Job.project.in_(sorted(visible)), or_(Job.owner == me, Job.creator == me))
                            .order_by(Job.submitted_at.desc(), Job.id.desc()).limit(limit)).all()
-    return [{"job": j, **_queue_facts(j, s)} for j, s in rows]
+    # The policy is asked only about jobs still going (job_actions.offers): most of a person's list has ended.
+    return [{"job": j, **_queue_facts(j, s), "offers": job_actions.offers(gw, session, caller, j, s)}
+            for j, s in rows]
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -112,10 +113,12 @@ def home(request: Request) -> Response:
             select(Notification).where(Notification.principal == me)
             .order_by(Notification.created_at.desc()).limit(30)).all()]
         usage = insights.cluster_usage(session)
+        use = insights.usage_over_time(session, view.gw.clock())
         visible = jobs.visible_projects(view.gw, session, caller, list(session.scalars(select(Project.id)).all()))
         queues = _queues(session, visible)
         contacts = _contacts(session, me)
-    return view.render("home.html", rows=rows, notes=notes, usage=usage, queues=queues, contacts=contacts)
+    return view.render("home.html", rows=rows, notes=notes, usage=usage, queues=queues, contacts=contacts,
+                       use_chart=figures.usage_timeline(use, width=540))
 
 
 def _contacts(session: Any, me: str) -> dict[str, Any]:
@@ -154,12 +157,13 @@ def job_page(request: Request, job_id: str) -> Response:
     with view.gw.transaction(immediate=False) as session:
         caller = view.caller(session)
         job = jobs.get_job(view.gw, session, caller, job_id)
-        facts = _queue_facts(job, session.get(SchedJob, job.id))
+        row = session.get(SchedJob, job.id)
+        facts = _queue_facts(job, row)
         history = priority_history.history(session, job.id)
+        offers = job_actions.offers(view.gw, session, caller, job, row)
     # Reload while the job moves by itself (starting, stopping); never while someone may be typing a reason.
     refresh = job.state in ("starting", "stop_requested", "stopping")
-    return view.render("job.html", job=job, q=facts, priority_history=history, ended=job.state in ENDED_STATES,
-                       refresh=refresh)
+    return view.render("job.html", job=job, q=facts, priority_history=history, offers=offers, refresh=refresh)
 
 
 @router.post("/jobs/{job_id}/stop")

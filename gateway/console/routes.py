@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.console import ops_pages, pages, stats_api
+from gateway.console import job_actions, ops_pages, pages, stats_api
 
-ROUTERS: list[APIRouter] = [pages.router, ops_pages.router, stats_api.router]
+ROUTERS: list[APIRouter] = [pages.router, job_actions.router, ops_pages.router, stats_api.router]

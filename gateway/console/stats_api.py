@@ -13,7 +13,7 @@ from starlette.background import BackgroundTask
 from gateway.api.deps import Ctx, RequestContext
 from gateway.api.ledger import LAST_SEQ
 from gateway.console import insights, ledger_view
-from gateway.console.web import ADMIN_CAPABILITIES
+from gateway.console.access import ADMIN_CAPABILITIES
 from gateway.errors import Forbidden
 from gateway.jobs import refuse_unless_allowed
 from gateway.pipeline import decide
@@ -30,15 +30,18 @@ def _admin(ctx: RequestContext) -> None:
                         f" (needs one of {', '.join(sorted(ADMIN_CAPABILITIES))} in every project)")
 
 
-@router.get("/v1/stats/usage", summary="Cluster usage and the quota heat map (tenant × day)",
-            description="GPU totals, per-tenant owned/borrowed GPUs in use, and quota utilisation per tenant and"
-                        " UTC day (GPU-hours used ÷ quota GPUs × 24 h)." + _ADMIN)
-def usage(ctx: Ctx, days: Annotated[int, Query(ge=1, le=92, description="UTC days of the heat map")] = 7
+@router.get("/v1/stats/usage", summary="Cluster usage, the quota heat map (tenant × day) and use over time",
+            description="GPU totals, per-tenant owned/borrowed GPUs in use, quota utilisation per tenant and UTC day"
+                        " (GPU-hours used ÷ quota GPUs × 24 h), and `timeline`: GPUs in use per tenant in each of the"
+                        " last UTC hours (the hour's average), beside the GPUs of all nodes." + _ADMIN)
+def usage(ctx: Ctx, days: Annotated[int, Query(ge=1, le=92, description="UTC days of the heat map")] = 7,
+          hours: Annotated[int, Query(ge=1, le=168, description="UTC hours of the timeline")] = 24
           ) -> dict[str, Any]:
     _admin(ctx)
     now = ctx.gw.clock()
     with ctx.gw.transaction(immediate=False) as session:
-        return {"cluster": insights.cluster_usage(session), "heatmap": insights.heatmap(session, now, days)}
+        return {"cluster": insights.cluster_usage(session), "heatmap": insights.heatmap(session, now, days),
+                "timeline": insights.usage_over_time(session, now, hours)}
 
 
 @router.get("/v1/stats/waits", summary="Wait-time distribution per queue",

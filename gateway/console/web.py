@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec
 
@@ -17,25 +17,17 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.auth import Caller
+from gateway.console import access, wording
 from gateway.console.sessions import COOKIE, ConsoleSession, SessionStore, caller_for, csrf_ok
 from gateway.context import Gateway
 from gateway.errors import Forbidden, GatewayError, Unauthenticated
 
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
+# Values as people read them (gateway/console/wording.py): `{{ x | num }}`, `{{ t | when }}`, `{{ v | words }}`.
+templates.env.filters.update(num=wording.number, when=wording.when, words=wording.words, duration=wording.duration,
+                             exit_status=wording.exit_status, label=wording.label)
+templates.env.globals["notice"] = wording.notice
 P = ParamSpec("P")
-
-# Console pages by who tends to need them; each page still checks with the policy before showing data.
-NAV = (
-    ("/ui/", "My jobs", None),
-    ("/ui/approvals", "Approvals", None),
-    ("/ui/admin", "Admin", "admin"),
-    ("/ui/emergency", "Emergency stops", "emergency"),
-    ("/ui/policy", "Policy", None),
-    ("/ui/ledger", "Ledger", "ledger.read"),
-)
-ADMIN_CAPABILITIES = frozenset({"quota.change", "role.manage", "emergency.stop", "job.pause.any"})
-EMERGENCY_CAPABILITIES = frozenset({"emergency.stop", "ledger.read"})
-
 
 # Every /ui response. The pages run no script at all, so a script that slipped past escaping does not run;
 # no other site may frame them (a framed approve or stop button can be clicked by a visitor who is tricked
@@ -95,6 +87,7 @@ class View:
     request: Request
     gw: Gateway
     cs: ConsoleSession
+    checked: dict[str, bool] = field(default_factory=dict)  # may_open's answers for this request
 
     def caller(self, session: Session) -> Caller:
         return caller_for(session, self.cs, self.gw.clock(), source(self.request))
@@ -102,19 +95,25 @@ class View:
     def capabilities(self) -> frozenset[str]:
         return self.gw.policy.capabilities(self.cs.principal, "*")
 
+    def may_open(self, href: str) -> bool:
+        """Whether the page at `href` (one of access.NAV's, a query string allowed) lets this person in, by that
+        page's own check, asked once per request. Raises KeyError for a page NAV does not list."""
+        path = href.split("?", 1)[0]
+        if path not in self.checked:
+            check = access.CHECKS[path]
+            self.checked[path] = check is None or access.may(self, check)
+        return self.checked[path]
+
     def require_csrf(self, given: str | None) -> None:
         """Raises Forbidden unless the form carried this session's CSRF token."""
         if not csrf_ok(self.cs.csrf, given):
             raise Forbidden("this form is missing its CSRF token or it is stale; reload the page and try again")
 
     def render(self, template: str, code: int = 200, **ctx: Any) -> HTMLResponse:
-        caps = self.capabilities()
-        nav = [(href, label) for href, label, need in NAV
-               if need is None or (need == "admin" and caps & ADMIN_CAPABILITIES)
-               or (need == "emergency" and caps & EMERGENCY_CAPABILITIES) or need in caps]
+        nav = [(href, label) for href, label, _ in access.NAV if self.may_open(href)]
         return templates.TemplateResponse(self.request, template, {
-            "me": self.cs.principal, "csrf": self.cs.csrf, "nav": nav, "path": self.request.url.path, **ctx},
-            status_code=code)
+            "me": self.cs.principal, "csrf": self.cs.csrf, "nav": nav, "path": self.request.url.path,
+            "may_open": self.may_open, **ctx}, status_code=code)
 
 
 def current(request: Request) -> View | None:

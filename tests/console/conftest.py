@@ -9,7 +9,18 @@ _E2E = str(Path(__file__).resolve().parent.parent / "e2e")
 if _E2E not in sys.path:
     sys.path.insert(0, _E2E)
 
-from console_testkit import console  # noqa: E402
-from e2e_testkit import demo_system  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 
-__all__ = ["console", "demo_system"]
+import pytest  # noqa: E402
+from console_testkit import Console, console  # noqa: E402
+from e2e_testkit import demo_system  # noqa: E402
+from served_app import served as serve_app  # noqa: E402
+
+__all__ = ["console", "demo_system", "served"]
+
+
+@pytest.fixture
+def served(console: Console) -> Iterator[str]:
+    """The fixture's app behind a real uvicorn socket, for a real browser."""
+    with serve_app(console.app) as url:
+        yield url

@@ -6,15 +6,20 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from gateway.app import create_app
 from gateway.demo import prepare_demo
+from gateway.models import Allocation, Job
+from gateway.scheduler_tables import SchedJob
 from gateway.settings import Settings
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -50,6 +55,20 @@ class Console:
                                                 **kw.pop("headers", {})}, **kw)
 
 
+def ran(con: Console, job_id: str, *, started_ago: timedelta, waited: timedelta, node: str | None = None,
+        gpus: list[int] | None = None) -> None:
+    """Stand in for the scheduler and a node: the job entered its queue `waited` before it started, `started_ago`
+    (on `node`'s `gpus`, when given), and runs still."""
+    gw = con.gateway
+    now = gw.clock()
+    with gw.transaction() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(
+            state="running", started_at=now - started_ago, submitted_at=now - started_ago - waited))
+        session.execute(update(SchedJob).where(SchedJob.job_id == job_id).values(queued_at=now - started_ago - waited))
+        if node:
+            session.add(Allocation(job_id=job_id, node=node, gpus=gpus or [], state="running", released=False))
+
+
 def csrf_of(r: httpx.Response) -> str:
     m = CSRF.search(r.text)
     assert m, f"no CSRF field in {r.url}: {r.status_code}"
@@ -79,3 +98,40 @@ def submit(con: Console, who: str = "alice", **spec: Any) -> str:
     r = con.api("POST", "/v1/jobs", who, json=body)
     assert r.status_code == 201, r.text
     return str(r.json()["id"])
+
+
+@dataclass
+class PageForm:
+    """A form as a browser would send it: its action, method and the fields it holds by default."""
+
+    action: str
+    method: str
+    fields: dict[str, str]
+    submits: list[tuple[str, str]]  # (name, value) of each named submit button; ("", "") for an unnamed one
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.links: list[str] = []
+        self.forms: list[PageForm] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "a" and a.get("href"):
+            self.links.append(a["href"])
+        elif tag == "form":
+            self.forms.append(PageForm(a.get("action", ""), a.get("method", "get").lower(), {}, []))
+        elif tag == "input" and self.forms and a.get("name") and a.get("type") not in ("submit", "checkbox", "radio"):
+            self.forms[-1].fields[a["name"]] = a.get("value", "")
+        elif tag == "textarea" and self.forms and a.get("name"):
+            self.forms[-1].fields[a["name"]] = ""
+        elif tag == "button" and self.forms and a.get("type", "submit") == "submit":
+            self.forms[-1].submits.append((a.get("name", ""), a.get("value", "")))
+
+
+def links_and_forms(html: str) -> tuple[list[str], list[PageForm]]:
+    """Every link's href and every form of a page, in page order."""
+    parser = _Links()
+    parser.feed(html)
+    return parser.links, parser.forms

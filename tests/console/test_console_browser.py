@@ -103,8 +103,8 @@ def test_console_researcher_approver_auditor(demo_system: System, tmp_path: Path
 
         sign_in(page, demo_system, "dave")
         page.goto(f"{demo_system.url}/ui/jobs/{ci_job}")
-        page.fill("input[name=reason]", "runaway evaluation eating the pool")
-        page.click("button.danger")
+        page.fill("#controls form.stop input[name=reason]", "runaway evaluation eating the pool")
+        page.click("#controls form.stop button.danger")
         page.wait_for_url(re.compile(r".*/ui/approvals/apr-.*"))
         approval_id = page.url.rsplit("/", 1)[1]
         assert page.get_attribute(f"section[id='{approval_id}']", "data-state") == "pending"

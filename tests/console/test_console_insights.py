@@ -5,26 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from console_testkit import Console, submit
+from console_testkit import Console, ran, submit
 from sqlalchemy import update
 
 from gateway.console import insights
-from gateway.models import Allocation, Job, Node
+from gateway.models import Job, Node
 from gateway.scheduler_tables import QuotaRow, SchedJob
 
 pytestmark = pytest.mark.parametrize("console", ["sqlite", "postgresql"], indirect=True)
-
-
-def _run(con: Console, job_id: str, *, started_ago: timedelta, waited: timedelta, node: str | None = None,
-         gpus: list[int] | None = None) -> None:
-    gw = con.gateway
-    now = gw.clock()
-    with gw.transaction() as session:
-        session.execute(update(Job).where(Job.id == job_id).values(
-            state="running", started_at=now - started_ago, submitted_at=now - started_ago - waited))
-        session.execute(update(SchedJob).where(SchedJob.job_id == job_id).values(queued_at=now - started_ago - waited))
-        if node:
-            session.add(Allocation(job_id=job_id, node=node, gpus=gpus or [], state="running", released=False))
 
 
 def test_heatmap_and_waits(console: Console) -> None:
@@ -37,9 +25,9 @@ def test_heatmap_and_waits(console: Console) -> None:
     a = submit(console, gpus_per_node=4)
     b = submit(console, gpus_per_node=2)
     submit(console, gpus_per_node=1)  # still waiting
-    _run(console, a, started_ago=timedelta(hours=1), waited=timedelta(seconds=30), node="demo-node-1",
-         gpus=[0, 1, 2, 3])
-    _run(console, b, started_ago=timedelta(minutes=30), waited=timedelta(hours=2), node="demo-node-2", gpus=[0, 1])
+    ran(console, a, started_ago=timedelta(hours=1), waited=timedelta(seconds=30), node="demo-node-1",
+        gpus=[0, 1, 2, 3])
+    ran(console, b, started_ago=timedelta(minutes=30), waited=timedelta(hours=2), node="demo-node-2", gpus=[0, 1])
     with gw.transaction(immediate=False) as session:
         heat = insights.heatmap(session, now, days=3)
         waits = insights.waits(session, now)
@@ -61,14 +49,45 @@ def test_heatmap_and_waits(console: Console) -> None:
     assert next(t for t in usage["tenants"] if t["tenant"] == "vision")["quota_gpus"] == 4
 
 
+def test_usage_over_time_is_each_hours_average_per_tenant(console: Console) -> None:
+    """The chart of GPUs in use hour by hour: a 4-GPU job that started 90 minutes ago filled the hour before this
+    one half and this one wholly; one of speech's that ran 3 hours and ended half an hour ago, likewise."""
+    gw = console.gateway
+    a = submit(console, gpus_per_node=4)
+    b = submit(console, who="mallory", project="speech", gpus_per_node=2)
+    ran(console, a, started_ago=timedelta(minutes=90), waited=timedelta(0))
+    ran(console, b, started_ago=timedelta(hours=3, minutes=30), waited=timedelta(0))
+    with gw.transaction() as session:
+        session.execute(update(Job).where(Job.id == b).values(state="succeeded", ended_at=gw.clock()
+                                                              - timedelta(minutes=30)))
+    now = gw.clock()
+    with gw.transaction(immediate=False) as session:
+        use = insights.usage_over_time(session, now, hours=6)
+    assert len(use["hours"]) == 6 and use["hours"][-1] == now.replace(minute=0, second=0, microsecond=0).isoformat()
+    assert use["gpus"] == 16
+    gpus = {t["tenant"]: t["gpus_in_use"] for t in use["tenants"]}
+    since_the_hour = now.minute * 60 + now.second + now.microsecond / 1e6
+
+    def share_of(hour: int, started_s: float, ended_s: float) -> float:
+        """How much of hour `hour` (0 = this one) a run from `started_s` to `ended_s` seconds ago covered."""
+        hi = since_the_hour + 3600 * (hour - 1) if hour else 0.0
+        lo = since_the_hour + 3600 * hour
+        length = lo - hi
+        return max(0.0, min(lo, started_s) - max(hi, ended_s)) / length if length > 0 else 0.0
+
+    for hour in range(6):
+        assert gpus["vision"][5 - hour] == pytest.approx(4 * share_of(hour, 5400, 0), abs=0.01), hour
+        assert gpus["speech"][5 - hour] == pytest.approx(2 * share_of(hour, 12600, 1800), abs=0.01), hour
+
+
 def test_fragmentation(console: Console) -> None:
     gw = console.gateway
     with gw.transaction() as session:
         session.execute(update(Node).values(state="alive"))
     a, b = submit(console, gpus_per_node=6), submit(console, gpus_per_node=1)
-    _run(console, a, started_ago=timedelta(minutes=5), waited=timedelta(0), node="demo-node-1",
-         gpus=[0, 1, 2, 3, 4, 5])
-    _run(console, b, started_ago=timedelta(minutes=5), waited=timedelta(0), node="demo-node-2", gpus=[0])
+    ran(console, a, started_ago=timedelta(minutes=5), waited=timedelta(0), node="demo-node-1",
+        gpus=[0, 1, 2, 3, 4, 5])
+    ran(console, b, started_ago=timedelta(minutes=5), waited=timedelta(0), node="demo-node-2", gpus=[0])
     with gw.transaction(immediate=False) as session:
         frag = insights.fragmentation(session)
     assert [n["free"] for n in frag["nodes"]] == [2, 7]
@@ -102,7 +121,7 @@ def test_suggestions_idle_quota_stale_reservation_starved_tenant(console: Consol
     # speech gets busy: no longer idle; vision runs something: no longer starved.
     other = submit(console, who="mallory", project="speech", gpus_per_node=4)
     running = submit(console, gpus_per_node=1)
-    _run(console, other, started_ago=timedelta(minutes=1), waited=timedelta(0))
-    _run(console, running, started_ago=timedelta(minutes=1), waited=timedelta(0))
+    ran(console, other, started_ago=timedelta(minutes=1), waited=timedelta(0))
+    ran(console, running, started_ago=timedelta(minutes=1), waited=timedelta(0))
     with gw.transaction(immediate=False) as session:
         assert [t["kind"] for t in insights.suggestions(session, now)] == ["stale_reservation"]

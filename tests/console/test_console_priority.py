@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import re
 
-from console_testkit import Console, submit
+from console_testkit import Console, links_and_forms, submit
+from sqlalchemy import update
+
+from gateway.scheduler_tables import SchedJob
 
 
 def test_console_shows_the_decisions_of_owners_priority_changes(console: Console) -> None:
@@ -40,3 +43,59 @@ def test_console_shows_the_decisions_of_owners_priority_changes(console: Console
     page = sam.post("/ui/policy/whatif", data={"csrf": sam_csrf})
     summary = re.search(r'id="whatif-summary">(\d+) of (\d+) decisions flip', page.text)
     assert summary and summary.group(1) == "0" and int(summary.group(2)) >= 6, page.text
+
+
+def test_researcher_sets_priority_pauses_and_resumes_from_her_pages(console: Console) -> None:
+    """README's console table: my jobs (and each job's page) offer priority, pause and resume, posted through the
+    API's services with CSRF, decided and ledgered as the API's are, with the figures rounded for people."""
+    job = submit(console)
+    gw = console.gateway
+    with gw.transaction() as session:  # a figure as aging leaves it
+        session.execute(update(SchedJob).where(SchedJob.job_id == job).values(
+            priority=570.0491041888889, parts={"baseline": 550.0, "aging": 20.0491041888889, "manual": 0.0,
+                                               "total": 570.0491041888889}))
+    alice, csrf = console.sign_in("alice")
+    for page in ("/ui/", f"/ui/jobs/{job}"):
+        html = alice.get(page).text
+        _, forms = links_and_forms(html)
+        assert {f.action for f in forms} >= {f"/ui/jobs/{job}/priority", f"/ui/jobs/{job}/pause",
+                                             f"/ui/jobs/{job}/stop"}, page
+        assert f"/ui/jobs/{job}/resume" not in {f.action for f in forms}, page  # not paused
+        assert "570.05" in html and "570.049" not in html, page
+        assert 'max="570.04"' in html and "You may set it up to 570.04 yourself" in html, page
+
+    # Without the session's CSRF token nothing is decided.
+    size = gw.ledger.size()
+    assert alice.post(f"/ui/jobs/{job}/priority", data={"priority": "500"}).status_code == 403
+    assert gw.ledger.size() == size
+    # Above what she may set alone: the policy's refusal, its figure rounded down to one she may set.
+    r = alice.post(f"/ui/jobs/{job}/priority", data={"csrf": csrf, "priority": "900"})
+    assert r.status_code == 403 and f"alice may set their own job {job} at most to 570.04 " in r.text, r.text
+    assert alice.post(f"/ui/jobs/{job}/priority", data={"csrf": csrf, "priority": "lots"}).status_code == 422
+    # Give way, then take it back.
+    r = alice.post(f"/ui/jobs/{job}/priority", data={"csrf": csrf, "priority": "500", "reason": "after bob"},
+                   follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == f"/ui/jobs/{job}"
+    assert console.api("GET", f"/v1/jobs/{job}/queue", "alice").json()["priority"]["effective"] == 500
+    page = alice.get(f"/ui/jobs/{job}").text
+    assert 'name="restore"' in page and "Back to what the scheduler gives it (570.05)" in page
+    assert alice.post(f"/ui/jobs/{job}/priority", data={"csrf": csrf, "restore": "1"}).status_code == 200
+    assert console.api("GET", f"/v1/jobs/{job}/queue", "alice").json()["priority"]["effective"] == 570.049
+    changed = [e.value["body"] for e in gw.ledger.entries(size, gw.ledger.size() - size)
+               if e.value["kind"] == "decision" and e.value["body"]["input"]["action"] == "job.priority"]
+    assert [c["decision"]["effect"] for c in changed] == ["deny", "allow", "allow"]
+    assert {c["source"]["via"] for c in changed} == {"console"}
+
+    # Pause (a queued job is paused at once), then resume: back in its queue.
+    assert alice.post(f"/ui/jobs/{job}/pause", data={"csrf": csrf, "reason": "x"}).status_code == 422
+    r = alice.post(f"/ui/jobs/{job}/pause", data={"csrf": csrf, "reason": "fix the data loader"})
+    assert r.status_code == 200 and 'id="job-state">paused<' in r.text, r.text
+    _, forms = links_and_forms(r.text)
+    assert f"/ui/jobs/{job}/resume" in {f.action for f in forms}
+    assert f"/ui/jobs/{job}/pause" not in {f.action for f in forms}
+    r = alice.post(f"/ui/jobs/{job}/resume", data={"csrf": csrf})
+    assert r.status_code == 200 and 'id="job-state">pending<' in r.text, r.text
+    # bob works in vision too and may see the job, but not change it: no control is offered him.
+    bob, _ = console.sign_in("bob")
+    _, forms = links_and_forms(bob.get(f"/ui/jobs/{job}").text)
+    assert [f.action for f in forms if f.action.startswith("/ui/jobs/")] == []

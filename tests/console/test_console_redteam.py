@@ -10,14 +10,6 @@ from typing import Any
 import pytest
 from console_browser_kit import browser
 from console_testkit import Console, submit
-from served_app import served as serve_app
-
-
-@pytest.fixture
-def served(console: Console) -> Iterator[str]:
-    """The fixture's app behind a real uvicorn socket, for a real browser."""
-    with serve_app(console.app) as url:
-        yield url
 
 
 @pytest.fixture

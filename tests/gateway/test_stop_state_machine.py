@@ -131,6 +131,17 @@ def test_an_exit_code_that_is_no_exit_status_is_refused_and_the_job_stays_readab
     assert api.get(f"/v1/jobs/{job_id}", "alice").json()["exit_code"] == -9
 
 
+def test_an_exit_without_an_exit_status_says_so_and_never_exit_code_none(api: Api, settled: FakeAgent) -> None:
+    """A process gone before its agent could read its status (an agent restarted under it, say) is reported with
+    no exit code: the job's history and the ledger read "exit code None"."""
+    job_id, nonce = running_job(api, settled)
+    settled.report(job_id, "exited", nonce, pid=4242, evidence={"process_group_gone": True})
+    job = api.get(f"/v1/jobs/{job_id}", "alice").json()
+    assert job["state"] == "failed" and job["exit_code"] is None
+    ended = [e for e in ledger(api) if e["kind"] == "transition" and e["body"].get("job_id") == job_id][-1]
+    assert ended["body"]["reason"] == job["history"][-1]["reason"] == "its node reported no exit status"
+
+
 def test_commands_are_resent_until_acknowledged(api: Api, agent: FakeAgent) -> None:
     (first,) = agent.take()
     assert agent.take() == []  # handed out, not yet due again
