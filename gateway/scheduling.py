@@ -7,8 +7,10 @@ import logging
 import os
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import yaml
 from sqlalchemy import select
@@ -85,8 +87,28 @@ def _past_validity(job: Job, now: datetime | None) -> bool:
     return bool(now is not None and job.auto_offline and job.valid_until is not None and job.valid_until <= now)
 
 
-def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
-    """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage."""
+@dataclass(frozen=True)
+class UnisolatedNodesTake:
+    """Which jobs a node that cannot isolate them may take (policies/data.json `isolation.unisolated_nodes_take`,
+    H1): external-rights jobs or not, and jobs of which projects."""
+
+    external_rights: bool = False
+    projects: frozenset[str] = frozenset({"*"})
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> UnisolatedNodesTake:
+        take = data.get("isolation", {}).get("unisolated_nodes_take", {})
+        return cls(bool(take.get("external_rights", False)), frozenset(take.get("projects", ["*"])))
+
+    def needs_isolation(self, job: Job) -> bool:
+        return (job.external_rights and not self.external_rights) or \
+            ("*" not in self.projects and job.project not in self.projects)
+
+
+def build_snapshot(session: Session, now: datetime | None = None,
+                   take: UnisolatedNodesTake | None = None) -> Snapshot:
+    """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage; `take` says
+    which waiting jobs may run only on nodes that isolate jobs."""
     used: dict[str, set[int]] = defaultdict(set)
     # A job holds what its unreleased allocations hold, not its whole placement: one gang member may have
     # exited or stopped (released on the node's evidence) while the others still run.
@@ -113,7 +135,8 @@ def build_snapshot(session: Session, now: datetime | None = None) -> Snapshot:
                 gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=s.queued_at if s else j.submitted_at,
                 base_priority=(s.contribution if s else 0.0) + j.base_priority, runtime_limit_s=_limit(j),
                 wait_credit_s=s.wait_credit_s if s else 0.0, compensation=s.compensation if s else 0.0,
-                manual=s.manual if s else 0.0, stoppable=j.stoppable))
+                manual=s.manual if s else 0.0, stoppable=j.stoppable,
+                needs_isolation=take is not None and take.needs_isolation(j)))
         else:
             (withheld if j.state in WITHHELD_STATES else running).append(RunningJob(
                 id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
@@ -134,7 +157,9 @@ def _node_state(node: Node, used: set[int]) -> NodeState:
     new work until its jobs fit what it reports. Its free GPUs are only ever among those it reports."""
     gpus = max(node.gpus, max(used, default=-1) + 1)
     return NodeState(id=NodeId(node.id), gpus=gpus, free=frozenset(set(range(node.gpus)) - used),
-                     alive=node.state == "alive", degraded=gpus > node.gpus)
+                     alive=node.state == "alive", degraded=gpus > node.gpus, isolated=node.isolation != "none")
+
+
 
 
 def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
@@ -171,7 +196,7 @@ def run_once(gw: Gateway) -> int:
         config = scheduler_config(gw)
         decay_usage(session, now, config.fairshare_half_life_s)
         preemption.check_occupancy(gw, session, now, config)  # P3
-        snapshot = build_snapshot(session, now)
+        snapshot = build_snapshot(session, now, UnisolatedNodesTake.of(gw.policy_set.data))
         result = run_cycle(snapshot, now=now, config=config)
         # The plan was made from rows read without a lock: on PostgreSQL a stop or a node's report may have
         # committed since. The jobs it changes are locked and read again, so _admit and preemption.execute skip

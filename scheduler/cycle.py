@@ -138,6 +138,12 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     for node in schedulable:
         ever_fitting[node.gpus] += 1
     ever_fitting = list(accumulate(reversed(ever_fitting)))[::-1]
+    # H1: nodes whose agent cannot keep jobs apart; a job that needs isolation is never placed there.
+    unisolated = frozenset(r for r, node in enumerate(schedulable) if not node.isolated)
+    isolated_fitting = [0] * (largest_alive + 2)
+    for node in schedulable:
+        isolated_fitting[node.gpus] += node.isolated
+    isolated_fitting = list(accumulate(reversed(isolated_fitting)))[::-1]
 
     # Rule 1: order.
     share = fair_share_points(snapshot, config) if config.fairshare_weight else {}
@@ -178,9 +184,11 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
 
     for i, job in enumerate(ordered):
         g, n = job.gpus_per_node, job.nodes
-        possible = ever_fitting[min(g, largest_alive + 1)]
+        exclude = unisolated if job.needs_isolation else frozenset()
+        possible = (isolated_fitting if exclude else ever_fitting)[min(g, largest_alive + 1)]
         if possible < n:
-            why[job.id] = reasons.impossible(n, g, possible, largest_alive)
+            why[job.id] = (reasons.needs_isolation(n, g, possible) if exclude
+                           else reasons.impossible(n, g, possible, largest_alive))
             continue
         # Rule 5: quotas before placement.
         borrowed = False
@@ -227,8 +235,8 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         if head is not None:
             tried_behind_head += 1
         # Rule 2: gang placement, all or nothing; skipped once nothing left can fit (rule 3's early stop).
-        if not shortcuts or (not exhausted and index.count_fitting(g, use_held) >= n):
-            ranks = index.best_fit(g, n, use_held)
+        if not shortcuts or (not exhausted and index.count_fitting(g, use_held, exclude) >= n):
+            ranks = index.best_fit(g, n, use_held, exclude)
         else:
             ranks = None
         if ranks is not None:
@@ -240,7 +248,12 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             releases += [Release(at=end, job_id=job.id, rank=rank_of[p.node], gpus=p.gpus, assumed=ends is None)
                          for p in placement]
             continue
-        fitting = index.count_fitting(g, use_held)
+        fitting = index.count_fitting(g, use_held, exclude)
+        if exclude:
+            # Neither a reservation nor a preemption plan can be limited to the nodes that isolate jobs, so such a
+            # job takes neither: it waits until isolated nodes have room, and holds nothing meanwhile.
+            why[job.id] = reasons.waiting(n, g, fitting) + reasons.ISOLATED_ONLY
+            continue
         planned = None
         if not preemptions and attempts < config.max_preemption_attempts and _may_preempt(job, borrowed, quota,
                                                                                          snapshot, config):

@@ -35,6 +35,8 @@ class NodeState:
     # since which physical GPU an index names is then in doubt. Its jobs run on and count against capacity and
     # quotas, but nothing is placed or held on it, and no plan counts on the GPUs it frees.
     degraded: bool = False
+    # H1: whether its agent runs each job under an identity of its own. Jobs that need that never go elsewhere.
+    isolated: bool = True
 
     @property
     def schedulable(self) -> bool:
@@ -78,6 +80,8 @@ class PendingJob:
     # R5: declared stoppable from here. One that is not runs only on its tenant's owned quota: borrowed GPUs go
     # back when their lender reclaims them, by preempting the borrower, and such a job is never a victim.
     stoppable: bool = True
+    # H1: placed only on nodes that isolate jobs (policy decides which jobs need it, e.g. external-rights ones).
+    needs_isolation: bool = False
 
     @property
     def gpus(self) -> int:

@@ -50,8 +50,10 @@ class FreeIndex:
             best = max([best, *(len(self.free[r]) for r in self.held)])
         return best
 
-    def count_fitting(self, gpus: int, use_held: bool) -> int:
-        """Number of nodes offering at least `gpus` GPUs."""
+    def count_fitting(self, gpus: int, use_held: bool, exclude: frozenset[int] = frozenset()) -> int:
+        """Number of nodes offering at least `gpus` GPUs (not counting the ranks in `exclude`)."""
+        if exclude:
+            return self.count_fitting(gpus, use_held) - sum(self.available(r, use_held) >= gpus for r in exclude)
         cached = self._counts.get((gpus, use_held))
         if cached is not None:
             return cached
@@ -62,20 +64,22 @@ class FreeIndex:
         self._counts[gpus, use_held] = total
         return total
 
-    def best_fit(self, gpus: int, nodes: int, use_held: bool) -> list[int] | None:
-        """Ranks of the `nodes` best-fitting nodes, or None when fewer than `nodes` can take `gpus`."""
+    def best_fit(self, gpus: int, nodes: int, use_held: bool, exclude: frozenset[int] = frozenset()
+                 ) -> list[int] | None:
+        """Ranks of the `nodes` best-fitting nodes (none of `exclude`), or None when fewer than `nodes` can take
+        `gpus`."""
         skip = self.held if use_held else {}
         chosen: list[tuple[int, int]] = []
         for k in range(gpus, self.top + 1):
             for r in self.buckets[k]:
-                if r not in skip:
+                if r not in skip and r not in exclude:
                     chosen.append((k, r))
                     if len(chosen) == nodes:
                         break
             if len(chosen) == nodes:
                 break
         if skip:
-            chosen += [(len(self.free[r]), r) for r in skip if len(self.free[r]) >= gpus]
+            chosen += [(len(self.free[r]), r) for r in skip if len(self.free[r]) >= gpus and r not in exclude]
             chosen.sort()
         if len(chosen) < nodes:
             return None
@@ -133,10 +137,11 @@ class ScanIndex(FreeIndex):
     def max_available(self, use_held: bool) -> int:
         return max((self.available(r, use_held) for r in range(len(self.free))), default=0)
 
-    def count_fitting(self, gpus: int, use_held: bool) -> int:
-        return sum(1 for r in range(len(self.free)) if self.available(r, use_held) >= gpus)
+    def count_fitting(self, gpus: int, use_held: bool, exclude: frozenset[int] = frozenset()) -> int:
+        return sum(1 for r in range(len(self.free)) if self.available(r, use_held) >= gpus and r not in exclude)
 
-    def best_fit(self, gpus: int, nodes: int, use_held: bool) -> list[int] | None:
+    def best_fit(self, gpus: int, nodes: int, use_held: bool, exclude: frozenset[int] = frozenset()
+                 ) -> list[int] | None:
         order = sorted(range(len(self.free)), key=lambda r: (self.available(r, use_held), r))
-        chosen = [r for r in order if self.available(r, use_held) >= gpus][:nodes]
+        chosen = [r for r in order if self.available(r, use_held) >= gpus and r not in exclude][:nodes]
         return chosen if len(chosen) == nodes else None

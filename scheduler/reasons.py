@@ -42,6 +42,14 @@ def impossible(nodes: int, gpus: int, alive_fitting: int, largest_alive: int) ->
     return f"{gang(nodes, gpus, free=False)}; only {alive_fitting} alive {noun} that many"
 
 
+ISOLATED_ONLY = " (it may run only on nodes that isolate jobs)"
+
+
+def needs_isolation(nodes: int, gpus: int, isolated_fitting: int) -> str:
+    noun = "node isolates" if isolated_fitting == 1 else "nodes isolate"
+    return f"{gang(nodes, gpus, free=False)} on nodes that isolate jobs; only {isolated_fitting} such {noun} jobs"
+
+
 def when(t: datetime) -> str:
     return t.isoformat(timespec="seconds")
 

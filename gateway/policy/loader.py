@@ -97,7 +97,7 @@ MAX_DAYS = 36500
 
 # Keys of data.json the gateway itself reads beside the numbers above (quotas.py: Q3 scores) or that only
 # document the file.
-GATEWAY_DATA_KEYS = frozenset({"contribution", "about"})
+GATEWAY_DATA_KEYS = frozenset({"contribution", "about", "isolation"})
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -430,7 +430,29 @@ def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
             line = _line_of_key(text, path)
             problems.append(PolicyProblem(DATA_FILE, line, f"{'.'.join(path)} must be {need}"))
     problems.extend(_contribution_problems(data, text))
+    problems.extend(_isolation_problems(data, text))
     return data, problems
+
+
+def _isolation_problems(data: dict[str, Any], text: str) -> list[PolicyProblem]:
+    """H1, read by the scheduler (gateway/scheduling.py): which jobs may run on a node that cannot isolate them.
+    `isolation.unisolated_nodes_take` = {"external_rights": bool, "projects": [project ids or "*"]}."""
+    take = data.get("isolation", {}).get("unisolated_nodes_take") if isinstance(data.get("isolation"), dict) else None
+    if "isolation" not in data:
+        return []
+    where = ("isolation", "unisolated_nodes_take")
+    if not isinstance(take, dict) or set(take) - {"external_rights", "projects"}:
+        return [PolicyProblem(DATA_FILE, _line_of_key(text, where), "isolation.unisolated_nodes_take must be an "
+                              'object of "external_rights" (true/false) and "projects" (a list of project ids or "*")')]
+    problems = []
+    if not isinstance(take.get("external_rights", False), bool):
+        problems.append(PolicyProblem(DATA_FILE, _line_of_key(text, (*where, "external_rights")),
+                                      "isolation.unisolated_nodes_take.external_rights must be true or false"))
+    projects = take.get("projects", ["*"])
+    if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
+        problems.append(PolicyProblem(DATA_FILE, _line_of_key(text, (*where, "projects")),
+                                      "isolation.unisolated_nodes_take.projects must be a list of project ids"))
+    return problems
 
 
 def _contribution_problems(data: dict[str, Any], text: str) -> list[PolicyProblem]:

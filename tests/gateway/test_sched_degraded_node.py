@@ -11,7 +11,7 @@ from gateway_testkit import Api, job_spec
 from sqlalchemy import select
 from test_sched_api import bring_up_nodes, job, node_headers, report
 
-from gateway.models import Allocation
+from gateway.models import Allocation, Job
 from gateway.notifications import Notification
 from gateway.scheduling import run_once
 
@@ -101,3 +101,26 @@ def test_a_degraded_node_takes_no_new_work_until_its_jobs_fit_the_gpus_it_report
     report(api, node, a, "exited", evidence=DONE)
     assert run_once(api.gateway) == 1
     assert held(api, node) == {d: [0, 1]}
+
+
+def test_an_external_rights_job_never_goes_to_a_node_that_cannot_isolate_it(api: Api) -> None:
+    """H1 with R3: on a node whose agent runs jobs as its own user (isolation: none) any job could act as the node
+    and reach its neighbours; policy (data.json isolation.unisolated_nodes_take) keeps external-rights jobs off."""
+    for node, isolation in zip(NODES, ("none", "none"), strict=True):
+        r = api.client.post(f"/v1/agents/{node}/heartbeat", headers=node_headers(api, node),
+                            json={"gpus": 8, "running": [], "isolation": isolation})
+        assert r.status_code == 200, r.text
+    partner = api.post("/v1/jobs", "alice", json=job_spec(name="on-partner-data")).json()
+    own = api.post("/v1/jobs", "alice", json=job_spec(name="own-data")).json()
+    with api.gateway.db.transaction() as s:
+        s.get(Job, partner["id"]).external_rights = True  # its data's rights holder is another organisation (R3)
+    run_once(api.gateway)
+    assert job(api, own["id"])["state"] == "starting"
+    waiting = job(api, partner["id"])
+    assert waiting["state"] == "pending" and "on nodes that isolate jobs; only 0 such" in waiting["state_reason"]
+    r = api.client.post(f"/v1/agents/{NODES[1]}/heartbeat", headers=node_headers(api, NODES[1]),
+                        json={"gpus": 8, "running": [], "isolation": "uid+cgroup"})
+    assert r.status_code == 200, r.text
+    run_once(api.gateway)
+    placed = job(api, partner["id"])
+    assert placed["state"] == "starting" and [p["node"] for p in placed["placement"]] == [NODES[1]]

@@ -43,6 +43,7 @@ class JobBuilder:
         self._credit = 0.0
         self._compensation = 0.0
         self._stoppable = True
+        self._needs_isolation = False
 
     def gpus(self, n: int) -> JobBuilder:
         self._gpus = n
@@ -77,6 +78,11 @@ class JobBuilder:
         self._stoppable = False
         return self
 
+    def isolated_only(self) -> JobBuilder:
+        """May run only on nodes that isolate jobs (H1; e.g. an external-rights job)."""
+        self._needs_isolation = True
+        return self
+
     def requeued(self, waited_before_h: float, compensation: float) -> JobBuilder:
         """A job back in the queue after a preemption: earlier wait carried over, plus compensation."""
         self._credit = waited_before_h * HOUR
@@ -87,7 +93,8 @@ class JobBuilder:
         return PendingJob(id=self._id, project=self._project, user=self._user, queue=self._queue,
                           gpus_per_node=self._gpus, nodes=self._nodes, submitted_at=self._submitted,
                           base_priority=self._priority, runtime_limit_s=self._limit,
-                          wait_credit_s=self._credit, compensation=self._compensation, stoppable=self._stoppable)
+                          wait_credit_s=self._credit, compensation=self._compensation, stoppable=self._stoppable,
+                          needs_isolation=self._needs_isolation)
 
 
 def job(job_id: str, project: str = "vision", user: str = "ada") -> JobBuilder:
@@ -95,10 +102,10 @@ def job(job_id: str, project: str = "vision", user: str = "ada") -> JobBuilder:
 
 
 def node(node_id: str, gpus: int = 8, *, busy: Iterable[int] = (), alive: bool = True,
-         degraded: bool = False) -> NodeState:
+         degraded: bool = False, isolated: bool = True) -> NodeState:
     """A node with every GPU free except `busy` (snap() also removes GPUs of running jobs)."""
     return NodeState(id=NodeId(node_id), gpus=gpus, free=frozenset(range(gpus)) - frozenset(busy), alive=alive,
-                     degraded=degraded)
+                     degraded=degraded, isolated=isolated)
 
 
 def running(job_id: str, on: dict[str, Iterable[int]], *, started: datetime = NOW,

@@ -46,6 +46,12 @@ CASES: list[tuple[str, list[NodeState], list[JobBuilder], dict[str, dict[str, tu
     ("dead nodes are never used",
      [node("a", alive=False), node("b", busy=range(6))], [job("j").gpus(4), job("k").gpus(2)],
      {"k": {"b": (6, 7)}}),
+    ("a job that needs isolation skips the best-fitting node that cannot isolate it",
+     [node("a", busy=range(6), isolated=False), node("b")], [job("ext").gpus(2).isolated_only(), job("j").gpus(2)],
+     {"ext": {"b": (0, 1)}, "j": {"a": (6, 7)}}),
+    ("a gang that needs isolation uses isolated nodes only",
+     [node("a", isolated=False), node("b"), node("c")], [job("g").gpus(8).nodes(2).isolated_only()],
+     {"g": {"b": tuple(range(8)), "c": tuple(range(8))}}),
 ]
 
 
@@ -75,6 +81,21 @@ def test_a_degraded_node_takes_no_new_work_though_it_has_free_gpus() -> None:
                             [job("x").gpus(4), job("y").gpus(4), job("z").gpus(2)]), now=NOW)
     assert admitted(result) == {"x": {"b": (0, 1, 2, 3)}, "y": {"b": (4, 5, 6, 7)}}
     assert "z" in reasons(result)
+
+
+def test_a_job_that_needs_isolation_waits_for_isolated_nodes_and_holds_nothing() -> None:
+    """H1: on nodes whose agents run jobs as their own user, a job the policy keeps off them (an external-rights
+    job) waits, saying why; it reserves nothing and plans no preemption on them for itself."""
+    result = run_cycle(snap([node("a", isolated=False), node("b", busy=range(4))],
+                            [job("ext").gpus(8).isolated_only().queue("urgent").waited(1), job("j").gpus(4)]),
+                       now=NOW)
+    assert admitted(result) == {"j": {"b": (4, 5, 6, 7)}}
+    assert reasons(result)["ext"].endswith("(it may run only on nodes that isolate jobs)")
+    assert result.reservations == () and result.preemptions == ()
+    gang = run_cycle(snap([node("a", isolated=False), node("b")], [job("g").gpus(8).nodes(2).isolated_only()]),
+                     now=NOW)
+    assert reasons(gang)["g"] == "needs 2 nodes with 8 GPUs each on nodes that isolate jobs; only 1 such node " \
+                                 "isolates jobs"
 
 
 def test_larger_than_any_alive_node() -> None:

@@ -4,6 +4,7 @@ determinism, the bucket index agreeing with a full scan, and backfill never dela
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 
 from hypothesis import given, settings
@@ -37,7 +38,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         busy = draw(st.sets(st.integers(0, gpus - 1)))
         nid = NodeId(f"n{i}")
         alive: bool = draw(st.booleans()) or i == 0  # at least one alive node, most of the time more
-        nodes.append(NodeState(nid, gpus, frozenset(range(gpus)) - busy, alive=alive))
+        nodes.append(NodeState(nid, gpus, frozenset(range(gpus)) - busy, alive=alive,
+                               isolated=draw(st.sampled_from([True, True, False]))))
         if busy and draw(st.booleans()):  # busy GPUs held by a known running job (else by something unknown)
             running.append(RunningJob(
                 JobId(f"r{i}"), ProjectId("p"), "u", "normal", 0.0,
@@ -47,7 +49,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         PendingJob(JobId(f"j{k}"), ProjectId("p"), "u", draw(st.sampled_from(QUEUES)),
                    gpus_per_node=draw(st.sampled_from([1, 1, 2, 3, 4, 8])), nodes=draw(st.integers(1, 3)),
                    submitted_at=NOW - timedelta(minutes=draw(st.integers(0, 3000))),
-                   base_priority=float(draw(st.integers(0, 3)) * 10), runtime_limit_s=draw(LIMITS))
+                   base_priority=float(draw(st.integers(0, 3)) * 10), runtime_limit_s=draw(LIMITS),
+                   needs_isolation=draw(st.sampled_from([False, False, True])))
         for k in range(draw(st.integers(0, 12)))
     ]
     return Snapshot(tuple(nodes), tuple(pending), tuple(running))
@@ -60,9 +63,11 @@ CONFIGS = st.builds(SchedulerConfig, reservation_window_s=st.sampled_from([1800.
 @settings(max_examples=300, deadline=None)
 @given(snapshots(), CONFIGS)
 def test_no_node_over_allocated_and_gangs_whole(snapshot: Snapshot, config: SchedulerConfig) -> None:
-    """Q6 gangs all or nothing, which Q7 rests on: no admit ever takes part of a gang."""
+    """Q6 gangs all or nothing, which Q7 rests on: no admit ever takes part of a gang; H1: a job that needs
+    isolation is only ever placed on nodes that isolate jobs."""
     result = run_cycle(snapshot, now=NOW, config=config)
     free = {n.id: n.free for n in snapshot.nodes if n.alive}
+    isolated = {n.id for n in snapshot.nodes if n.isolated}
     jobs = {j.id: j for j in snapshot.pending}
     taken: set[tuple[str, int]] = set()
     for admit in result.admits:
@@ -70,6 +75,7 @@ def test_no_node_over_allocated_and_gangs_whole(snapshot: Snapshot, config: Sche
         assert len(admit.placement) == spec.nodes
         assert len({p.node for p in admit.placement}) == spec.nodes
         for p in admit.placement:
+            assert p.node in isolated or not spec.needs_isolation
             assert len(p.gpus) == len(set(p.gpus)) == spec.gpus_per_node
             assert set(p.gpus) <= free[p.node]
             gpus = {(p.node, g) for g in p.gpus}
@@ -124,7 +130,7 @@ def _apply(snapshot: Snapshot, result: CycleResult) -> Snapshot:
                                   a.placement, spec.runtime_limit_s))
     admitted = {a.job_id for a in result.admits}
     return Snapshot(
-        tuple(NodeState(n.id, n.gpus, n.free - used.get(n.id, set()), n.alive) for n in snapshot.nodes),
+        tuple(replace(n, free=n.free - used.get(n.id, set())) for n in snapshot.nodes),
         tuple(j for j in snapshot.pending if j.id not in admitted),
         snapshot.running + tuple(started))
 
