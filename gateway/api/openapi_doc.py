@@ -35,6 +35,8 @@ class Problem(BaseModel):
     errors: list[FieldProblem] | None = Field(None, description="422: each invalid field.")
     rules: list[str] | None = Field(None, description="Policy refusals: the rules that decided.")
     ledger_seq: int | None = Field(None, description="Policy refusals: where the refusal is recorded (-1: not).")
+    retry_after_s: int | None = Field(None, description=(
+        "429: seconds until a call fits the calls-per-minute limit again, as the `Retry-After` header says."))
 
 
 _ERRORS = {

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -115,7 +118,26 @@ class Client:
             detail += f" (rule {', '.join(map(str, rules))}{recorded})"
         if r.status_code == 401 and not self.has_token:
             detail += " (no token given: set JOBGATE_TOKEN or pass --token)"
+        if r.status_code == 429:
+            detail += f"; {_when_to_retry(r.headers.get('retry-after'))}"
         return detail
+
+
+def _when_to_retry(retry_after: str | None) -> str:
+    """A 429's Retry-After (delay-seconds or an HTTP-date, RFC 9110 §10.2.3) in words, with the clock time."""
+    now = datetime.now(UTC)
+    at: datetime | None = None
+    if retry_after and retry_after.strip().isdigit():
+        at = now + timedelta(seconds=int(retry_after))
+    elif retry_after:
+        try:
+            at = parsedate_to_datetime(retry_after)
+        except (TypeError, ValueError):
+            at = None
+    if at is None or at.tzinfo is None:
+        return "try again later"
+    wait = max(0, math.ceil((at - now).total_seconds()))
+    return f"try again in {wait} s (after {at.astimezone().strftime('%H:%M:%S')})"
 
 
 def _as_option(error: object, options: Mapping[str, str]) -> str:

@@ -33,7 +33,8 @@ TOKEN = "jg_" + "x" * 43
 
 
 class Canned(ThreadingHTTPServer):
-    answers: dict[tuple[str, str], tuple[int, dict[str, Any]]]
+    # (method, path) -> (status, body) or (status, body, headers)
+    answers: dict[tuple[str, str], tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], dict[str, str]]]
     authorization: str | None = None  # the header of the last request
 
 
@@ -44,9 +45,11 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         self.rfile.read(length)
         self.server.authorization = self.headers.get("authorization")
-        status, body = self.server.answers.get((self.command, self.path), (404, {"detail": "not canned"}))
+        status, body, *headers = self.server.answers.get((self.command, self.path), (404, {"detail": "not canned"}))
         data = json.dumps(body).encode()
         self.send_response(status)
+        for name, value in (headers[0] if headers else {}).items():
+            self.send_header(name, value)
         self.send_header("content-type", "application/problem+json" if status >= 400 else "application/json")
         self.send_header("content-length", str(len(data)))
         self.end_headers()
@@ -115,6 +118,22 @@ def test_a_refusal_names_its_rule_and_ledger_seq(canned: Canned) -> None:
                    " (rule A4.no_capability; refusal recorded at ledger seq 21)\n")
     code, out = run(canned, "job", "show", "j-1")
     assert code == 1 and out.endswith("grants job.view (rule A1.not_member)\n"), out  # no seq: none recorded
+
+
+def test_a_rate_limit_refusal_is_one_line_that_says_when_to_try_again(canned: Canned) -> None:
+    canned.answers[("POST", "/v1/jobs/j-1/stop")] = (429, {
+        "type": "https://jobgate.dev/problems/rate-limited", "title": "Too many requests", "status": 429,
+        "detail": "rate limit calls_per_minute_per_principal: principal bob may make 60 mutating calls per minute;"
+                  " this would be call 61", "rules": ["H2.rate_limit"], "ledger_seq": 130, "retry_after_s": 17},
+        {"Retry-After": "17"})
+    code, out = run(canned, "job", "stop", "j-1", "--reason", "poke")
+    assert code == 1 and out.count("\n") == 1, out
+    assert out.startswith("Error: 429 rate limit calls_per_minute_per_principal: principal bob may make 60 mutating"
+                          " calls per minute; this would be call 61 (rule H2.rate_limit; refusal recorded at ledger"
+                          " seq 130); try again in 17 s (after "), out
+    canned.answers[("POST", "/v1/jobs/j-1/stop")] = (429, {"detail": "slow down"})  # a proxy's, with no header
+    code, out = run(canned, "job", "stop", "j-1", "--reason", "poke")
+    assert code == 1 and out == "Error: 429 slow down; try again later\n", out
 
 
 def test_a_missing_token_says_where_one_goes(canned: Canned) -> None:
