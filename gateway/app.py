@@ -13,7 +13,7 @@ import anyio.to_thread
 import fastapi.routing
 from fastapi import FastAPI
 
-from gateway.api import openapi_doc
+from gateway.api import docs_pages, openapi_doc
 from gateway.api.routes import ROUTERS
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.bootstrap import open_gateway
@@ -101,8 +101,11 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
             gw.policy.close()
             gw.close()
 
-    app = FastAPI(title="jobgate", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    # /docs and /redoc: FastAPI's own load their scripts from a CDN; docs_pages serves installed copies.
+    app = FastAPI(title="jobgate", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
     app.openapi = partial(openapi_doc.document, app)  # type: ignore[method-assign]
+    docs_pages.install(app)
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)

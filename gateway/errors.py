@@ -23,11 +23,11 @@ class GatewayError(Exception):
     status = 400
     kind = "bad-request"
     title = "Bad request"
-
     def __init__(self, detail: str, **extra: Any) -> None:
         super().__init__(detail)
         self.detail = detail
         self.extra = extra
+        self.headers: dict[str, str] = {}  # HTTP headers of the answer beside the problem body
 
 
 class Unauthenticated(GatewayError):
@@ -40,6 +40,25 @@ class Forbidden(GatewayError):
 
 class PolicyDenied(Forbidden):
     kind, title = "policy-denied", "Denied by policy"
+
+
+class RateLimited(GatewayError):
+    """H2: a calls-per-minute limit is used up. 429 with Retry-After (RFC 6585 §4, RFC 9110 §10.2.3): the same call
+    succeeds later, unlike a blast-radius limit (jobs, projects, GPUs per call), which is a policy refusal (403)
+    that no wait changes. The refusal is in the ledger like any decision (`ledger_seq`)."""
+
+    status, kind, title = 429, "rate-limited", "Too many requests"
+
+    def __init__(self, detail: str, *, retry_after_s: int, **extra: Any) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s, **extra)
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
+class RateCountsUnavailable(GatewayError):
+    """H2: the shared call counts (Redis) cannot be read, so the call is refused (fail closed) and ledgered. 503:
+    the gateway cannot decide now, and the caller may try again; nothing about the caller is refused."""
+
+    status, kind, title = 503, "rate-limit-unavailable", "Rate limit counts unavailable: mutation refused"
 
 
 class NotFound(GatewayError):
@@ -86,7 +105,9 @@ _ABORTED_FOR_ANOTHER = frozenset({"40P01", "40001"})
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
-        return problem(exc.status, exc.kind, exc.title, exc.detail, request.url.path, **exc.extra)
+        response = problem(exc.status, exc.kind, exc.title, exc.detail, request.url.path, **exc.extra)
+        response.headers.update(exc.headers)
+        return response
 
     # The business database's own refusals reached the caller as a bare "Internal Server Error" page. Each
     # comes out of the request's transaction, which rolled back: say so, as problem+json, without the SQL.

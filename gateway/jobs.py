@@ -19,12 +19,21 @@ from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.emergency_holds import holds_on
-from gateway.errors import Conflict, Invalid, LedgerUnavailable, NotFound, PolicyDenied
+from gateway.errors import (
+    Conflict,
+    Invalid,
+    LedgerUnavailable,
+    NotFound,
+    PolicyDenied,
+    RateCountsUnavailable,
+    RateLimited,
+)
 from gateway.models import Job, Node, Principal, Project
 from gateway.obligations import notify_owners
 from gateway.pipeline import Recorded, decide, durable, ledger_batch, record
 from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
+from gateway.ratelimit import RateBreach
 from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
 from gateway.states import ENDED_STATES, JOB_STATES, STOPPABLE_STATES, STOPPING_STATES
 from gateway.submission_rows import insert_submission
@@ -73,16 +82,21 @@ def decision_out(rec: Recorded) -> DecisionOut:
 
 
 def refuse_if_denied(rec: Recorded) -> None:
-    """Raise PolicyDenied for a deny. Only for actions that open an approval when the answer is
-    needs_approval; every other caller wants refuse_unless_allowed."""
-    if rec.decision.effect == "deny":
-        raise PolicyDenied(
-            " ".join(rec.decision.reasons) or "denied by policy",
-            reasons=list(rec.decision.reasons),
-            rules=list(rec.decision.rules),
-            ledger_seq=rec.seq,
-            policy_hash=rec.decision.policy_hash,
-        )
+    """Raise for a deny: RateLimited (429, Retry-After) for a used-up calls-per-minute limit,
+    RateCountsUnavailable (503) when its counts cannot be read, PolicyDenied (403) for every other refusal, the
+    blast-radius limits (jobs, projects, GPUs per call) among them: asking again later changes nothing there.
+    Only for actions that open an approval when the answer is needs_approval; every other caller wants
+    refuse_unless_allowed."""
+    if rec.decision.effect != "deny":
+        return
+    detail = " ".join(rec.decision.reasons) or "denied by policy"
+    recorded = {"reasons": list(rec.decision.reasons), "rules": list(rec.decision.rules), "ledger_seq": rec.seq,
+                "policy_hash": rec.decision.policy_hash}
+    if isinstance(rec.rate_refusal, RateBreach):
+        raise RateLimited(detail, retry_after_s=rec.rate_refusal.retry_after_s, **recorded)
+    if rec.rate_refusal is not None:
+        raise RateCountsUnavailable(detail, **recorded)
+    raise PolicyDenied(detail, **recorded)
 
 
 def refuse_unless_allowed(rec: Recorded, what: str = "this request") -> None:

@@ -28,9 +28,12 @@ from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
 from gateway.models import Allocation, Job
 from gateway.policy.engine import BREAK_GLASS_RULE, Decision
 from gateway.queue_snapshot import snapshot_blob
+from gateway.ratelimit import CountsUnavailable, RateBreach
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from ledger.errors import InvalidEntry, LedgerError
 from ledger.service import AppendResult, Ticket
+
+RATE_LIMIT_RULE = "H2.rate_limit"
 
 # Actions counted against the caller's calls per minute but not against their projects' (see decide).
 PRINCIPAL_LIMIT_ONLY = frozenset({"emergency.stop"})
@@ -111,6 +114,9 @@ class Recorded:
     seq: int
     input: dict[str, Any]
     ticket: Ticket | None = None  # decide(wait=False): the entry, queued; not durable until the caller waits
+    # H2: the calls-per-minute limit that refused the call before the policy was asked, if one did (a 429, or a
+    # 503 when the counts could not be read, rather than the 403 of a policy refusal: see jobs.refuse_if_denied).
+    rate_refusal: RateBreach | CountsUnavailable | None = None
 
 
 def decide(
@@ -179,9 +185,11 @@ def decide(
     try:
         caller.check_scope(action, projects)
         decision = gw.policy.decide(decision_input) if breach is None else _refused(gw, breach.sentence(),
-                                                                                     "H2.rate_limit")
+                                                                                     RATE_LIMIT_RULE)
     except Forbidden as e:
         decision = _refused(gw, e.detail, "token_scope")
+    # (a token that does not cover the call is refused for that, even where the call is also over its rate)
+    rate_refusal = breach if breach is not None and decision.rules == (RATE_LIMIT_RULE,) else None
     DECISION_SECONDS.observe(time.perf_counter() - started)
     policy_said = None
     if caller.breakglass and decision.effect == "needs_approval":
@@ -202,7 +210,7 @@ def decide(
                 " request needs; it waits for them", *decision.reasons))
     DECISIONS.labels(action, decision.effect).inc()
     if not record:
-        return Recorded(request_id, decision, -1, decision_input)
+        return Recorded(request_id, decision, -1, decision_input, rate_refusal=rate_refusal)
     body = {
         "request_id": request_id,
         "actor": caller.to_json(),
@@ -222,7 +230,7 @@ def decide(
             queued = gw.ledger.enqueue("decision", body, blobs=blobs)
             if tickets is not None:
                 tickets.append(queued)
-            return Recorded(request_id, decision, queued.seq, decision_input, queued)
+            return Recorded(request_id, decision, queued.seq, decision_input, queued, rate_refusal)
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
         LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
@@ -232,7 +240,7 @@ def decide(
         raise Invalid(f"the request holds a value the ledger cannot record ({e}); nothing was changed") from e
     except LedgerError as e:
         raise LedgerUnavailable(f"the decision could not be recorded ({e}); nothing was changed") from e
-    return Recorded(request_id, decision, appended.seq, decision_input)
+    return Recorded(request_id, decision, appended.seq, decision_input, rate_refusal=rate_refusal)
 
 
 async def durable(ticket: Ticket) -> AppendResult:

@@ -6,6 +6,8 @@ JOBGATE_RATE_LIMIT_STORAGE=redis://... is set, so the counts hold across gateway
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,12 +19,16 @@ DEFAULT_PER_PRINCIPAL = 60
 DEFAULT_PER_PROJECT = 300
 
 
+WINDOW_S = 60  # the moving window every calls-per-minute limit counts over
+
+
 @dataclass(frozen=True)
 class RateBreach:
     limit: str  # calls_per_minute_per_principal | calls_per_minute_per_project
     key: str
     value: int
     observed: int
+    retry_after_s: int = WINDOW_S  # until the oldest call in the window leaves it and frees a place
 
     def sentence(self) -> str:
         scope = "principal" if self.limit.endswith("principal") else "project"
@@ -85,5 +91,14 @@ class RateLimiter:
             except StorageError as e:
                 return CountsUnavailable(f"{type(e.storage_error).__name__}: {e.storage_error}")
             if not allowed:
-                return RateBreach(name, key, value, value + 1)
+                return RateBreach(name, key, value, value + 1, self._retry_after(item, kind, key))
         return None
+
+    def _retry_after(self, item: _PerMinute, kind: str, key: str) -> int:
+        """Whole seconds until the window has room for one more call (HTTP Retry-After), at least 1; the whole
+        window when the counts cannot be read a second time."""
+        try:
+            reset = self._limiter.get_window_stats(item, "jobgate", kind, key).reset_time
+        except StorageError:
+            return WINDOW_S
+        return min(WINDOW_S, max(1, math.ceil(reset - time.time())))

@@ -1,4 +1,4 @@
-"""The OpenAPI document as clients meet the API: bearer authentication and problem+json errors.
+"""The OpenAPI document as clients meet the API: bearer authentication, problem+json errors, example bodies.
 
 FastAPI documents the `Authorization` header as a plain parameter (so /docs has no Authorize button) and every
 422 as its own `HTTPValidationError`, while the gateway answers every error as RFC 9457 problem+json
@@ -13,7 +13,13 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
+from gateway.api.examples import EXAMPLES
+
 BEARER = "bearer"
+# A route that may wait for a second person declares this beside its usual answer (M2).
+AWAITS_APPROVAL: dict[int | str, dict[str, Any]] = {202: {
+    "description": "A second person must approve first: nothing changed yet; `approval_id` names the request to"
+                   " confirm at `POST /v1/approvals/{approval_id}/approve`."}}
 _PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
 
@@ -35,14 +41,24 @@ class Problem(BaseModel):
     errors: list[FieldProblem] | None = Field(None, description="422: each invalid field.")
     rules: list[str] | None = Field(None, description="Policy refusals: the rules that decided.")
     ledger_seq: int | None = Field(None, description="Policy refusals: where the refusal is recorded (-1: not).")
+    retry_after_s: int | None = Field(None, description=(
+        "429: seconds until a call fits the calls-per-minute limit again, as the `Retry-After` header says."))
 
 
 _ERRORS = {
     "401": "No token, or one unknown, expired or revoked.",
-    "403": "Refused: by policy (`rules`, `ledger_seq`) or by the token's scope.",
+    "403": "Refused: by policy (`rules`, `ledger_seq`), a blast-radius limit among them (jobs, projects or GPUs per"
+           " call: the same call is refused again later), or by the token's scope.",
     "422": "Invalid input: `errors` names each field.",
-    "4XX": "Other refusals: 404 unknown id, 409 conflicting state, 413 body too large, 429 rate limit.",
+    "429": "A calls-per-minute limit is used up (rule H2.rate_limit, ledgered at `ledger_seq`): the same call may be"
+           " made again after `Retry-After` seconds. Counted on calls that act on existing jobs.",
+    "4XX": "Other refusals: 404 unknown id, 409 conflicting state, 413 body too large.",
+    "5XX": "503: the ledger, the business database or the rate-limit counts cannot be reached now; nothing changed,"
+           " try again. 500: an unexpected failure; its changes were rolled back.",
 }
+_MUTATING = frozenset({"post", "put", "patch", "delete"})
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before making the call again (RFC 9110 §10.2.3).",
+                                "schema": {"type": "integer", "minimum": 1}}}
 
 
 def _problem(description: str) -> dict[str, Any]:
@@ -67,8 +83,10 @@ def document(app: FastAPI) -> dict[str, Any]:
     components["securitySchemes"] = {BEARER: {
         "type": "http", "scheme": "bearer",
         "description": "A jobgate token (`jg_...`), or a break-glass credential: `Authorization: Bearer ...`."}}
-    for operations in doc.get("paths", {}).values():
-        for op in operations.values():
+    for path, operations in doc.get("paths", {}).items():
+        for method, op in operations.items():
+            if (example := EXAMPLES.get(f"{method.upper()} {path}")) is not None and "requestBody" in op:
+                op["requestBody"]["content"]["application/json"]["example"] = example
             params = op.get("parameters", [])
             takes_token = any(p.get("in") == "header" and p.get("name", "").lower() == "authorization" for p in params)
             op["parameters"] = [p for p in params if not (p.get("in") == "header"
@@ -81,7 +99,11 @@ def document(app: FastAPI) -> dict[str, Any]:
                     continue  # (the health check, metrics)
                 if code == "422" and code not in responses:
                     continue  # an operation with no input to validate
+                if code == "429" and method not in _MUTATING:
+                    continue  # reads are not counted
                 responses[code] = _problem(description)
+            if "429" in responses:
+                responses["429"]["headers"] = _RETRY_AFTER
             if takes_token:
                 op["security"] = [{BEARER: []}]
     app.openapi_schema = doc

@@ -11,13 +11,8 @@ from typing import Any
 
 import click
 
-from gateway.cli.client import Client, client_options, emit_json, table
+from gateway.cli.client import Client, ClientGroup, client_options, emit_json, table
 from gateway.cli.jobs import who_confirms
-
-
-def _client(gateway: str, token: str | None, trigger: str | None) -> Client:
-    return Client(gateway, token, trigger)
-
 
 _RADIUS_LABELS = {"jobs": "job(s)", "running": "running", "gpus": "GPU(s)", "gpu_hours_at_stake": "GPU-hours at stake"}
 
@@ -151,19 +146,19 @@ def describe(a: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-@click.group("approvals")
+@click.group("approvals", cls=ClientGroup)
 def approvals_group() -> None:
     """Approval requests (two-person rule)."""
 
 
 @approvals_group.command("list")
-@client_options
 @click.option("--state", type=click.Choice(["pending", "executed", "rejected", "expired"]), default="pending",
               show_default=True, help="Only requests in this state.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def list_approvals(gateway: str, token: str | None, trigger: str | None, state: str, as_json: bool) -> None:
+@click.pass_obj
+def list_approvals(client: Client, state: str, as_json: bool) -> None:
     """Requests you made or could approve; `jobgate approvals show ID` prints one in full."""
-    found = _client(gateway, token, trigger).request("GET", "approvals", params={"state": state})["approvals"]
+    found = client.request("GET", "approvals", params={"state": state})["approvals"]
     if as_json:
         emit_json(found)
         return
@@ -173,13 +168,13 @@ def list_approvals(gateway: str, token: str | None, trigger: str | None, state: 
 
 
 @approvals_group.command("show")
-@client_options
 @click.argument("approval_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def show_approval(gateway: str, token: str | None, trigger: str | None, approval_id: str, as_json: bool) -> None:
+@click.pass_obj
+def show_approval(client: Client, approval_id: str, as_json: bool) -> None:
     """Everything APPROVAL_ID would do: action, every target id, parameters, reason, blast radius, the digest
     an approval is bound to, who approved so far, who still must, and when it expires."""
-    found = _client(gateway, token, trigger).request("GET", "approvals", approval_id)
+    found = client.request("GET", "approvals", approval_id)
     if as_json:
         emit_json(found)
     else:
@@ -195,7 +190,7 @@ def approve(gateway: str, token: str | None, trigger: str | None, approval_id: s
             as_json: bool) -> None:
     """Approve APPROVAL_ID as the second person; it executes once enough approvals are recorded."""
     body = {"comment": comment} if comment else {}
-    result = _client(gateway, token, trigger).request("POST", "approvals", approval_id, "approve", json=body)
+    result = Client(gateway, token, trigger).request("POST", "approvals", approval_id, "approve", json=body)
     if as_json:
         emit_json(result)
     else:
@@ -210,8 +205,8 @@ def approve(gateway: str, token: str | None, trigger: str | None, approval_id: s
 def reject(gateway: str, token: str | None, trigger: str | None, approval_id: str, reason: str,
            as_json: bool) -> None:
     """Reject APPROVAL_ID (or withdraw your own request)."""
-    result = _client(gateway, token, trigger).request("POST", "approvals", approval_id, "reject",
-                                                      json={"reason": reason})
+    result = Client(gateway, token, trigger).request("POST", "approvals", approval_id, "reject",
+                                                     json={"reason": reason})
     if as_json:
         emit_json(result)
     else:

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import click
 
-from gateway.cli.client import Client, client_options, emit_json, table
+from gateway.cli.client import Client, ClientGroup, emit_json, table
 
 
-@click.group("break-glass")
+@click.group("break-glass", cls=ClientGroup)
 def break_glass_group() -> None:
     """Temporary, one-time, ledgered grants for on-call troubleshooting."""
 
 
 @break_glass_group.command("request")
-@client_options
 @click.option("--project", "projects", multiple=True, required=True, help="Project covered; repeatable.")
 @click.option("--action", "actions", multiple=True, required=True,
               help="Action covered, e.g. job.stop or job.pause; repeatable. A misspelt one is refused with the list.")
@@ -23,12 +22,13 @@ def break_glass_group() -> None:
 @click.option("--reason", required=True, help="Why you need it (10 characters or more); kept in the ledger.")
 @click.option("--ticket", required=True, help="Incident ticket.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def request(gateway: str, token: str | None, trigger: str | None, projects: tuple[str, ...],
-            actions: tuple[str, ...], minutes: float, uses: int, reason: str, ticket: str, as_json: bool) -> None:
+@click.pass_obj
+def request(client: Client, projects: tuple[str, ...], actions: tuple[str, ...], minutes: float, uses: int,
+            reason: str, ticket: str, as_json: bool) -> None:
     """Ask for a grant. The credential is printed once; every use is ledgered and raises an alert."""
     body = {"projects": list(projects), "actions": list(actions), "duration_minutes": minutes, "max_uses": uses,
             "reason": reason, "ticket": ticket}
-    g = Client(gateway, token, trigger).request("POST", "break-glass", json=body)
+    g = client.request("POST", "break-glass", json=body)
     if as_json:
         emit_json(g)
         return
@@ -41,11 +41,11 @@ def request(gateway: str, token: str | None, trigger: str | None, projects: tupl
 
 
 @break_glass_group.command("list")
-@client_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def list_grants(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
+@click.pass_obj
+def list_grants(client: Client, as_json: bool) -> None:
     """Your grants (auditors and reviewers see all)."""
-    rows = Client(gateway, token, trigger).request("GET", "break-glass")["grants"]
+    rows = client.request("GET", "break-glass")["grants"]
     if as_json:
         emit_json(rows)
         return
@@ -55,9 +55,9 @@ def list_grants(gateway: str, token: str | None, trigger: str | None, as_json: b
 
 
 @break_glass_group.command("revoke")
-@client_options
 @click.argument("grant_id")
-def revoke(gateway: str, token: str | None, trigger: str | None, grant_id: str) -> None:
+@click.pass_obj
+def revoke(client: Client, grant_id: str) -> None:
     """End GRANT_ID now."""
-    g = Client(gateway, token, trigger).request("POST", "break-glass", grant_id, "revoke")
+    g = client.request("POST", "break-glass", grant_id, "revoke")
     click.echo(f"revoked {g['id']} at {g['revoked_at']}")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -48,26 +51,45 @@ def api_path(*segments: str | int) -> str:
 
 
 class Client:
-    """Raises ApiError (one line, exit 1) for a token or trigger that cannot be sent, and from `request`."""
+    """The gateway's HTTP API, for one command. Nothing is checked or opened before the first call, so that a
+    `--gateway`, `--token` or `--trigger` written after the subcommand can still stand in for the group's (`but`).
+    Raises ApiError (one line, exit 1) for a URL, token or trigger that cannot be sent, and from `request`."""
 
     def __init__(self, url: str, token: str | None, trigger: str | None = None, timeout: float = 30.0) -> None:
-        headers = {"User-Agent": "jobgate-cli"}
-        if token:
-            headers["Authorization"] = "Bearer " + _header_value(token, "the token (--token or JOBGATE_TOKEN)")
-        if trigger:
-            headers["X-Jobgate-Trigger"] = _header_value(trigger, "the trigger (--trigger or JOBGATE_TRIGGER)")
+        self.given_url, self.token, self.trigger, self.timeout = url, token, trigger, timeout
         self.has_token = bool(token)
         self.url = url.rstrip("/")
+        self._http: httpx.Client | None = None
+
+    def but(self, **given: str | None) -> Client:
+        """This client with the `gateway`, `token` or `trigger` given instead (named as the options are)."""
+        return Client(given.get("gateway", self.given_url) or DEFAULT_URL, given.get("token", self.token),
+                      given.get("trigger", self.trigger), self.timeout)
+
+    @property
+    def http(self) -> httpx.Client:
+        """The HTTP client, opened on first use; closed when the command ends. Raises ApiError."""
+        if self._http is None:
+            self._http = self._open()
+        return self._http
+
+    def _open(self) -> httpx.Client:
+        headers = {"User-Agent": "jobgate-cli"}
+        if self.token:
+            headers["Authorization"] = "Bearer " + _header_value(self.token, "the token (--token or JOBGATE_TOKEN)")
+        if self.trigger:
+            headers["X-Jobgate-Trigger"] = _header_value(self.trigger, "the trigger (--trigger or JOBGATE_TRIGGER)")
         try:
             parsed = httpx.URL(self.url)
         except httpx.InvalidURL as e:  # e.g. an unclosed [ of an IPv6 address
-            fail(f"{url!r} is not a gateway URL (--gateway or JOBGATE_URL): {e}")
+            fail(f"{self.given_url!r} is not a gateway URL (--gateway or JOBGATE_URL): {e}")
         if parsed.scheme not in ("http", "https") or not parsed.host:
-            fail(f"{url!r} is not a gateway URL (--gateway or JOBGATE_URL): write it like http://HOST:PORT")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+            fail(f"{self.given_url!r} is not a gateway URL (--gateway or JOBGATE_URL): write it like http://HOST:PORT")
+        http = httpx.Client(base_url=self.url, headers=headers, timeout=self.timeout)
         ctx = click.get_current_context(silent=True)
         if ctx is not None:  # close the kept-alive connection when the command ends, not at interpreter exit
-            ctx.call_on_close(self.http.close)
+            ctx.call_on_close(http.close)
+        return http
 
     def request(self, method: str, *segments: str | int, options: Mapping[str, str] | None = None,
                 **kwargs: Any) -> Any:
@@ -115,7 +137,26 @@ class Client:
             detail += f" (rule {', '.join(map(str, rules))}{recorded})"
         if r.status_code == 401 and not self.has_token:
             detail += " (no token given: set JOBGATE_TOKEN or pass --token)"
+        if r.status_code == 429:
+            detail += f"; {_when_to_retry(r.headers.get('retry-after'))}"
         return detail
+
+
+def _when_to_retry(retry_after: str | None) -> str:
+    """A 429's Retry-After (delay-seconds or an HTTP-date, RFC 9110 §10.2.3) in words, with the clock time."""
+    now = datetime.now(UTC)
+    at: datetime | None = None
+    if retry_after and retry_after.strip().isdigit():
+        at = now + timedelta(seconds=int(retry_after))
+    elif retry_after:
+        try:
+            at = parsedate_to_datetime(retry_after)
+        except (TypeError, ValueError):
+            at = None
+    if at is None or at.tzinfo is None:
+        return "try again later"
+    wait = max(0, math.ceil((at - now).total_seconds()))
+    return f"try again in {wait} s (after {at.astimezone().strftime('%H:%M:%S')})"
 
 
 def _as_option(error: object, options: Mapping[str, str]) -> str:
@@ -128,13 +169,92 @@ def _as_option(error: object, options: Mapping[str, str]) -> str:
     return f"{name}{' ' + rest if rest and head in options else ''}: {message}"
 
 
+CONNECTION = ("gateway", "token", "trigger")  # the options that say where a command calls and as whom
+_ENV = {"gateway": "JOBGATE_URL", "token": "JOBGATE_TOKEN", "trigger": "JOBGATE_TRIGGER"}
+_HELP = {
+    "gateway": "Gateway URL (or JOBGATE_URL).",
+    "token": "Bearer token (or JOBGATE_TOKEN).",
+    # One meaning everywhere: the pipeline run behind a service account's call (F1), sent as X-Jobgate-Trigger.
+    # (An emergency stop's safety or security concern is its --concern.)
+    "trigger": "Service accounts: the pipeline run that calls, e.g. ci/nightly#42 (or JOBGATE_TRIGGER).",
+}
+
+
+_METAVAR = {"gateway": "URL", "token": "TOKEN", "trigger": "RUN"}
+
+
+def effective_url() -> str:
+    """The URL a command calls when no --gateway is given: JOBGATE_URL's (click, too, ignores an empty one)."""
+    return os.environ.get("JOBGATE_URL") or DEFAULT_URL
+
+
+class ClientOption(click.Option):
+    """`--gateway`, `--token` or `--trigger`. The help of `--gateway` names the URL a call goes to now
+    (JOBGATE_URL's when it is set), not the built-in default."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        if self.name == "gateway":
+            extra["default"] = f"{effective_url()} (JOBGATE_URL)" if os.environ.get("JOBGATE_URL") else DEFAULT_URL
+        return extra
+
+
+def _settings(name: str, *, after: bool = False) -> dict[str, Any]:
+    """How option NAME is declared. After the subcommand it has neither environment variable nor default, so
+    that only a value written there stands in for the group's."""
+    return {"envvar": None if after else _ENV[name],
+            "default": DEFAULT_URL if name == "gateway" and not after else None, "show_default": name == "gateway",
+            "help": _HELP[name], "metavar": _METAVAR[name]}
+
+
 def client_options(f: Any) -> Any:
-    """--gateway/--token (or JOBGATE_URL/JOBGATE_TOKEN) on every client command group."""
-    f = click.option("--trigger", envvar="JOBGATE_TRIGGER", help="Service accounts: pipeline and run id.")(f)
-    f = click.option("--token", envvar="JOBGATE_TOKEN", help="Bearer token (or JOBGATE_TOKEN).")(f)
-    f = click.option("--gateway", envvar="JOBGATE_URL", default=DEFAULT_URL, show_default=True,
-                     help="Gateway URL (or JOBGATE_URL).")(f)
+    """--gateway/--token/--trigger (or JOBGATE_URL/JOBGATE_TOKEN/JOBGATE_TRIGGER) on a command of its own (not in
+    a group), passed to it as `gateway`, `token` and `trigger`. Groups are ClientGroups instead."""
+    for name in reversed(CONNECTION):
+        f = click.option(f"--{name}", cls=ClientOption, **_settings(name))(f)
     return f
+
+
+def _given_before(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A group's --gateway/--token/--trigger (or its environment variable, or the default) into its Client."""
+    base = ctx.obj if isinstance(ctx.obj, Client) else Client(DEFAULT_URL, None, None,
+                                                              getattr(ctx.command, "timeout", 30.0))
+    ctx.obj = base.but(**{str(param.name): value})
+    return value
+
+
+def _given_after(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A --gateway/--token/--trigger written after the subcommand: it stands in for the group's, for this command."""
+    if value is not None:
+        client = ctx.find_object(Client)
+        assert client is not None, "a ClientGroup's command runs under the group's Client"
+        ctx.obj = client.but(**{str(param.name): value})
+    return value
+
+
+class ClientGroup(click.Group):
+    """A group of commands that call the gateway. `--gateway`, `--token` and `--trigger` go before the subcommand
+    (`jobgate job --token T list`) or after it (`jobgate job list --token T`), the one after winning; the group
+    keeps them in a Client in ctx.obj, which its commands take with @click.pass_obj.
+
+    `offline` names the group's commands that never call the gateway (they take none of the three), `timeout`
+    the seconds a call may take."""
+
+    def __init__(self, *args: Any, offline: Iterable[str] = (), timeout: float = 30.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.offline = frozenset(offline)
+        self.timeout = timeout
+        self.params.extend(ClientOption([f"--{name}"], callback=_given_before, expose_value=False, **_settings(name))
+                           for name in CONNECTION)
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        """Raises TypeError for a command that has an option of the three's names of its own."""
+        if (name or cmd.name) not in self.offline:
+            if clash := [p.name for p in cmd.params if p.name in CONNECTION]:
+                raise TypeError(f"{cmd.name} has its own {clash}: a command of a ClientGroup takes the group's")
+            cmd.params.extend(ClientOption([f"--{name}"], callback=_given_after, expose_value=False,
+                                           **_settings(name, after=True)) for name in CONNECTION)
+        super().add_command(cmd, name)
 
 
 def emit_json(data: Any) -> None:

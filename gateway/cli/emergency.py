@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gateway.cli.client import Client, client_options, emit_json, fail, is_tty, table
+from gateway.cli.client import Client, ClientGroup, emit_json, fail, is_tty, table
 
 JOB_COLUMNS = [("job_id", "job"), ("category", "outcome"), ("state", "state"), ("node", "node"),
                ("stop_latency_s", "latency s"), ("owner", "owner")]
@@ -94,24 +94,34 @@ def _watch(client: Client, es_id: str, timeout: float, as_json: bool) -> dict[st
         time.sleep(0.5)
 
 
-@click.group("emergency-stop")
-@client_options
-@click.pass_context
-def emergency_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+@click.group("emergency-stop", cls=ClientGroup)
+def emergency_group() -> None:
     """Stop a job, a workload or a whole scope now, for a safety or security concern (C2, C6).
 
     A workload or scope stop needs a second person holding the other of the on-call and
     security-reviewer roles; `create` then prints the approval id to hand them. Once carried out, it
     holds its scope: new jobs there (and paused ones resuming) are refused until `lift`.
     """
-    ctx.obj = Client(gateway, token, trigger)
+
+
+class _ConcernOption(click.Option):
+    """--concern: left out, click's "Missing option" also says that --trigger is something else here (the concern
+    was `--trigger safety` before --trigger came to mean one thing in every command)."""
+
+    def process_value(self, ctx: click.Context, value: Any) -> Any:
+        try:
+            return super().process_value(ctx, value)
+        except click.MissingParameter as e:
+            raise click.MissingParameter(  # (click ends it with ". Choose from: ...")
+                "It names the concern behind the stop; --trigger is the pipeline run of a service account's call,"
+                " here as in every command", ctx=ctx, param=self) from e
 
 
 @emergency_group.command("create")
 @click.option("--scope", required=True,
               help="job=ID, workload=NAME, environment=research|staging|production, or label=key:value[,k:v].")
-@click.option("--trigger", "concern", type=click.Choice(["safety", "security"]), required=True,
-              help="The concern behind the stop (recorded in the ledger).")
+@click.option("--concern", cls=_ConcernOption, type=click.Choice(["safety", "security"]), required=True,
+              help="The concern behind the stop: safety or security (recorded in the ledger as its trigger, C6).")
 @click.option("--reason", required=True, help="Written reason (3 characters or more), kept in the ledger.")
 @click.option("--grace", "grace_seconds", type=click.FloatRange(0, 300), default=5.0, show_default=True,
               help="Grace window for every target (0 = SIGKILL at once).")
@@ -126,7 +136,7 @@ def emergency_group(ctx: click.Context, gateway: str, token: str | None, trigger
 def create(client: Client, scope: str, concern: str, reason: str, grace_seconds: float, ticket: str | None,
            hold: bool, watch: bool, timeout: float, as_json: bool) -> None:
     """Request an emergency stop, e.g. `jobgate emergency-stop create --scope environment=production
-    --trigger safety --reason "unsafe outputs" --grace 0 --watch`."""
+    --concern safety --reason "unsafe outputs" --grace 0 --watch`."""
     body = {"scope": _parse_scope(scope), "trigger": concern, "reason": reason, "grace_seconds": grace_seconds,
             "ticket": ticket, "hold": hold}
     es = client.request("POST", "emergency-stops", json=body)

@@ -10,15 +10,12 @@ from pathlib import Path
 import click
 import httpx
 
-from gateway.cli.client import Client, api_path, client_options, emit_json, fail
+from gateway.cli.client import Client, ClientGroup, api_path, emit_json, fail
 
 
-@click.group("forensics")
-@client_options
-@click.pass_context
-def forensics_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+@click.group("forensics", cls=ClientGroup, timeout=300)
+def forensics_group() -> None:
     """Freeze and export evidence for an investigation (needs ledger.read: auditors, security reviewers)."""
-    ctx.obj = Client(gateway, token, trigger, timeout=300)
 
 
 @forensics_group.command("export")

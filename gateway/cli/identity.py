@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import click
 
-from gateway.cli.client import Client, client_options, emit_json, table
+from gateway.cli.client import Client, ClientGroup, emit_json, table
 
 
-@click.group("token")
+@click.group("token", cls=ClientGroup)
 def token_group() -> None:
     """Scoped, expiring bearer tokens."""
 
 
 @token_group.command("create")
-@client_options
 @click.option("--for", "principal", help="A service account you answer for (default: yourself).")
 @click.option("--purpose", required=True, help="What the token is for; kept with it.")
 @click.option("--project", "projects", multiple=True, required=True, help="Project it may act in; repeatable.")
@@ -21,13 +20,14 @@ def token_group() -> None:
               help="Action it may request (job.submit, job.stop, ...); repeatable.")
 @click.option("--days", type=float, required=True, help="Lifetime in days (service tokens at most 90).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def create(gateway: str, token: str | None, trigger: str | None, principal: str | None, purpose: str,
-           projects: tuple[str, ...], actions: tuple[str, ...], days: float, as_json: bool) -> None:
+@click.pass_obj
+def create(client: Client, principal: str | None, purpose: str, projects: tuple[str, ...], actions: tuple[str, ...],
+           days: float, as_json: bool) -> None:
     """Create a token. The secret is printed once and never stored."""
     body = {"purpose": purpose, "projects": list(projects), "actions": list(actions), "expires_in_days": days}
     if principal:
         body["principal"] = principal
-    result = Client(gateway, token, trigger).request("POST", "tokens", json=body)
+    result = client.request("POST", "tokens", json=body)
     if as_json:
         emit_json(result)
         return
@@ -37,11 +37,11 @@ def create(gateway: str, token: str | None, trigger: str | None, principal: str 
 
 
 @token_group.command("list")
-@client_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def list_tokens(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
+@click.pass_obj
+def list_tokens(client: Client, as_json: bool) -> None:
     """Tokens you manage."""
-    rows = Client(gateway, token, trigger).request("GET", "tokens")["tokens"]
+    rows = client.request("GET", "tokens")["tokens"]
     if as_json:
         emit_json(rows)
         return
@@ -52,40 +52,39 @@ def list_tokens(gateway: str, token: str | None, trigger: str | None, as_json: b
 
 
 @token_group.command("revoke")
-@client_options
 @click.argument("token_id")
 @click.option("--reason", required=True, help="Why; kept in the ledger.")
-def revoke(gateway: str, token: str | None, trigger: str | None, token_id: str, reason: str) -> None:
+@click.pass_obj
+def revoke(client: Client, token_id: str, reason: str) -> None:
     """Revoke TOKEN_ID at once."""
-    result = Client(gateway, token, trigger).request("POST", "tokens", token_id, "revoke",
+    result = client.request("POST", "tokens", token_id, "revoke",
                                                      json={"reason": reason})
     click.echo(f"revoked {result['id']} at {result['revoked_at']}")
 
 
-@click.group("service-account")
+@click.group("service-account", cls=ClientGroup)
 def service_account_group() -> None:
     """Automation identities, each answered for by a person."""
 
 
 @service_account_group.command("create")
-@client_options
 @click.argument("name")
 @click.option("--project", required=True, help="Project the account acts in.")
 @click.option("--description", default="", help="What the account is for.")
-def create_account(gateway: str, token: str | None, trigger: str | None, name: str, project: str,
-                   description: str) -> None:
+@click.pass_obj
+def create_account(client: Client, name: str, project: str, description: str) -> None:
     """Create service account NAME in PROJECT; you become its responsible person."""
-    result = Client(gateway, token, trigger).request(
+    result = client.request(
         "POST", "service-accounts", json={"name": name, "project": project, "description": description})
     click.echo(f"service account {result['id']} in {result['project']}, responsible: {result['responsible']}")
 
 
 @service_account_group.command("list")
-@client_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def list_accounts(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
+@click.pass_obj
+def list_accounts(client: Client, as_json: bool) -> None:
     """Service accounts you answer for."""
-    rows = Client(gateway, token, trigger).request("GET", "service-accounts")["service_accounts"]
+    rows = client.request("GET", "service-accounts")["service_accounts"]
     if as_json:
         emit_json(rows)
         return

@@ -8,7 +8,7 @@ from typing import Any, get_args
 
 import click
 
-from gateway.cli.client import Client, client_options, emit_json, fail, table
+from gateway.cli.client import Client, ClientGroup, emit_json, fail, table
 from gateway.schemas import StopSignal
 from gateway.states import JOB_STATES
 
@@ -47,12 +47,9 @@ def echo_needs_approval(job_id: str, decision: dict[str, Any], approval_id: str 
                    " exactly what)")
 
 
-@click.group("job")
-@client_options
-@click.pass_context
-def job_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+@click.group("job", cls=ClientGroup)
+def job_group() -> None:
     """Submit, list, show, stop, pause, resume and reprioritise jobs."""
-    ctx.obj = Client(gateway, token, trigger)
 
 
 # The API field behind each of submit's options, for the server's 422s.

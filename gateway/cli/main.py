@@ -22,25 +22,30 @@ from ledger.cli import ledger_group
 
 
 def _misplaced_option(e: click.NoSuchOption) -> click.NoSuchOption | None:
-    """A `--token`, `--gateway` or `--trigger` written after the subcommand (`jobgate job list --token T`) belongs
-    to the group before it (`jobgate job --token T list`), or, for the groups that take it on each command, the
-    other way round (`jobgate token list --token T`); say so, and name its environment variable, instead of
-    click's "No such option ... Did you mean '--json'?". None when no command near it knows the option."""
+    """An option of a group written after its subcommand (`jobgate sim generate --trace T` for `jobgate sim
+    --trace T ...`), or one of a subcommand written before it (`jobgate job --json list`): say where it goes, and
+    name its environment variable, instead of click's "No such option ... Did you mean ...?". None when no
+    command near it knows the option. (--gateway, --token and --trigger go on either side: gateway/cli/client.py
+    ClientGroup.)"""
     if e.ctx is None:
         return None
     ctx = e.ctx.parent
     while ctx is not None:
         if (param := _option(ctx.command, e.option_name)) is not None:
             rest = e.ctx.command_path[len(ctx.command_path):].strip()
-            return _goes(e, param, f"before the subcommand: `{ctx.command_path} {e.option_name} VALUE {rest} ...`")
+            return _goes(e, param, f"before the subcommand: `{ctx.command_path} {_written(e, param)} {rest} ...`")
         ctx = ctx.parent
-    # The other way round: the token, identity, break-glass and approvals commands take them after the subcommand.
+    # The other way round: an option of the group's commands, written before the subcommand.
     group = e.ctx.command
     for sub in group.commands.values() if isinstance(group, click.Group) else ():
         if (param := _option(sub, e.option_name)) is not None:
-            return _goes(e, param, f"after the subcommand here: `{e.ctx.command_path} SUBCOMMAND {e.option_name} VALUE"
+            return _goes(e, param, f"after the subcommand here: `{e.ctx.command_path} SUBCOMMAND {_written(e, param)}"
                                    " ...`")
     return None
+
+
+def _written(e: click.NoSuchOption, param: click.Option) -> str:
+    return str(e.option_name) if param.is_flag else f"{e.option_name} VALUE"
 
 
 def _option(command: click.Command, name: str | None) -> click.Option | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from gateway.cli.client import emit_json, fail, table
+from gateway.cli.client import ClientGroup, emit_json, fail, table
 from gateway.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.policy.errors import PolicyError, PolicyLoadError
 from gateway.policy.loader import load_policy_set, lookalike_roles
@@ -51,9 +51,10 @@ def _bindings_file(path: Path) -> list[RoleBinding]:
     return out
 
 
-@click.group("policy")
+@click.group("policy", cls=ClientGroup, offline=("check", "test", "explain", "whatif"))
 def policy_group() -> None:
-    """Check, test, explain and what-if the policy set (policies/): no server needed."""
+    """Check, test, explain and what-if the policy set (policies/): no server needed. `show` asks the gateway
+    which set it runs (--gateway and --token are for it)."""
 
 
 @policy_group.command("check")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from gateway.cli.client import Client, client_options, emit_json, fail, table
+from gateway.cli.client import Client, ClientGroup, client_options, emit_json, fail, table
 from gateway.cli.jobs import job_group
 
 
@@ -90,12 +90,9 @@ def queue_cmd(gateway: str, token: str | None, trigger: str | None, as_json: boo
                                               ("project", "project"), ("gpus", "gpus")]))
 
 
-@click.group("stats")
-@client_options
-@click.pass_context
-def stats_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+@click.group("stats", cls=ClientGroup)
+def stats_group() -> None:
     """Scheduler statistics."""
-    ctx.obj = Client(gateway, token, trigger)
 
 
 @stats_group.command("preemptions")
@@ -115,12 +112,9 @@ def preemption_stats(client: Client, by: str, period: str, as_json: bool) -> Non
                                         ("gpu_hours_lost", "gpu-hours lost")]))
 
 
-@click.group("quota")
-@client_options
-@click.pass_context
-def quota_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+@click.group("quota", cls=ClientGroup)
+def quota_group() -> None:
     """Show and change quotas (changes need a second platform admin, A7)."""
-    ctx.obj = Client(gateway, token, trigger)
 
 
 @quota_group.command("list")

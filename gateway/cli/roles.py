@@ -6,19 +6,16 @@ from typing import Any
 
 import click
 
-from gateway.cli.client import Client, client_options, emit_json, table
+from gateway.cli.client import Client, ClientGroup, emit_json, table
 
 _project = click.option("--project", required=True, help="Project the role is bound in; '*' for a global role.")
 _reason = click.option("--reason", help="Why; kept in the ledger.")
 _json = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
-@click.group("role")
-@client_options
-@click.pass_context
-def role_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+@click.group("role", cls=ClientGroup)
+def role_group() -> None:
     """Grant, revoke and list role bindings (needs role.manage: platform admin). Each change is ledgered."""
-    ctx.obj = Client(gateway, token, trigger)
 
 
 def _print_change(result: dict[str, Any], as_json: bool) -> None:

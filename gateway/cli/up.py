@@ -276,7 +276,12 @@ def demo_token(name: str, data_dir: Path) -> None:
 
     path = data_dir / "demo-tokens.json"
     if not path.exists():
-        raise click.ClickException(f"{path} does not exist; run `jobgate up --demo` first")
+        # Run from another folder than the demo's, the default names a var/ that is not the demo's.
+        default = "" if data_dir.is_absolute() else f"; --data-dir {data_dir} is read in the folder you are in"
+        raise click.ClickException(
+            f"no demo tokens at {path.absolute()}{default}. A running demo keeps them in its own data dir, which its"
+            f" banner names (\"demo tokens\"); point at it: `jobgate demo-token {name} --data-dir DIR` (for"
+            " `make run`, DIR is var/ in the repository). No demo running: start one with `jobgate up --demo`")
     tokens = json.loads(path.read_text())
     if name not in tokens:
         raise click.ClickException(f"no demo token for {name!r}; known: {', '.join(sorted(tokens))}")

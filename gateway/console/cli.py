@@ -11,7 +11,7 @@ from typing import Any
 import click
 import httpx
 
-from gateway.cli.client import Client, api_path, client_options, emit_json, fail, table
+from gateway.cli.client import Client, ClientGroup, api_path, client_options, emit_json, fail, table
 
 _json = click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON.")
 
@@ -140,13 +140,10 @@ def notifications_cmd(gateway: str, token: str | None, trigger: str | None, ack_
 # -- jobgate audit ------------------------------------------------------------------------------------
 
 
-@click.group("audit")
-@client_options
-@click.pass_context
-def audit_group(ctx: click.Context, gateway: str, token: str | None, trigger: str | None) -> None:
+@click.group("audit", cls=ClientGroup)
+def audit_group() -> None:
     """Browse the ledger through the gateway (needs ledger.read): search, one entry with its proof
     verified, and an export bundle. For offline checks of a data dir use `jobgate ledger`."""
-    ctx.obj = Client(gateway, token, trigger)
 
 
 @audit_group.command("entries")
@@ -271,11 +268,11 @@ def audit_export(client: Client, out: Path, as_json: bool) -> None:
 
 
 @click.command("show")
-@client_options
 @_json
-def policy_show(gateway: str, token: str | None, trigger: str | None, as_json: bool) -> None:
+@click.pass_obj
+def policy_show(client: Client, as_json: bool) -> None:
     """The gateway's active policy set: its hash, engine, load time, and the reload history with errors."""
-    data = Client(gateway, token, trigger).request("GET", "policy")
+    data = client.request("GET", "policy")
     if as_json:
         emit_json(data)
         return

@@ -131,9 +131,12 @@ def to_login(request: Request) -> RedirectResponse:
 def error_page(request: Request, view: View | None, err: GatewayError) -> HTMLResponse:
     ctx = {"title": err.title, "detail": err.detail, "status": err.status, "extra": err.extra}
     if view is not None:
-        return view.render("error.html", code=err.status, **ctx)
-    return templates.TemplateResponse(request, "error.html", {"me": None, "nav": [], "csrf": "", **ctx},
-                                      status_code=err.status)
+        resp = view.render("error.html", code=err.status, **ctx)
+    else:
+        resp = templates.TemplateResponse(request, "error.html", {"me": None, "nav": [], "csrf": "", **ctx},
+                                          status_code=err.status)
+    resp.headers.update(err.headers)  # a 429's Retry-After, as the API sends it
+    return resp
 
 
 def page(fn: Callable[P, Response]) -> Callable[P, Response]:

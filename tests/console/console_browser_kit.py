@@ -24,13 +24,17 @@ def chromium_path() -> str:
     pytest.skip("no Chromium installed (apt-get install -y chromium)")
 
 
+# Chromium resolves no host name but 127.0.0.1's: a page sees the machine as offline.
+OFFLINE_ARGS = ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
+
+
 @contextmanager
-def browser() -> Iterator[object]:
+def browser(*extra_args: str) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
     path = chromium_path()
     with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_ARGS)
+        b = pw.chromium.launch(executable_path=path, headless=True, args=[*CHROMIUM_ARGS, *extra_args])
         try:
             yield b
         finally:

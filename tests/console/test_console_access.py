@@ -59,6 +59,11 @@ def test_console_refusal_is_the_policys_and_is_ledgered(console: Console) -> Non
     assert entry["body"]["decision"]["effect"] == "deny"
     assert entry["body"]["source"]["via"] == "console"
     assert console.api("GET", f"/v1/jobs/{job}", "alice").json()["state"] == "pending"
+    # Over a calls-per-minute limit the page answers as the API does: 429 with Retry-After, and ledgered.
+    console.gateway.limiter.configure({"calls_per_minute_per_principal": 1})
+    r = c.post(f"/ui/jobs/{job}/stop", data={"reason": "I need the GPUs", "csrf": csrf})
+    assert r.status_code == 429 and 1 <= int(r.headers["retry-after"]) <= 60, r.text
+    assert "may make 1 mutating calls per minute" in r.text and re.search(r"recorded in the ledger as entry", r.text)
 
 
 def test_two_person_stop_through_the_console(console: Console) -> None:

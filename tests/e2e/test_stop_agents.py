@@ -268,10 +268,10 @@ def test_forensics_bundle_of_a_stopped_job_verifies_offline(one_node: Cluster, t
 def test_cli_emergency_stop_of_one_job_watches_until_done(one_node: Cluster) -> None:
     job_id = submit(one_node.client("alice"), "sleepy", ["sleep", "1000"])
     one_node.wait_state(job_id, ("running",))
-    bad = cli_may_fail(one_node, "dave", "emergency-stop", "create", "--scope", "galaxy=far", "--trigger", "safety",
+    bad = cli_may_fail(one_node, "dave", "emergency-stop", "create", "--scope", "galaxy=far", "--concern", "safety",
                        "--reason", "x y z")
     assert bad.returncode != 0 and bad.stderr.startswith("Error: ") and "Traceback" not in bad.stderr
-    done = cli(one_node, "dave", "emergency-stop", "create", "--scope", f"job={job_id}", "--trigger", "safety",
+    done = cli(one_node, "dave", "emergency-stop", "create", "--scope", f"job={job_id}", "--concern", "safety",
                "--reason", "runaway job writes to production storage", "--grace", "0", "--watch", "--json")
     es = json.loads(done.stdout)
     assert es["state"] == "done" and es["summary"]["accounted_for"] == 1 and es["deciders"] == ["dave"]

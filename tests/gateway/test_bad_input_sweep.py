@@ -37,7 +37,6 @@ from gateway.settings import Settings
 EXCLUDED: dict[str, str] = {
     "/openapi.json": "the schema document itself",
     "/docs": "Swagger UI, HTML",
-    "/docs/oauth2-redirect": "Swagger UI, HTML",
     "/redoc": "ReDoc, HTML",
     "/metrics": "Prometheus text exposition for scrapers",
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway_testkit import Api, job_spec, ledger_entries
+from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 
 from gateway.models import Job
@@ -46,10 +46,11 @@ def test_batch_stop_by_selector_stops_only_the_selection(api: Api) -> None:
 
 
 def test_a_selector_matching_too_many_jobs_is_refused_with_the_numbers(api: Api) -> None:
+    """A blast-radius limit is no rate limit: the same call is refused again later, so 403 and no Retry-After."""
     limit = api.gateway.policy_set.data["limits"]["jobs_per_batch"]
     ids = submit_many(api, limit + 5, labels={"team": "all"}, gpus_per_node=1)
     r = api.post("/v1/jobs:stop", "carol", json={"selector": {"project": "vision"}, "reason": "clear the queue"})
-    assert r.status_code == 403, r.text
+    assert r.status_code == 403 and "retry-after" not in r.headers, r.text
     detail = r.json()["detail"]
     assert f"names {limit + 5} jobs" in detail and f"at most {limit}" in detail
     assert states(api, ids) == {"pending"}
@@ -94,17 +95,21 @@ def test_others_jobs_in_a_batch_need_approval_bound_to_the_exact_list(api: Api) 
     assert states(api, ids) == {"pending"}
 
 
-def test_rate_limit_per_principal_refuses_with_the_numbers_and_is_ledgered(api: Api) -> None:
+def test_rate_limit_per_principal_answers_429_with_retry_after_and_is_ledgered(api: Api) -> None:
+    """A used-up calls-per-minute limit was a 403, which tells a client not to try again; it is a 429 (RFC 6585)
+    whose Retry-After says when the oldest call of the minute leaves the window."""
     per_minute = api.gateway.limiter.per_principal
     ids = submit_many(api, 1)
-    codes = []
-    for _ in range(per_minute + 2):
-        codes.append(api.post("/v1/jobs:stop", "bob", json={"ids": ids, "reason": "poke"}).status_code)
-    assert 403 in codes
+    codes = [api.post("/v1/jobs:stop", "bob", json={"ids": ids, "reason": "poke"}).status_code
+             for _ in range(per_minute)]
+    assert 429 not in codes, codes  # (bob's stops are refused by policy, 403, and counted all the same)
     r = api.post("/v1/jobs:stop", "bob", json={"ids": ids, "reason": "poke"})
-    assert r.status_code == 403
-    assert f"may make {per_minute} mutating calls per minute" in r.json()["detail"]
-    assert r.json()["rules"] == ["H2.rate_limit"]
+    problem = assert_problem(r, 429, "rate-limited", f"may make {per_minute} mutating calls per minute")
+    assert problem["rules"] == ["H2.rate_limit"]
+    assert 1 <= int(r.headers["retry-after"]) <= 60 and problem["retry_after_s"] == int(r.headers["retry-after"])
+    refusal = next(e for e in ledger_entries(api) if e["seq"] == problem["ledger_seq"])
+    assert refusal["kind"] == "decision" and refusal["body"]["decision"]["effect"] == "deny"
+    assert refusal["body"]["decision"]["rules"] == ["H2.rate_limit"]
 
 
 def test_batch_reprioritize_own_jobs_and_others_jobs_through_one_approval(api: Api) -> None:

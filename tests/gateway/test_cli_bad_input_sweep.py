@@ -106,8 +106,9 @@ class Node:
 
     @property
     def talks_to_gateway(self) -> bool:
-        """A command (not a group) with a --gateway option of its own or on a group above it."""
-        return not self.is_group and any(p.name == "gateway" for _, c in self.chain for p in c.params)
+        """A command (not a group) with a --gateway option: every command that calls the gateway takes one, also in
+        a group that takes it before the subcommand (whose offline commands, `policy check`, take none)."""
+        return not self.is_group and any(p.name == "gateway" for p in self.cmd.params)
 
 
 def walk(name: str, cmd: click.Command, above: tuple[tuple[str, click.Command], ...] = ()) -> Iterator[Node]:

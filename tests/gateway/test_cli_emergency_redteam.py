@@ -11,7 +11,7 @@ NOBODY = "http://127.0.0.1:9"  # nothing is sent: these requests cannot even be 
 
 
 @pytest.mark.parametrize("args", [
-    ["emergency-stop", "create", "--scope", "job=j-1", "--trigger", "safety", "--reason", "runaway", "--grace", "nan"],
+    ["emergency-stop", "create", "--scope", "job=j-1", "--concern", "safety", "--reason", "runaway", "--grace", "nan"],
     ["job", "submit", "--name", "t", "--project", "vision", "--runtime-limit", "inf", "--", "true"],
 ])
 def test_a_value_no_request_can_carry_is_one_line(args: list[str]) -> None:

@@ -21,10 +21,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from gateway.cli.approvals import _radius
+from gateway.cli.client import ClientOption
 from gateway.cli.main import cli
 from gateway.cli.queue import describe_why
 from ledger.store import open_store
@@ -33,7 +35,9 @@ TOKEN = "jg_" + "x" * 43
 
 
 class Canned(ThreadingHTTPServer):
-    answers: dict[tuple[str, str], tuple[int, dict[str, Any]]]
+    trigger: str | None = None  # the X-Jobgate-Trigger of the last request
+    # (method, path) -> (status, body) or (status, body, headers)
+    answers: dict[tuple[str, str], tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], dict[str, str]]]
     authorization: str | None = None  # the header of the last request
 
 
@@ -44,15 +48,18 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("content-length") or 0)
         self.rfile.read(length)
         self.server.authorization = self.headers.get("authorization")
-        status, body = self.server.answers.get((self.command, self.path), (404, {"detail": "not canned"}))
+        self.server.trigger = self.headers.get("x-jobgate-trigger")
+        status, body, *headers = self.server.answers.get((self.command, self.path), (404, {"detail": "not canned"}))
         data = json.dumps(body).encode()
         self.send_response(status)
+        for name, value in (headers[0] if headers else {}).items():
+            self.send_header(name, value)
         self.send_header("content-type", "application/problem+json" if status >= 400 else "application/json")
         self.send_header("content-length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
 
-    do_GET = do_POST = _answer
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
 
     def log_message(self, *_: object) -> None:
         pass
@@ -62,7 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
 def canned() -> Iterator[Canned]:
     server = Canned(("127.0.0.1", 0), _Handler)
     server.answers = {}
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # (its poll: teardown waits it)
     thread.start()
     try:
         yield server
@@ -78,27 +85,119 @@ def run(server: Canned | None, *args: str, token: str | None = TOKEN) -> tuple[i
     return result.exit_code, result.output
 
 
+# -- where --gateway, --token and --trigger go: anywhere, in every command that calls the gateway ----------------
+
+# Commands that never call the gateway, by path; every other takes the three options.
+OFFLINE = {"up", "demo-token", "policy check", "policy test", "policy explain", "policy whatif", "sim generate",
+           "ledger consistency", "ledger export", "ledger init-db", "ledger prove", "ledger rotate-key",
+           "ledger verify"}
+# What a command needs before it sends its first request ("x" would be refused by the command itself).
+GOOD = {"scope": "job=j-1", "seq": "3", "concern": "safety", "job_id": "j-1"}
+
+
+def leaves(group: click.Group = cli, above: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    for name, cmd in sorted(group.commands.items()):
+        if isinstance(cmd, click.Group):
+            yield from leaves(cmd, (*above, name))
+        else:
+            yield (*above, name), cmd
+
+
+def calls_gateway(cmd: click.Command) -> bool:
+    return any(p.name == "token" for p in cmd.params)
+
+
+CLIENT_COMMANDS = [(path, cmd) for path, cmd in leaves() if " ".join(path) not in OFFLINE]
+
+
+def required(cmd: click.Command, tmp: Path) -> tuple[list[str], list[str]]:
+    """Options and arguments that get COMMAND as far as its first request."""
+    options: list[str] = []
+    args: list[str] = []
+    for p in cmd.params:
+        if not p.required and p.name not in GOOD:
+            continue
+        value = GOOD.get(str(p.name)) or (
+            str(tmp / "out") if isinstance(p.type, click.Path) else "1" if isinstance(
+                p.type, click.types.IntParamType | click.types.FloatParamType) else "x-long-enough-for-a-reason")
+        if isinstance(p, click.Argument):
+            args.append(value)
+        else:
+            options += [max(p.opts, key=len), value]
+    return options, args
+
+
+def test_every_command_either_calls_the_gateway_with_the_three_options_or_is_named_offline() -> None:
+    """A new command (or group) that calls the gateway without them, or one offline that is not listed, fails
+    here; and --trigger means one thing in every command, the pipeline run of a service account's call (an
+    emergency stop's concern was `--trigger safety`)."""
+    assert {" ".join(path) for path, cmd in leaves() if not calls_gateway(cmd)} == OFFLINE
+    for path, cmd in CLIENT_COMMANDS:
+        assert {"gateway", "token", "trigger"} <= {str(p.name) for p in cmd.params}, path
+    triggers = [(path, p) for path, cmd in leaves() for p in cmd.params if "--trigger" in getattr(p, "opts", ())]
+    assert triggers and all(isinstance(p, ClientOption) for _, p in triggers), triggers
+
+
+@pytest.mark.parametrize("placement", ["before", "after", "both"])
+@pytest.mark.parametrize(("path", "cmd"), CLIENT_COMMANDS, ids=[" ".join(p) for p, _ in CLIENT_COMMANDS])
+def test_gateway_token_and_trigger_work_before_and_after_the_subcommand(
+    canned: Canned, tmp_path: Path, path: tuple[str, ...], cmd: click.Command, placement: str
+) -> None:
+    """`jobgate job --token T list` worked and `jobgate job list --token T` did not, while the token, service-account,
+    break-glass and approvals commands took them only after the subcommand. Now both, in every group; written on
+    both sides, the one after the subcommand wins. The environment (a dead gateway, another token) loses to both."""
+    if len(path) == 1 and placement != "after":
+        pytest.skip("a command of its own, in no group: its options follow it")
+    given = ["--gateway", f"http://127.0.0.1:{canned.server_address[1]}", "--token", "jg_given", "--trigger", "ci#7"]
+    wrong = ["--gateway", "http://127.0.0.1:9", "--token", "jg_wrong", "--trigger", "ci#wrong"]
+    options, args = required(cmd, tmp_path)
+    group, leaf = list(path[:-1]), path[-1]
+    before, after = {"before": (given, []), "after": ([], given), "both": (wrong, given)}[placement]
+    argv = [*group, *before, leaf, *options, *after, *(["--", *args] if args else [])]
+    env = {"JOBGATE_URL": "http://127.0.0.1:9", "JOBGATE_TOKEN": "jg_environment", "JOBGATE_TRIGGER": None}
+    result = CliRunner().invoke(cli, argv, env=env, prog_name="jobgate")
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    assert result.exit_code == 1 and result.output.startswith("Error: 404 not canned"), (argv, result.output)
+    assert (canned.authorization, canned.trigger) == ("Bearer jg_given", "ci#7"), argv
+
+
+@pytest.mark.parametrize(("path", "cmd"), CLIENT_COMMANDS, ids=[" ".join(p) for p, _ in CLIENT_COMMANDS])
+def test_help_shows_the_gateway_url_jobgate_url_gives(path: tuple[str, ...], cmd: click.Command) -> None:
+    """--help said `[default: http://127.0.0.1:8080]` with JOBGATE_URL pointing elsewhere."""
+    for at in {path, path[:-1]} - {()}:  # the command's help, and its group's
+        r = CliRunner().invoke(cli, [*at, "--help"], env={"JOBGATE_URL": "http://10.1.2.3:8081"}, prog_name="jobgate")
+        assert r.exit_code == 0 and "http://10.1.2.3:8081 (JOBGATE_URL)" in " ".join(r.output.split()), r.output
+        r = CliRunner().invoke(cli, [*at, "--help"], env={"JOBGATE_URL": None}, prog_name="jobgate")
+        assert "[default: http://127.0.0.1:8080]" in " ".join(r.output.split()), r.output
+
+
 @pytest.mark.parametrize(
     ("args", "expect"),
     [
-        (["job", "list", "--token", "t"], "--token goes before the subcommand: `jobgate job --token VALUE list ...`,"
-                                          " or set JOBGATE_TOKEN"),
-        (["job", "submit", "--trigger", "ci#1", "--name", "n", "--project", "vision", "--", "true"],
-         "--trigger goes before the subcommand: `jobgate job --trigger VALUE submit ...`, or set JOBGATE_TRIGGER"),
-        (["audit", "show", "3", "--gateway", "http://x"],
-         "`jobgate audit --gateway VALUE show ...`, or set JOBGATE_URL"),
+        (["job", "--json", "list"], "--json goes after the subcommand here: `jobgate job SUBCOMMAND --json ...`"),
+        (["sim", "generate", "--trace", "t"], "--trace goes before the subcommand: `jobgate sim --trace VALUE"
+                                              " generate ...`"),
         (["job", "list", "--nope"], "No such option '--nope'"),
-        (["token", "--token", "t", "list"], "--token goes after the subcommand here:"
-                                            " `jobgate token SUBCOMMAND --token VALUE ...`, or set JOBGATE_TOKEN"),
-        (["approvals", "--gateway", "http://x", "list"], "`jobgate approvals SUBCOMMAND --gateway VALUE ...`"),
+        (["emergency-stop", "create", "--scope", "job=j-1", "--trigger", "safety", "--reason", "runaway"],
+         "Missing option '--concern'. It names the concern behind the stop; --trigger is the pipeline run"),
     ],
-    ids=["token-after-list", "trigger-after-submit", "gateway-after-show", "really-unknown", "token-before-list",
-         "gateway-before-approvals-list"],
+    ids=["flag-before-list", "group-option-after-generate", "really-unknown", "trigger-is-not-the-concern"],
 )
-def test_a_client_option_after_the_subcommand_says_where_it_goes(args: list[str], expect: str) -> None:
+def test_an_option_on_the_wrong_side_of_the_subcommand_says_where_it_goes(args: list[str], expect: str) -> None:
     code, out = run(None, *args)
     assert code == 2 and expect in out, out
-    assert "Did you mean" not in out  # click used to suggest --json for --token
+    assert "goes" not in expect or "Did you mean" not in out  # click used to suggest --json for --token
+
+
+def test_demo_token_run_from_another_folder_says_how_to_point_it_at_the_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It said `var/demo-tokens.json does not exist; run jobgate up --demo first` while a demo ran."""
+    monkeypatch.chdir(tmp_path)
+    code, out = run(None, "demo-token", "alice")
+    assert code == 1 and out.count("\n") == 1, out
+    assert f"no demo tokens at {tmp_path / 'var' / 'demo-tokens.json'}" in out, out
+    assert "`jobgate demo-token alice --data-dir DIR`" in out and "banner" in out, out
 
 
 def test_a_refusal_names_its_rule_and_ledger_seq(canned: Canned) -> None:
@@ -115,6 +214,22 @@ def test_a_refusal_names_its_rule_and_ledger_seq(canned: Canned) -> None:
                    " (rule A4.no_capability; refusal recorded at ledger seq 21)\n")
     code, out = run(canned, "job", "show", "j-1")
     assert code == 1 and out.endswith("grants job.view (rule A1.not_member)\n"), out  # no seq: none recorded
+
+
+def test_a_rate_limit_refusal_is_one_line_that_says_when_to_try_again(canned: Canned) -> None:
+    canned.answers[("POST", "/v1/jobs/j-1/stop")] = (429, {
+        "type": "https://jobgate.dev/problems/rate-limited", "title": "Too many requests", "status": 429,
+        "detail": "rate limit calls_per_minute_per_principal: principal bob may make 60 mutating calls per minute;"
+                  " this would be call 61", "rules": ["H2.rate_limit"], "ledger_seq": 130, "retry_after_s": 17},
+        {"Retry-After": "17"})
+    code, out = run(canned, "job", "stop", "j-1", "--reason", "poke")
+    assert code == 1 and out.count("\n") == 1, out
+    assert out.startswith("Error: 429 rate limit calls_per_minute_per_principal: principal bob may make 60 mutating"
+                          " calls per minute; this would be call 61 (rule H2.rate_limit; refusal recorded at ledger"
+                          " seq 130); try again in 17 s (after "), out
+    canned.answers[("POST", "/v1/jobs/j-1/stop")] = (429, {"detail": "slow down"})  # a proxy's, with no header
+    code, out = run(canned, "job", "stop", "j-1", "--reason", "poke")
+    assert code == 1 and out == "Error: 429 slow down; try again later\n", out
 
 
 def test_a_missing_token_says_where_one_goes(canned: Canned) -> None:
