@@ -28,11 +28,11 @@ from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Forbidden, NotFound
 from gateway.jobs import lock_jobs
-from gateway.models import Allocation, Job, Node, NodeCommand
 from gateway.notifications import notify
 from gateway.pipeline import decide, ledger_batch, record, record_outcome
 from gateway.schemas import AgentReport, Heartbeat
-from gateway.stop_tables import CommandAck
+from gateway.store.models import Allocation, Job, Node, NodeCommand
+from gateway.store.stop_tables import CommandAck
 
 # An unacknowledged envelope is handed out again after this long (same nonce, same signature).
 RESEND_AFTER_S = 3.0

@@ -17,16 +17,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import rfc8785
-from sqlalchemy import JSON, ForeignKey, String, Text, select
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, NotFound, PolicyDenied
-from gateway.models import Base, Job, Principal
 from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, ledger_batch, record, record_outcome
-from gateway.states import ENDED_STATES
+from gateway.store.models import Job, Principal
+from gateway.store.service_tables import Approval
+from gateway.store.states import ENDED_STATES
 from ledger.errors import LedgerError
 
 ACTS_ON_ENDED_JOBS = frozenset({"job.delete", "job.confirm_stopped"})  # stop_failed counts as ended
@@ -34,32 +35,6 @@ ACTS_ON_ENDED_JOBS = frozenset({"job.delete", "job.confirm_stopped"})  # stop_fa
 Executor = Callable[[Gateway, Session, "Approval", list[Job], Caller], dict[str, Any]]
 _EXECUTORS: dict[str, Executor] = {}
 DEFAULT_EXPIRY_S = 3600
-
-
-class Approval(Base):
-    __tablename__ = "approvals"
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    action: Mapped[str] = mapped_column(String(64))
-    target_ids: Mapped[list[Any]] = mapped_column(JSON)
-    project: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
-    ticket: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    granularity: Mapped[str] = mapped_column(String(16), default="job")
-    digest: Mapped[str] = mapped_column(String(64))
-    requester: Mapped[str] = mapped_column(ForeignKey("principals.id"), index=True)
-    requester_real: Mapped[str] = mapped_column(String(64))
-    requester_trigger: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    state: Mapped[str] = mapped_column(String(16), index=True)  # pending | executed | rejected | expired
-    created_at: Mapped[datetime]
-    expires_at: Mapped[datetime]
-    decision_seq: Mapped[int]
-    required: Mapped[dict[str, Any]] = mapped_column(JSON)
-    blast_radius: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    approvals: Mapped[list[Any]] = mapped_column(JSON, default=list)
-    resolved_at: Mapped[datetime | None] = mapped_column(nullable=True)
-    resolved_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    resolution: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
 def executor(action: str) -> Callable[[Executor], Executor]:

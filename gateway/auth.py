@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from gateway.errors import Forbidden, Invalid, Unauthenticated
-from gateway.models import Principal, Token
+from gateway.store.models import Principal, Token
 from gateway.token_cache import TokenCache, TokenFacts
 from gateway.tokens import TOKEN_PATTERN, hash_token
 

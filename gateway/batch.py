@@ -20,11 +20,11 @@ from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Forbidden, Invalid
 from gateway.jobs import decision_out, execute_stop, not_stoppable, refuse_if_denied, refuse_in_state, visible_projects
-from gateway.models import Job, Project
 from gateway.pipeline import Recorded, decide, ledger_batch
 from gateway.priority import apply_priority
 from gateway.schemas import BatchPriorityRequest, BatchRequest, Selector
-from gateway.states import ACTIVE_STATES, ENDED_STATES, STOPPABLE_STATES, STOPPING_STATES
+from gateway.store.models import Job, Project
+from gateway.store.states import ACTIVE_STATES, ENDED_STATES, STOPPABLE_STATES, STOPPING_STATES
 
 # A selector without a state matches the jobs a stop can act on, as a single stop does (a lost job too).
 SELECTED_STATES = STOPPABLE_STATES + STOPPING_STATES

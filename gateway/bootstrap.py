@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from gateway.context import Gateway, load_bindings
-from gateway.db import Database
 from gateway.keys import load_or_create_command_key
 from gateway.policy.factory import make_engine
 from gateway.policy.testing import load_tested_set
 from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
+from gateway.store.db import Database
+from gateway.store.schema import create_schema
 from gateway.token_cache import TokenCache
 from ledger.keys import load_or_create_signer
 from ledger.service import Ledger
@@ -21,7 +22,7 @@ def open_gateway(settings: Settings) -> Gateway:
     db = Database(settings.resolved_database_url(), lock_timeout_s=settings.database_lock_timeout_s)
     try:
         db.claim()  # before the ledger is opened: a second process must not start writing a ledger of its own
-        db.create_schema()
+        create_schema(db.engine)
         signer = load_or_create_signer(settings.keys_dir, settings.ledger_origin)
         ledger = Ledger.open(settings.resolved_ledger_url(), signer=signer)
     except BaseException:

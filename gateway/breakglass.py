@@ -20,17 +20,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import JSON, ForeignKey, String, Text, select
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
-from gateway.approvals import Approval, executor, open_request
+from gateway.approvals import executor, open_request
 from gateway.auth import Caller, refuse_unknown_actions
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound, Unauthenticated
 from gateway.jobs import refuse_if_denied
 from gateway.metrics import BREAK_GLASS_USES
-from gateway.models import Base, Job, Principal, Project
 from gateway.pipeline import decide, record_outcome
+from gateway.store.models import Job, Principal, Project
+from gateway.store.service_tables import Approval, BreakGlassGrant
 from gateway.tokens import hash_token
 
 log = logging.getLogger("jobgate.alert")
@@ -38,27 +39,6 @@ log = logging.getLogger("jobgate.alert")
 PREFIX = "jgb_"
 PATTERN = re.compile(r"^jgb_[A-Za-z0-9_-]{32,64}$")
 MAX_DURATION = timedelta(hours=4)
-
-
-class BreakGlassGrant(Base):
-    __tablename__ = "break_glass_grants"
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    holder: Mapped[str] = mapped_column(ForeignKey("principals.id"), index=True)
-    credential_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    projects: Mapped[list[Any]] = mapped_column(JSON)
-    actions: Mapped[list[Any]] = mapped_column(JSON)
-    reason: Mapped[str] = mapped_column(Text)
-    ticket: Mapped[str] = mapped_column(String(200))
-    duration_s: Mapped[float]
-    max_uses: Mapped[int]
-    uses: Mapped[int] = mapped_column(default=0)
-    state: Mapped[str] = mapped_column(String(16), index=True)  # pending | active | revoked
-    created_at: Mapped[datetime]
-    activated_at: Mapped[datetime | None] = mapped_column(nullable=True)
-    expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
-    revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
-    revoked_because: Mapped[str | None] = mapped_column(String(32), nullable=True)
-    approval_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 def grant_json(g: BreakGlassGrant) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.context import Gateway
-from gateway.models import NodeCommand
+from gateway.store.models import NodeCommand
 from nodeagent.protocol import Command, new_nonce, sign_command
 
 

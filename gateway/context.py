@@ -14,13 +14,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.bus import CommandBus
-from gateway.db import Database
 from gateway.errors import LedgerUnavailable
-from gateway.models import RoleBinding as RoleBindingRow
 from gateway.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.policy.loader import PolicySet
 from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
+from gateway.store.db import Database
+from gateway.store.models import RoleBinding as RoleBindingRow
 from gateway.token_cache import TokenCache
 from ledger.errors import LedgerError
 from ledger.service import Ledger, Ticket

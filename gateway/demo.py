@@ -10,9 +10,10 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from gateway.context import utcnow
-from gateway.db import Database
-from gateway.models import Meta, Node, Principal, Project, RoleBinding
 from gateway.settings import Settings
+from gateway.store.db import Database
+from gateway.store.models import Meta, Node, Principal, Project, RoleBinding
+from gateway.store.schema import create_schema
 from gateway.tokens import issue_token
 from nodeagent.layout import private_state_dir
 
@@ -56,7 +57,7 @@ def prepare_demo(settings: Settings) -> bool:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.resolved_database_url())
     try:
-        db.create_schema()
+        create_schema(db.engine)
         with db.transaction() as session:
             return seed_demo(session, settings.data_dir)
     finally:

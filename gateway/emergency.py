@@ -21,16 +21,17 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gateway import stops
-from gateway.approvals import Approval, executor, open_request
+from gateway.approvals import executor, open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.emergency_holds import in_scope
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
 from gateway.jobs import refuse_if_denied, refuse_unless_allowed
-from gateway.models import Job, Node
 from gateway.pipeline import Recorded, decide, ledger_batch, record_outcome
-from gateway.states import STOPPABLE_STATES
-from gateway.stop_tables import EmergencyHold, EmergencyStop
+from gateway.store.models import Job, Node
+from gateway.store.service_tables import Approval
+from gateway.store.states import STOPPABLE_STATES
+from gateway.store.stop_tables import EmergencyHold, EmergencyStop
 
 # Jobs an emergency stop takes are those a stop can act on (queued ones are cancelled so they cannot start after it).
 # Jobs whose stop is already under way or failed are in scope too: their stop is taken over, so one being

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.stop_tables import EmergencyHold
+from gateway.store.stop_tables import EmergencyHold
 
 _ANY_IN_FORCE = "SELECT 1 FROM emergency_holds WHERE lifted_at IS NULL LIMIT 1"
 

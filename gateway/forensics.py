@@ -29,10 +29,10 @@ from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Invalid, NotFound
 from gateway.jobs import refuse_unless_allowed
-from gateway.models import Allocation, Job, Node, NodeCommand
 from gateway.pipeline import decide, record_outcome
 from gateway.queue_snapshot import queue_snapshot
-from gateway.stop_tables import CheckpointRetention, CommandAck, JobDeletion
+from gateway.store.models import Allocation, Job, Node, NodeCommand
+from gateway.store.stop_tables import CheckpointRetention, CommandAck, JobDeletion
 from ledger.bundle import export_bundle
 from ledger.store import open_store
 

@@ -16,9 +16,9 @@ from gateway.approvals import withdraw_made_with
 from gateway.auth import Caller, refuse_unknown_actions
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
-from gateway.models import Node, Principal, Project, RoleBinding, Token
 from gateway.pipeline import record_outcome
 from gateway.policy.engine import RoleBinding as EngineBinding
+from gateway.store.models import Node, Principal, Project, RoleBinding, Token
 from gateway.tokens import IssuedToken, issue_token
 
 PERSON_TOKEN_MAX_DAYS = 365

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.jobs import visible_projects
-from gateway.models import Job, Node, Project
+from gateway.store.models import Job, Node, Project
 
 LIVE_STATES = ("pending", "starting", "running", "lost", "stop_requested", "stopping", "stop_failed", "paused")
 

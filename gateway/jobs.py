@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway import retention
-from gateway.approvals import Approval, executor, open_request
+from gateway.approvals import executor, open_request
 from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
@@ -28,15 +28,16 @@ from gateway.errors import (
     RateCountsUnavailable,
     RateLimited,
 )
-from gateway.models import Job, Node, Principal, Project
 from gateway.obligations import notify_owners
 from gateway.pipeline import Recorded, decide, durable, ledger_batch, record
 from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
 from gateway.ratelimit import RateBreach
 from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
-from gateway.states import ENDED_STATES, JOB_STATES, STOPPABLE_STATES, STOPPING_STATES
-from gateway.submission_rows import insert_submission
+from gateway.store.models import Job, Node, Principal, Project
+from gateway.store.service_tables import Approval
+from gateway.store.states import ENDED_STATES, JOB_STATES, STOPPABLE_STATES, STOPPING_STATES
+from gateway.store.submission_rows import insert_submission
 from ledger.errors import LedgerError
 from scheduler.admission import precheck
 

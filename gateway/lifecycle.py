@@ -16,16 +16,17 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from gateway import housekeeping, priority_history, retention, stops
-from gateway.approvals import Approval, executor, open_request
+from gateway.approvals import executor, open_request
 from gateway.auth import Caller
 from gateway.commands import enqueue, nodes_with_files
 from gateway.context import Gateway
 from gateway.errors import Conflict
 from gateway.jobs import load_job, refuse_if_denied, refuse_in_state, refuse_unless_allowed
-from gateway.models import Allocation, Job
 from gateway.notifications import notify
 from gateway.pipeline import Recorded, decide, record_outcome
-from gateway.stop_tables import CheckpointRetention, JobDeletion
+from gateway.store.models import Allocation, Job
+from gateway.store.service_tables import Approval
+from gateway.store.stop_tables import CheckpointRetention, JobDeletion
 
 DEFAULT_RECOVERY_WINDOW_DAYS = 7
 # P2 as the scheduler applies it to a resumed job: its priority and the wait it had in the queue are kept, as for a

@@ -55,10 +55,10 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         # Late imports: these modules import this one (counters), and the tables import the world.
-        from gateway.approvals import Approval
         from gateway.console import insights
-        from gateway.models import Job
-        from gateway.scheduler_tables import PreemptionRow
+        from gateway.store.models import Job
+        from gateway.store.scheduler_tables import PreemptionRow
+        from gateway.store.service_tables import Approval
         from scheduler.model import QUEUES
 
         now = self.gw.clock()

@@ -13,9 +13,10 @@ from sqlalchemy.orm import Session
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, NotFound
-from gateway.models import Job
-from gateway.notifications import Notification, notify
+from gateway.notifications import notify
 from gateway.pipeline import record_outcome
+from gateway.store.models import Job
+from gateway.store.service_tables import Notification
 
 RECEIPT_TIMEOUT = timedelta(minutes=30)
 

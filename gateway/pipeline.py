@@ -25,11 +25,11 @@ from gateway.context import QUEUED_ENTRIES, REPORTED_ENTRIES, Gateway, settle_qu
 from gateway.emergency_holds import holds_on
 from gateway.errors import Forbidden, Invalid, LedgerUnavailable
 from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
-from gateway.models import Allocation, Job
 from gateway.policy.engine import BREAK_GLASS_RULE, Decision
 from gateway.queue_snapshot import snapshot_blob
 from gateway.ratelimit import CountsUnavailable, RateBreach
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
+from gateway.store.models import Allocation, Job
 from ledger.errors import InvalidEntry, LedgerError
 from ledger.service import AppendResult, Ticket
 

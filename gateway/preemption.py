@@ -22,10 +22,10 @@ from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict, PolicyDenied
 from gateway.jobs import lock_jobs, run_began, transition
-from gateway.models import Allocation, Job
 from gateway.notifications import notify
 from gateway.pipeline import decide, record_outcome
-from gateway.scheduler_tables import PreemptionRow, SchedJob
+from gateway.store.models import Allocation, Job
+from gateway.store.scheduler_tables import PreemptionRow, SchedJob
 from scheduler.model import SchedulerConfig, Snapshot
 from scheduler.occupancy import occupancy
 from scheduler.preemption import Preempt

@@ -13,15 +13,16 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from gateway import priority_history
-from gateway.approvals import Approval, executor
+from gateway.approvals import executor
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict
-from gateway.models import Job
 from gateway.obligations import notify_owners
 from gateway.pipeline import record_outcome
 from gateway.queue_snapshot import snapshot_blob
-from gateway.states import PAST_STATES
+from gateway.store.models import Job
+from gateway.store.service_tables import Approval
+from gateway.store.states import PAST_STATES
 
 
 def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by: str, request_id: str,

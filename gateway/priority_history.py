@@ -15,8 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.context import Gateway
-from gateway.models import Job
-from gateway.scheduler_tables import PastRun, PriorityChange, SchedJob
+from gateway.store.models import Job
+from gateway.store.scheduler_tables import PastRun, PriorityChange, SchedJob
 
 # Aging and fair share move a little every cycle; a history entry per cycle would say nothing new.
 AGING_STEP = 1.0

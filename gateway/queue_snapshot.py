@@ -14,14 +14,14 @@ from typing import Any
 import orjson
 from sqlalchemy import BigInteger, Text, and_, case, cast, func, literal, literal_column, select
 from sqlalchemy.dialects.postgresql import aggregate_order_by
-from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
-from gateway.models import Job
-from gateway.states import PENDING_STATES
+from gateway.store.models import Job
+from gateway.store.snapshot_rows import SAFE_INT
+from gateway.store.states import PENDING_STATES
 from ledger.entry import canonical
 
-_SAFE_INT = 2**53 - 1  # the I-JSON integer range; beyond it RFC 8785 prints a number like a float
 _JOB = Job.__table__.c
 _IS_PENDING = _JOB.state.in_(PENDING_STATES)
 # Read in the order of the index ix_jobs_queue_snapshot, which covers it.
@@ -33,14 +33,7 @@ _PENDING = (select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.g
 # exactly as RFC 8785 does (tests/gateway/test_queue_snapshot.py checks the bytes on both). A whole-number
 # priority is written as an int; any other leaves the row unrendered and the snapshot takes the general
 # path, since neither database prints fractions as RFC 8785 does.
-# SQLite keeps each job's row rendered, in a virtual generated column that an index stores: a snapshot
-# joins strings read from that index instead of rendering every queued job again for every decision.
-_WHOLE_SQL = f"base_priority = CAST(base_priority AS INTEGER) AND abs(base_priority) <= {_SAFE_INT}"
-RENDERED_ROW_DDL = (
-    "ALTER TABLE jobs ADD COLUMN snapshot_row TEXT GENERATED ALWAYS AS (CASE WHEN " + _WHOLE_SQL + " THEN"
-    " json_array(id, project, queue, CAST(base_priority AS INTEGER), gpus_per_node * nodes) END) VIRTUAL")
-RENDERED_ROW_INDEX = ("CREATE INDEX IF NOT EXISTS ix_jobs_queue_snapshot_rows"
-                      " ON jobs (state, queue, base_priority DESC, submitted_at, id, snapshot_row)")
+# SQLite keeps each row rendered in a generated column of jobs (gateway/store/snapshot_rows.py).
 _RENDERED = literal_column("snapshot_row", Text)
 # SQLite joins the rows in its FROM subquery's order: it drops such an ORDER BY only when the outer query
 # could not tell, which an aggregate other than count, min or max can.
@@ -48,7 +41,7 @@ _SQLITE_ROWS = (select(_RENDERED.label("row")).select_from(Job.__table__)
                 .where(_IS_PENDING).order_by(*_QUEUE_ORDER).subquery())
 # PostgreSQL: trunc, not a cast, tests for a whole number (a cast rounds, and fails beyond bigint).
 _PG_WHOLE = case((and_(_JOB.base_priority == func.trunc(_JOB.base_priority),
-                       func.abs(_JOB.base_priority) <= _SAFE_INT), cast(_JOB.base_priority, BigInteger)))
+                       func.abs(_JOB.base_priority) <= SAFE_INT), cast(_JOB.base_priority, BigInteger)))
 
 
 def _pg_json(column: Any) -> Any:
@@ -67,13 +60,6 @@ _SQL: dict[tuple[str, str], str] = {}  # (statement, dialect name) -> SQL; the s
 _STATEMENTS: dict[str, Any] = {"pending": _PENDING, "pending_json": _PENDING_JSON, "by_queue": _BY_QUEUE}
 SNAPSHOT_COLUMNS = ("id", "project", "queue", "priority", "gpus")
 _SNAPSHOT_HEAD = b'{"columns":' + orjson.dumps(SNAPSHOT_COLUMNS) + b',"pending":['
-
-
-def add_rendered_rows(connection: Connection) -> None:
-    """SQLite: add the rendered-row column and its index to a jobs table that lacks them."""
-    if "snapshot_row" not in {row[1] for row in connection.exec_driver_sql("PRAGMA table_xinfo(jobs)")}:
-        connection.exec_driver_sql(RENDERED_ROW_DDL)
-    connection.exec_driver_sql(RENDERED_ROW_INDEX)
 
 
 def snapshot_sql(statement: str, dialect: Dialect) -> str:
@@ -108,7 +94,7 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
     rows = _fetch(session, "pending")
     # A whole-number priority is written as an int: RFC 8785 prints 3.0 as 3 anyway, so the bytes are the
     # same, and a snapshot without floats can skip the general encoder (see snapshot_bytes).
-    pending = [[i, project, queue, int(p) if p.is_integer() and abs(p) <= _SAFE_INT else p, gpus]
+    pending = [[i, project, queue, int(p) if p.is_integer() and abs(p) <= SAFE_INT else p, gpus]
                for i, project, queue, p, gpus in rows]
     by_queue = {queue: sum(1 for _ in group) for queue, group in groupby(row[2] for row in rows)}
     return {"columns": list(SNAPSHOT_COLUMNS), "pending": pending, "pending_by_queue": dict(sorted(by_queue.items()))}

@@ -12,14 +12,15 @@ from typing import Any
 from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
-from gateway.approvals import Approval, executor, open_request
+from gateway.approvals import executor, open_request
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Invalid
-from gateway.models import Allocation, Job, Node, Project
 from gateway.pipeline import Recorded, decide, record_outcome
-from gateway.scheduler_tables import CLUSTER, MountRow, QuotaChange, QuotaRow
-from gateway.states import ACTIVE_STATES, WITHHELD_STATES
+from gateway.store.models import Allocation, Job, Node, Project
+from gateway.store.scheduler_tables import CLUSTER, MountRow, QuotaChange, QuotaRow
+from gateway.store.service_tables import Approval
+from gateway.store.states import ACTIVE_STATES, WITHHELD_STATES
 from scheduler.model import ProjectId, Quotas, TenantQuota
 from scheduler.quota import hard_limit_problems
 
@@ -60,7 +61,7 @@ def quota_json(row: QuotaRow | None) -> dict[str, Any] | None:
 
 def usage_by_tenant(session: Session) -> dict[str, dict[str, int]]:
     """GPUs held now per tenant, split owned / borrowed (Q5 marking of every allocation)."""
-    from gateway.scheduler_tables import SchedJob  # local: keeps import order simple for tables.py
+    from gateway.store.scheduler_tables import SchedJob  # local: keeps import order simple for tables.py
     out: dict[str, dict[str, int]] = {}
     rows = session.execute(
         select(Job.project, Job.gpus_per_node, Job.nodes, SchedJob.borrowed)

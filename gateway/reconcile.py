@@ -38,13 +38,14 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, select
-from sqlalchemy.orm import Mapped, Session, mapped_column
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gateway.context import Gateway
 from gateway.errors import LedgerUnavailable
-from gateway.models import Base, Job
-from gateway.models import RoleBinding as RoleBindingRow
+from gateway.store.models import Job
+from gateway.store.models import RoleBinding as RoleBindingRow
+from gateway.store.service_tables import ReconcileMark
 from ledger.errors import LedgerError
 
 log = logging.getLogger("jobgate.reconcile")
@@ -64,14 +65,6 @@ WHY_RETRACTED = (
     "rolled back after they were written; state_now is what the business database holds"
 )
 _PAGE = 1000
-
-
-class ReconcileMark(Base):
-    """Where the next reconciliation pass starts reading the ledger (one row, id 1)."""
-
-    __tablename__ = "ledger_reconcile_mark"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    next_seq: Mapped[int] = mapped_column(Integer, default=0)
 
 
 @dataclass(frozen=True)
@@ -175,7 +168,7 @@ def state_now(gw: Gateway, session: Session, d: Decided) -> dict[str, Any]:
     """What holds now for the decision's targets: each job's state (None: no such job), the project's quota,
     whether the role binding is held, the active policy set."""
     from gateway.quotas import quota_json  # late: quotas imports the approval machinery
-    from gateway.scheduler_tables import QuotaRow
+    from gateway.store.scheduler_tables import QuotaRow
 
     given = d.body.get("input") or {}
     params = given.get("params") or {}

@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 from gateway.auth import Caller
 from gateway.commands import enqueue, nodes_with_files
 from gateway.context import Gateway
-from gateway.models import Job
 from gateway.notifications import notify
 from gateway.pipeline import decide, record, record_outcome
-from gateway.stop_tables import CheckpointRetention, RetentionCleanupNode
+from gateway.store.models import Job
+from gateway.store.stop_tables import CheckpointRetention, RetentionCleanupNode
 
 DEFAULT_IMPORTANT_DAYS = 14
 TIERS = ("normal", "important", "external")

@@ -20,10 +20,10 @@ from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict, Invalid, NotFound
 from gateway.jobs import refuse_unless_allowed
-from gateway.models import Principal, Project
-from gateway.models import RoleBinding as RoleBindingRow
 from gateway.pipeline import decide, record_outcome
 from gateway.policy.engine import RoleBinding
+from gateway.store.models import Principal, Project
+from gateway.store.models import RoleBinding as RoleBindingRow
 
 GLOBAL = "*"
 

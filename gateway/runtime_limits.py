@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 
 from gateway.context import Gateway
 from gateway.jobs import lock_jobs
-from gateway.models import Job
 from gateway.notifications import notify
 from gateway.pipeline import decide, over_runtime_limit
 from gateway.retention import SYSTEM
+from gateway.store.models import Job
 
 REASON = "ran past its declared runtime limit (Q6)"
 

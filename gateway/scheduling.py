@@ -20,14 +20,14 @@ from gateway import preemption, priority_history
 from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.jobs import lock_jobs, run_began, transition
-from gateway.models import Allocation, Job, Node, NodeCommand
 from gateway.notifications import notify
 from gateway.pipeline import record_outcome
 from gateway.quotas import load_quotas
-from gateway.scheduler_tables import SchedJob, TenantUsage
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
-from gateway.states import ACTIVE_STATES, ENDED_STATES, WITHHELD_STATES
 from gateway.stops import housekeeping
+from gateway.store.models import Allocation, Job, Node, NodeCommand
+from gateway.store.scheduler_tables import SchedJob, TenantUsage
+from gateway.store.states import ACTIVE_STATES, ENDED_STATES, WITHHELD_STATES
 from scheduler.config import config_from_mapping
 from scheduler.cycle import CycleResult, run_cycle
 from scheduler.errors import InvalidConfig

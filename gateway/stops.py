@@ -26,11 +26,11 @@ from gateway.commands import enqueue
 from gateway.context import Gateway
 from gateway.errors import Conflict
 from gateway.jobs import lock_jobs, transition
-from gateway.models import Allocation, Job, Node, NodeCommand, RoleBinding
 from gateway.notifications import notify
 from gateway.pipeline import record, record_outcome
 from gateway.runtime_limits import stop_overrunning
-from gateway.stop_tables import AgentSession, CommandAck
+from gateway.store.models import Allocation, Job, Node, NodeCommand, RoleBinding
+from gateway.store.stop_tables import AgentSession, CommandAck
 
 log = logging.getLogger("jobgate.stops")
 

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
 
-from gateway.models import Token
+from gateway.store.models import Token
 
 TOKEN_PREFIX = "jg_"
 TOKEN_PATTERN = re.compile(r"^jg_[A-Za-z0-9_-]{32,64}$")

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway import jobs, lifecycle
 from gateway.api.deps import Ctx, JobId
 from gateway.api.openapi_doc import AWAITS_APPROVAL
-from gateway.stop_tables import JobDeletion
+from gateway.store.stop_tables import JobDeletion
 
 router = APIRouter(prefix="/v1/jobs", tags=["job life cycle"])
 

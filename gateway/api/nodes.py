@@ -11,8 +11,8 @@ from sqlalchemy import select
 
 from gateway import identity
 from gateway.api.deps import Ctx
-from gateway.models import Allocation, Node
-from gateway.stop_tables import AgentSession
+from gateway.store.models import Allocation, Node
+from gateway.store.stop_tables import AgentSession
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 

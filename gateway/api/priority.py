@@ -26,7 +26,7 @@ from gateway.jobs import decision_out, load_job, refuse_if_denied, refuse_in_sta
 from gateway.pipeline import decide
 from gateway.priority import apply_priority
 from gateway.schemas import DecisionOut
-from gateway.states import PAST_STATES
+from gateway.store.states import PAST_STATES
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

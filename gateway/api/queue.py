@@ -12,10 +12,10 @@ from sqlalchemy import select
 from gateway import jobs, preemption, priority_history
 from gateway.api.deps import Ctx, JobId
 from gateway.errors import Invalid
-from gateway.models import Job, Project
 from gateway.quotas import alive_capacity, usage_by_tenant
-from gateway.scheduler_tables import SchedJob
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
+from gateway.store.models import Job, Project
+from gateway.store.scheduler_tables import SchedJob
 from scheduler.model import QUEUES
 
 router = APIRouter(tags=["queues"])

@@ -11,8 +11,8 @@ from sqlalchemy import select
 
 from gateway import jobs, quotas
 from gateway.api.deps import Ctx, path_id
-from gateway.scheduler_tables import MountRow
 from gateway.schemas import Name, Timestamp
+from gateway.store.scheduler_tables import MountRow
 
 router = APIRouter(tags=["quotas"])
 # Every GPU number of a quota bounded alike, so an absurd one is refused naming its field (past 2**53 it

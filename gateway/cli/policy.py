@@ -246,8 +246,8 @@ def _current_bindings(database_url: str) -> list[RoleBinding]:
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 
-    from gateway.db import sqlalchemy_url
-    from gateway.models import RoleBinding as Row
+    from gateway.store.db import sqlalchemy_url
+    from gateway.store.models import RoleBinding as Row
 
     engine = create_engine(sqlalchemy_url(database_url))
     try:

@@ -61,8 +61,8 @@ def _still_running(settings: Settings) -> list[str]:
     from sqlalchemy import create_engine, select
     from sqlalchemy.exc import SQLAlchemyError
 
-    from gateway.models import Job
-    from gateway.states import ACTIVE_STATES
+    from gateway.store.models import Job
+    from gateway.store.states import ACTIVE_STATES
 
     engine = create_engine(settings.resolved_database_url())
     try:

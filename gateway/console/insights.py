@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.models import Allocation, Job, Node, Project
 from gateway.quotas import alive_capacity, usage_by_tenant
-from gateway.scheduler_tables import PastRun, QuotaRow, SchedJob
+from gateway.store.models import Allocation, Job, Node, Project
+from gateway.store.scheduler_tables import PastRun, QuotaRow, SchedJob
 from scheduler.model import QUEUES
 
 RUNNING_STATES = ("starting", "running", "stop_requested", "stopping")

@@ -26,10 +26,10 @@ from gateway.console.web import need_view, page
 from gateway.context import Gateway
 from gateway.errors import Invalid, NotFound
 from gateway.jobs import not_stoppable
-from gateway.models import Job
 from gateway.pipeline import decide
-from gateway.scheduler_tables import SchedJob
-from gateway.states import PAST_STATES, STOPPABLE_STATES
+from gateway.store.models import Job
+from gateway.store.scheduler_tables import SchedJob
+from gateway.store.states import PAST_STATES, STOPPABLE_STATES
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Field_ = Annotated[str | None, Form()]

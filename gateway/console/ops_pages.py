@@ -18,10 +18,10 @@ from gateway.console.access import emergency_viewer, ledger_reader, may, operato
 from gateway.console.web import need_view, page
 from gateway.context import load_bindings
 from gateway.errors import Invalid
-from gateway.models import Allocation, Node
 from gateway.policy import whatif
 from gateway.policy.errors import PolicyLoadError
-from gateway.stop_tables import AgentSession
+from gateway.store.models import Allocation, Node
+from gateway.store.stop_tables import AgentSession
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 

@@ -16,11 +16,11 @@ from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
 from gateway.console.web import need_view, new_login_nonce, page, store, templates
 from gateway.context import Gateway, load_bindings
 from gateway.errors import Forbidden, GatewayError, Invalid
-from gateway.models import Job, Project
-from gateway.notifications import Notification
 from gateway.obligations import acknowledge, note_json
-from gateway.scheduler_tables import SchedJob
 from gateway.schemas import StopRequest
+from gateway.store.models import Job, Project
+from gateway.store.scheduler_tables import SchedJob
+from gateway.store.service_tables import Approval, Notification
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Field_ = Annotated[str | None, Form()]
@@ -209,7 +209,7 @@ def approvals_inbox(request: Request, state: str = "pending") -> Response:
     return view.render("approvals.html", items=items, state=state)
 
 
-def _approval_view(gw: Gateway, session: Any, caller: Any, a: approvals.Approval) -> dict[str, Any]:
+def _approval_view(gw: Gateway, session: Any, caller: Any, a: Approval) -> dict[str, Any]:
     targets = list(session.scalars(select(Job).where(Job.id.in_(a.target_ids)).order_by(Job.id)).all())
     mine = caller.real_identity == a.requester_real
     radius = {"jobs": len(targets), "gpus": sum(j.gpus_per_node * j.nodes for j in targets),

@@ -18,9 +18,9 @@ from sqlalchemy import update
 
 from gateway.app import create_app
 from gateway.demo import prepare_demo
-from gateway.models import Allocation, Job
-from gateway.scheduler_tables import SchedJob
 from gateway.settings import Settings
+from gateway.store.models import Allocation, Job
+from gateway.store.scheduler_tables import SchedJob
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from console_testkit import Console, submit
 from sqlalchemy import update
 
-from gateway.models import Job
+from gateway.store.models import Job
 
 
 def test_researcher_cannot_see_admin_ledger_or_emergency_data(console: Console) -> None:

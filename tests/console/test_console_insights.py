@@ -9,8 +9,8 @@ from console_testkit import Console, ran, submit
 from sqlalchemy import update
 
 from gateway.console import insights
-from gateway.models import Job, Node
-from gateway.scheduler_tables import QuotaRow, SchedJob
+from gateway.store.models import Job, Node
+from gateway.store.scheduler_tables import QuotaRow, SchedJob
 
 pytestmark = pytest.mark.parametrize("console", ["sqlite", "postgresql"], indirect=True)
 

@@ -14,7 +14,7 @@ from console_testkit import Console, links_and_forms, submit
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from gateway.models import Allocation, Job
+from gateway.store.models import Allocation, Job
 
 PERSONAS = ("alice", "bob", "carol", "dave", "erin", "sam", "audrey", "mallory")
 PAGES = ("/ui/", "/ui/jobs/{pending}", "/ui/jobs/{running}", "/ui/jobs/{paused}", "/ui/jobs/{speech}",

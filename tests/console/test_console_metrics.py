@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import update
 
 from gateway.logging_setup import JsonFormatter
-from gateway.models import Job
+from gateway.store.models import Job
 
 
 def scrape(con: Console) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

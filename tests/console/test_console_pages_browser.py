@@ -15,8 +15,8 @@ from console_browser_kit import browser
 from console_testkit import Console, ran, submit
 from sqlalchemy import update
 
-from gateway.models import Node
-from gateway.scheduler_tables import QuotaRow
+from gateway.store.models import Node
+from gateway.store.scheduler_tables import QuotaRow
 
 pytestmark = [pytest.mark.integration, pytest.mark.parametrize("console", ["sqlite"], indirect=True)]
 

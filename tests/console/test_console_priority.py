@@ -9,7 +9,7 @@ import re
 from console_testkit import Console, links_and_forms, submit
 from sqlalchemy import update
 
-from gateway.scheduler_tables import SchedJob
+from gateway.store.scheduler_tables import SchedJob
 
 
 def test_console_shows_the_decisions_of_owners_priority_changes(console: Console) -> None:

@@ -8,7 +8,7 @@ from console_testkit import Console, csrf_of, submit
 from sqlalchemy import update
 
 from gateway.console.sessions import COOKIE, IDLE, PER_TOKEN, SessionStore
-from gateway.models import Token
+from gateway.store.models import Token
 from gateway.tokens import hash_token
 
 

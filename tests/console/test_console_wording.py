@@ -12,7 +12,7 @@ from console_testkit import Console, submit
 from sqlalchemy import update
 
 from gateway.console import wording
-from gateway.models import Job
+from gateway.store.models import Job
 
 REPR = re.compile(r"\[['\"]|['\"]\]|\{['\"]|\bNone\b|\bTrue\b|\bFalse\b|\d\.\d{4,}")
 

@@ -18,9 +18,9 @@ from job_host import JOB_PYTHON
 from sqlalchemy import select
 from stop_testkit import Cluster, start_cluster, submit, wait_for
 
-from gateway.models import NodeCommand
-from gateway.notifications import Notification
-from gateway.stop_tables import CommandAck
+from gateway.store.models import NodeCommand
+from gateway.store.service_tables import Notification
+from gateway.store.stop_tables import CommandAck
 from nodeagent.protocol import Command, new_nonce, sign_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

@@ -131,7 +131,7 @@ def path_objects(api: Api) -> dict[str, str]:
     """Real objects for the API's path ids: a running job of alice's with a stop awaiting approval, a token,
     a break-glass grant, a notice to alice that asks for a receipt, an emergency stop holding a workload; the
     project and node the job uses."""
-    from gateway.models import Job
+    from gateway.store.models import Job
 
     job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
     with api.gateway.db.transaction() as s:

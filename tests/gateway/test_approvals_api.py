@@ -8,8 +8,8 @@ from datetime import timedelta
 from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import Engine, event, select
 
-from gateway.approvals import Approval
-from gateway.models import Job
+from gateway.store.models import Job
+from gateway.store.service_tables import Approval
 
 
 def running_job(api: Api, who: str = "alice", **spec: object) -> str:
@@ -223,8 +223,8 @@ def test_two_approvers_racing_execute_once(api: Api) -> None:
 def test_owner_is_notified_before_the_stop_and_the_receipt_is_ledgered(api: Api) -> None:
     from datetime import timedelta
 
-    from gateway.notifications import Notification
     from gateway.obligations import RECEIPT_TIMEOUT, sweep_timed_out_receipts
+    from gateway.store.service_tables import Notification
 
     job_id = running_job(api)
     approval_id = ask_stop(api, "carol", job_id)["approval_id"]

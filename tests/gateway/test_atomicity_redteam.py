@@ -20,14 +20,14 @@ from sqlalchemy.orm import Session
 from test_approvals_api import ask_stop, job_state
 from test_sched_api import advance, bring_up_nodes, job, report
 
-from gateway.approvals import Approval
 from gateway.housekeeping import run_all
 from gateway.jobs import lock_jobs
-from gateway.models import Allocation, NodeCommand
 from gateway.reconcile import SETTLE_S
-from gateway.scheduler_tables import PreemptionRow
 from gateway.scheduling import run_once
 from gateway.stops import STOP_CONFIRM_MARGIN_S
+from gateway.store.models import Allocation, NodeCommand
+from gateway.store.scheduler_tables import PreemptionRow
+from gateway.store.service_tables import Approval
 from scheduler.model import SchedulerConfig
 
 DONE = {"exit_code": 0, "process_group_gone": True}

@@ -6,7 +6,7 @@ from typing import Any
 
 from gateway_testkit import Api, job_spec
 
-from gateway.models import Job
+from gateway.store.models import Job
 
 
 def _entries(api: Api, **filters: str) -> list[dict[str, Any]]:

@@ -14,11 +14,11 @@ from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 
 from gateway.app import create_app
-from gateway.approvals import Approval
 from gateway.demo import prepare_demo
-from gateway.models import Job, Principal, Project
 from gateway.settings import Settings
-from gateway.stop_tables import JobDeletion
+from gateway.store.models import Job, Principal, Project
+from gateway.store.service_tables import Approval
+from gateway.store.stop_tables import JobDeletion
 
 
 def running_job(api: Api, who: str = "alice", **spec: object) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 
-from gateway.models import Job
+from gateway.store.models import Job
 
 
 def submit_many(api: Api, n: int, who: str = "alice", **spec: object) -> list[str]:

@@ -6,9 +6,10 @@ from datetime import timedelta
 
 from gateway_testkit import Api, job_spec, ledger_entries
 
-from gateway.breakglass import BreakGlassGrant
 from gateway.metrics import REGISTRY
-from gateway.models import Job
+from gateway.store.models import Job
+from gateway.store.schema import create_schema
+from gateway.store.service_tables import BreakGlassGrant
 
 GRANT = {"projects": ["vision"], "actions": ["job.stop"], "duration_minutes": 30, "max_uses": 2,
          "reason": "node 7 wedged, stopping jobs by hand", "ticket": "INC-4242"}
@@ -148,10 +149,10 @@ def test_policy_can_require_a_second_on_call_before_the_credential_works(tmp_pat
     from fastapi.testclient import TestClient
 
     from gateway.app import create_app
-    from gateway.db import Database
     from gateway.demo import seed_demo
-    from gateway.models import RoleBinding
     from gateway.settings import Settings
+    from gateway.store.db import Database
+    from gateway.store.models import RoleBinding
 
     policies = tmp_path / "policies"
     shutil.copytree(Path(__file__).resolve().parents[2] / "policies", policies)
@@ -161,7 +162,7 @@ def test_policy_can_require_a_second_on_call_before_the_credential_works(tmp_pat
     settings = Settings(data_dir=tmp_path / "var", policies_dir=policies)
     settings.data_dir.mkdir()
     db = Database(settings.resolved_database_url())
-    db.create_schema()
+    create_schema(db.engine)
     with db.transaction() as s:
         seed_demo(s, settings.data_dir)
         s.add(RoleBinding(principal_id="erin", role="oncall", project="*", created_at=datetime.now(UTC)))

@@ -8,8 +8,8 @@ from typing import Any
 
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 
-from gateway.approvals import Approval
-from gateway.models import Job, Project
+from gateway.store.models import Job, Project
+from gateway.store.service_tables import Approval
 
 BOT = {"X-Jobgate-Trigger": "ci/train-nightly#7"}
 

@@ -9,7 +9,7 @@ from typing import Any
 from gateway_testkit import Api
 from stop_helpers import FakeAgent, running_job, stopped_evidence
 
-from gateway.models import Job
+from gateway.store.models import Job
 
 CKPT = [{"path": "checkpoints/step-100.ckpt", "size": 4096, "mtime": 1700000000.25, "sha256": "ab" * 32}]
 

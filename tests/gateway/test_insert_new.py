@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from gateway.db import Database, insert_new
-from gateway.models import Job, Principal, Project
-from gateway.scheduler_tables import PriorityChange, SchedJob
-from gateway.submission_rows import insert_submission
+from gateway.store.db import Database, insert_new
+from gateway.store.models import Job, Principal, Project
+from gateway.store.scheduler_tables import PriorityChange, SchedJob
+from gateway.store.schema import create_schema
+from gateway.store.submission_rows import insert_submission
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -27,7 +28,7 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
         make: Callable[[str], str] = request.getfixturevalue("fresh_pg_database")
         url = make("jobgate_insert")
     database = Database(url)
-    database.create_schema()
+    create_schema(database.engine)
     with database.transaction() as session:
         session.add(Principal(id="alice", kind="person", display_name="Alice", created_at=NOW))
         session.add(Project(id="vision", organisation="acme"))
@@ -122,7 +123,7 @@ def test_a_submission_that_fails_leaves_none_of_its_rows(db: Database) -> None:
 
 
 def test_the_submission_view_follows_the_tables_when_the_schema_is_created_again(db: Database) -> None:
-    db.create_schema()  # every start-up does: the view is made again from the models' columns
+    create_schema(db.engine)  # every start-up does: the view is made again from the models' columns
     insert_submission(db, *submission("j-2"))
     with db.transaction(immediate=False) as session:
         assert session.get(Job, "j-2") is not None

@@ -11,8 +11,8 @@ import pytest
 from gateway_testkit import Api, InBackground, assert_problem, job_spec, ledger_entries, start_api
 from sqlalchemy import func, select
 
-from gateway.models import Job
 from gateway.settings import Settings
+from gateway.store.models import Job
 from ledger.keys import load_verifier
 from ledger.verify import verify_store
 

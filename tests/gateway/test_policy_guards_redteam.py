@@ -80,7 +80,7 @@ def test_the_systems_auto_offline_reclaim_is_not_rate_limited(papi: Api, policy_
     from datetime import timedelta
 
     from gateway import retention
-    from gateway.models import Job
+    from gateway.store.models import Job
 
     set_limit(policy_dir, "calls_per_minute_per_principal", 2)
     assert papi.post("/v1/policy/reload", "sam").status_code == 200
@@ -170,8 +170,8 @@ def test_concurrent_calls_never_use_a_credential_more_often_than_allowed(api: Ap
 
 def test_whatif_under_the_active_set_flips_nothing_a_break_glass_call_decided(api: Api) -> None:
     from gateway.context import load_bindings
-    from gateway.models import Job
     from gateway.policy.whatif import records_from_entries, replay
+    from gateway.store.models import Job
 
     g = grant(api)
     job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from gateway_testkit import Api, job_spec, start_api
 
 from gateway.cli.main import cli
-from gateway.models import Job
 from gateway.settings import REPO_POLICIES, Settings
+from gateway.store.models import Job
 
 GRANT = {"projects": ["vision"], "actions": ["job.stop"], "duration_minutes": 30, "max_uses": 2,
          "reason": "node 7 wedged, stopping jobs by hand", "ticket": "INC-4242"}

@@ -14,10 +14,10 @@ from typing import Any
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 
 from gateway.context import load_bindings
-from gateway.models import Job
 from gateway.policy import whatif
 from gateway.scheduling import run_once
 from gateway.settings import REPO_POLICIES
+from gateway.store.models import Job
 
 
 def submit(api: Api, who: str = "alice", **labels: str) -> str:

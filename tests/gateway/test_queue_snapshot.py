@@ -11,11 +11,12 @@ import pytest
 import rfc8785
 from sqlalchemy import inspect, text
 
-from gateway.db import Database
 from gateway.demo import prepare_demo
-from gateway.models import Job
 from gateway.queue_snapshot import queue_snapshot, rendered_snapshot_blob, snapshot_blob, snapshot_sql
 from gateway.settings import Settings
+from gateway.store.db import Database
+from gateway.store.models import Job
+from gateway.store.schema import create_schema
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -69,7 +70,7 @@ def test_snapshot_sees_the_transactions_own_unflushed_changes(db: Database) -> N
 @pytest.mark.parametrize("statement", ["pending", "pending_json", "by_queue"])
 def test_sqlite_reads_the_snapshot_from_its_covering_index_without_sorting(tmp_path: Path, statement: str) -> None:
     db = Database(f"sqlite:///{tmp_path / 'b.db'}")
-    db.create_schema()
+    create_schema(db.engine)
     with db.transaction(immediate=False) as session:
         connection = session.connection()
         plan = " | ".join(str(row[-1]) for row in connection.exec_driver_sql(
@@ -126,7 +127,7 @@ def test_an_existing_sqlite_database_gets_the_rendered_rows_and_renders_them_as_
         conn.execute(text("ALTER TABLE jobs DROP COLUMN snapshot_row"))
     with db.transaction() as session:
         session.add_all([job("j-1", priority=2), job("j-2", queue="batch", priority=-4, gpus=8, minutes=1)])
-    db.create_schema()
+    create_schema(db.engine)
     with db.transaction(immediate=False) as session:
         blob = rendered_snapshot_blob(session)
         assert blob is not None and blob == rfc8785.dumps(queue_snapshot(session))
@@ -137,9 +138,9 @@ def test_an_existing_sqlite_database_gets_the_rendered_rows_and_renders_them_as_
 
 def test_create_schema_adds_indexes_a_newer_version_declares_to_an_existing_database(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'b.db'}")
-    db.create_schema()
+    create_schema(db.engine)
     with db.engine.begin() as conn:
         conn.execute(text("DROP INDEX ix_jobs_queue_snapshot"))
-    db.create_schema()
+    create_schema(db.engine)
     assert "ix_jobs_queue_snapshot" in {i["name"] for i in inspect(db.engine).get_indexes("jobs")}
     db.close()

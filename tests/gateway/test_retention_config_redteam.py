@@ -19,9 +19,9 @@ from gateway_testkit import Api, job_spec, start_api
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
 from gateway import lifecycle
-from gateway.models import Job
 from gateway.policy.engine import RoleBinding
 from gateway.settings import REPO_POLICIES, Settings
+from gateway.store.models import Job
 
 CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]
 IMPORTANT_DAYS, RECOVERY_DAYS = 3, 2

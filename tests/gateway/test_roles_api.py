@@ -9,7 +9,7 @@ import pytest
 from gateway_testkit import Api, job_spec
 from sqlalchemy import select
 
-from gateway.models import RoleBinding as Row
+from gateway.store.models import RoleBinding as Row
 
 
 def ledger_entries(api: Api) -> list[dict[str, Any]]:

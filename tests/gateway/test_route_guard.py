@@ -12,7 +12,7 @@ import pytest
 from gateway_testkit import Api, app_routes, job_spec, ledger_entries, path_objects
 
 from gateway.app import create_app
-from gateway.models import Job
+from gateway.store.models import Job
 
 
 def mutating_routes(app: Any) -> Iterator[tuple[str, str]]:

@@ -12,8 +12,8 @@ from sqlalchemy import select
 from test_sched_api import bring_up_nodes, job, report
 from test_sched_degraded_node import beat
 
-from gateway.notifications import Notification
 from gateway.scheduling import run_once
+from gateway.store.service_tables import Notification
 
 
 def running_with_limit(api: Api, **spec: object) -> tuple[str, str]:

@@ -11,9 +11,9 @@ from gateway_testkit import Api, job_spec
 from sqlalchemy import select
 from test_sched_api import bring_up_nodes, job, node_headers, report
 
-from gateway.models import Allocation, Job
-from gateway.notifications import Notification
 from gateway.scheduling import run_once
+from gateway.store.models import Allocation, Job
+from gateway.store.service_tables import Notification
 
 NODES = ("demo-node-1", "demo-node-2")
 DONE = {"process_group_gone": True, "exit_code": 0}

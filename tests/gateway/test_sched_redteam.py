@@ -8,10 +8,10 @@ from datetime import datetime, timedelta
 from gateway_testkit import Api, job_spec
 from test_sched_api import advance, bring_up_nodes, job, node_headers, report, set_quota
 
-from gateway.models import RoleBinding
 from gateway.policy.engine import RoleBinding as PolicyBinding
-from gateway.scheduler_tables import SchedJob
 from gateway.scheduling import run_once
+from gateway.store.models import RoleBinding
+from gateway.store.scheduler_tables import SchedJob
 
 
 def test_the_estimated_start_counts_the_gpus_this_cycle_just_gave_away(api: Api) -> None:

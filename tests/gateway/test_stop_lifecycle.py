@@ -12,7 +12,7 @@ from stop_helpers import FakeAgent, ledger, notices, running_job, shift_clock, s
 from gateway import lifecycle
 from gateway.policy.engine import RoleBinding
 from gateway.scheduling import run_once
-from gateway.stop_tables import JobDeletion
+from gateway.store.stop_tables import JobDeletion
 
 CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from gateway_testkit import Api, assert_problem, job_spec
 from sqlalchemy import select
 
-from gateway.models import Token
+from gateway.store.models import Token
 from gateway.token_cache import TokenCache, TokenFacts
 from gateway.tokens import hash_token
 

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gateway.models import Base
+from gateway.store.models import Base
 
 # The quota row of the cluster tier uses this project key; tenants use their project id.
 CLUSTER = "*"

@@ -18,9 +18,9 @@ from typing import Any, cast
 from sqlalchemy import Column, Insert, MetaData, Table
 from sqlalchemy.engine import Connection
 
-from gateway.db import Database, insert_new, row_values
-from gateway.models import Job
-from gateway.scheduler_tables import PriorityChange, SchedJob
+from gateway.store.db import Database, insert_new, row_values
+from gateway.store.models import Job
+from gateway.store.scheduler_tables import PriorityChange, SchedJob
 
 VIEW = "submission_rows"
 _TABLES = tuple(cast(Table, model.__table__) for model in (Job, SchedJob, PriorityChange))  # parents first

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import Float, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from gateway.models import Base
+from gateway.store.models import Base
 
 
 class CommandAck(Base):

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import ColumnDefault, Connection, Engine, Insert, MetaData, Table, create_engine, event, inspect, text
+from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.errors import DatabaseInUse
@@ -124,42 +124,6 @@ def _column_plan(table: Table) -> tuple[tuple[str, ColumnDefault | None, bool], 
                   bool(col.primary_key and col.autoincrement)) for col in table.columns)
 
 
-def create_schema(engine: Engine) -> None:
-    # Imported here: the table modules import services that import this module.
-    from gateway.tables import Base
-
-    Base.metadata.create_all(engine)
-    # create_all makes the indexes of new tables only: add those a newer version declares to older tables.
-    with engine.begin() as conn:
-        add_missing_columns(conn, Base.metadata)
-        for table in Base.metadata.sorted_tables:
-            for index in table.indexes:
-                index.create(conn, checkfirst=True)
-        if engine.dialect.name == "sqlite":
-            from gateway.queue_snapshot import add_rendered_rows
-            from gateway.submission_rows import add_submission_view
-
-            add_rendered_rows(conn)
-            add_submission_view(conn)
-
-
-def add_missing_columns(conn: Connection, metadata: MetaData) -> list[str]:
-    """ALTER TABLE ... ADD COLUMN for each nullable column a newer version declares on a table an older one made
-    (a data dir kept across an upgrade); returns them as `table.column`. Only nullable columns are added this way:
-    a column that needs a value for the existing rows needs a migration of its own."""
-    added = []
-    inspector = inspect(conn)
-    for table in metadata.sorted_tables:
-        present = {c["name"] for c in inspector.get_columns(table.name)}
-        for column in table.columns:
-            if column.name in present or not column.nullable:
-                continue
-            kind = column.type.compile(dialect=conn.dialect)
-            conn.execute(text(f'ALTER TABLE "{table.name}" ADD COLUMN "{column.name}" {kind}'))
-            added.append(f"{table.name}.{column.name}")
-    return added
-
-
 class Database:
     """Owns the engine and hands out sessions, one transaction each."""
 
@@ -176,9 +140,6 @@ class Database:
         file = self.engine.url.database if self.is_sqlite else None
         self._checkpointer = (WalCheckpointer(Path(file), interval_s=CHECKPOINT_INTERVAL_S)
                               if file and file != ":memory:" else None)
-
-    def create_schema(self) -> None:
-        create_schema(self.engine)
 
     def claim(self) -> None:
         """Become the only gateway process on this business database (PostgreSQL) until close().
