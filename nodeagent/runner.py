@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent import cgroups, evidence, jobdir, procgroup, spawn
-from nodeagent.confinement import Confinement
+from nodeagent.confinement import Confinement, processes_of
 from nodeagent.errors import InvalidCommand
 from nodeagent.identity import JobIdentity
 from nodeagent.isolation import Isolation
@@ -236,7 +236,7 @@ class Runner:
 
     def _uids_in_use(self) -> set[int]:
         """Uids no new run may take (called under the lock)."""
-        self._lingering_uids = {u for u in self._lingering_uids if Confinement(0, uid=u).alive()}
+        self._lingering_uids = {u for u in self._lingering_uids if processes_of(u)}
         running = {job.record.uid for job in self._jobs.values() if job.record.uid is not None}
         return running | self._reserved_uids | self._lingering_uids
 
