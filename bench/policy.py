@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 from regopy import Input  # noqa: E402
 
 from bench.machine import calibration  # noqa: E402
-from gateway.policy import EmbeddedEngine, RoleBinding, load_policy_set  # noqa: E402
-from gateway.policy.loader import DECISION_ENTRYPOINT, compile_rego  # noqa: E402
-from gateway.policy.regoio import query_value, rego_input  # noqa: E402
-from gateway.policy.testing import expand_input  # noqa: E402
-from gateway.policy.whatif import records_from_entries, replay  # noqa: E402
+from gateway.decisions.policy import EmbeddedEngine, RoleBinding, load_policy_set  # noqa: E402
+from gateway.decisions.policy.loader import DECISION_ENTRYPOINT, compile_rego  # noqa: E402
+from gateway.decisions.policy.regoio import query_value, rego_input  # noqa: E402
+from gateway.decisions.policy.testing import expand_input  # noqa: E402
+from gateway.decisions.policy.whatif import records_from_entries, replay  # noqa: E402
 
 PROJECTS = 200
 PRINCIPALS = 50
@@ -174,7 +174,7 @@ def in_process(rounds: int) -> dict[str, Any]:
 
 def recorded_entries(n: int) -> list[bytes]:
     """n ledger decision entries as stored (canonical JSON bytes), each with a distinct input."""
-    from gateway.policy.testing import DEFAULT_REQUEST
+    from gateway.decisions.policy.testing import DEFAULT_REQUEST
 
     compact = compact_mix(n // 5 + 1, unique=True)[:n]
     out = []

@@ -24,12 +24,12 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session, object_session
 
 from gateway import stops
-from gateway.auth import Caller
 from gateway.context import Gateway
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import decide, ledger_batch, record, record_outcome
 from gateway.errors import Forbidden, NotFound
+from gateway.identity.auth import Caller
 from gateway.jobs import lock_jobs
-from gateway.notifications import notify
-from gateway.pipeline import decide, ledger_batch, record, record_outcome
 from gateway.schemas import AgentReport, Heartbeat
 from gateway.store.models import Allocation, Job, Node, NodeCommand
 from gateway.store.stop_tables import CommandAck

@@ -19,11 +19,11 @@ from gateway.body_limit import BodyLimitMiddleware
 from gateway.bootstrap import open_gateway
 from gateway.console.web import ConsoleHeadersMiddleware
 from gateway.context import Gateway
+from gateway.decisions.policy_reload import PolicyReloader
+from gateway.decisions.reconcile import reconcile_at_startup
 from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
-from gateway.policy_reload import PolicyReloader
-from gateway.reconcile import reconcile_at_startup
 from gateway.scheduling import SchedulerLoop
 from gateway.settings import Settings
 

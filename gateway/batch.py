@@ -15,12 +15,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.approvals import open_request
-from gateway.auth import Caller
 from gateway.context import Gateway
+from gateway.decisions.approvals import open_request
+from gateway.decisions.pipeline import Recorded, decide, ledger_batch
+from gateway.decisions.verdict import decision_out, refuse_if_denied
 from gateway.errors import Forbidden, Invalid
-from gateway.jobs import decision_out, execute_stop, not_stoppable, refuse_if_denied, refuse_in_state, visible_projects
-from gateway.pipeline import Recorded, decide, ledger_batch
+from gateway.identity.auth import Caller
+from gateway.jobs import execute_stop, not_stoppable, refuse_in_state, visible_projects
 from gateway.priority import apply_priority
 from gateway.schemas import BatchPriorityRequest, BatchRequest, Selector
 from gateway.store.models import Job, Project

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from gateway.context import Gateway, load_bindings
+from collections.abc import Callable
+from functools import partial
+
+from sqlalchemy.orm import Session
+
+from gateway import breakglass, emergency, figures, jobs, lifecycle, priority, quotas
+from gateway.context import Gateway
+from gateway.decisions import approvals, obligations, reconcile
+from gateway.decisions.policy.factory import make_engine
+from gateway.decisions.policy.testing import load_tested_set
+from gateway.decisions.policy_reload import load_bindings
+from gateway.decisions.ratelimit import RateLimiter
+from gateway.identity.token_cache import TokenCache
 from gateway.keys import load_or_create_command_key
-from gateway.policy.factory import make_engine
-from gateway.policy.testing import load_tested_set
-from gateway.ratelimit import RateLimiter
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.schema import create_schema
-from gateway.token_cache import TokenCache
 from ledger.keys import load_or_create_signer
 from ledger.service import Ledger
 
@@ -33,7 +41,7 @@ def open_gateway(settings: Settings) -> Gateway:
         bindings = load_bindings(session)
     engine = make_engine(policy_set, bindings, kind=settings.policy_engine, opa_url=settings.opa_url,
                          opa_timeout_s=settings.opa_timeout_s)
-    return Gateway(
+    gateway = Gateway(
         settings=settings,
         db=db,
         ledger=ledger,
@@ -44,3 +52,24 @@ def open_gateway(settings: Settings) -> Gateway:
                             timeout_s=settings.rate_limit_timeout_s),
         token_cache=TokenCache(settings.auth_cache_s),
     )
+    register_executors(gateway)
+    register_chores(gateway)
+    gateway.figures.extend([approvals.figures, figures.figures])  # /metrics, in this order
+    return gateway
+
+
+def register_executors(gateway: Gateway) -> None:
+    """Each room's executors of approved actions (M2), bound to this gateway: approvals know only the registry."""
+    for room in (jobs, lifecycle, priority, quotas, emergency, breakglass):
+        for action, carry_out in room.EXECUTORS.items():
+            gateway.executors[action] = partial(carry_out, gateway)
+
+
+def register_chores(gateway: Gateway) -> None:
+    """The periodic chores of every room (gateway/housekeeping.py runs them), bound to this gateway, in the order
+    they run."""
+    chores: list[tuple[str, Callable[[Gateway, Session], object]]] = [
+        ("receipts", obligations.sweep_timed_out_receipts), ("break-glass expiry", breakglass.sweep_expired),
+        ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
+        *lifecycle.CHORES]
+    gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)

@@ -23,16 +23,16 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.approvals import executor, open_request
-from gateway.auth import Caller, refuse_unknown_actions
 from gateway.context import Gateway
+from gateway.decisions.approvals import open_request
+from gateway.decisions.pipeline import decide, record_outcome
+from gateway.decisions.verdict import refuse_if_denied
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound, Unauthenticated
-from gateway.jobs import refuse_if_denied
+from gateway.identity.auth import Caller, refuse_unknown_actions
+from gateway.identity.tokens import hash_token
 from gateway.metrics import BREAK_GLASS_USES
-from gateway.pipeline import decide, record_outcome
 from gateway.store.models import Job, Principal, Project
 from gateway.store.service_tables import Approval, BreakGlassGrant
-from gateway.tokens import hash_token
 
 log = logging.getLogger("jobgate.alert")
 
@@ -95,7 +95,6 @@ def _activate(gw: Gateway, grant: BreakGlassGrant) -> None:
     grant.expires_at = now + timedelta(seconds=grant.duration_s)
 
 
-@executor("breakglass.request")
 def _activate_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                              approver: Caller) -> dict[str, Any]:
     grant = session.get(BreakGlassGrant, approval.params["grant_id"])
@@ -216,3 +215,8 @@ def visible(gw: Gateway, session: Session, caller: Caller) -> list[BreakGlassGra
     if "ledger.read" in gw.policy.capabilities(caller.real_identity, "*"):
         return rows
     return [g for g in rows if g.holder == caller.real_identity]
+
+
+# What this module carries out once a second person approved it (M2), bound to the running gateway at app
+# start (gateway/bootstrap.py).
+EXECUTORS = {"breakglass.request": _activate_after_approval}

@@ -10,11 +10,11 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from gateway.context import utcnow
+from gateway.identity.tokens import issue_token
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.models import Meta, Node, Principal, Project, RoleBinding
 from gateway.store.schema import create_schema
-from gateway.tokens import issue_token
 from nodeagent.layout import private_state_dir
 
 DEMO_NODES = ("demo-node-1", "demo-node-2")

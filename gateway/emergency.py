@@ -21,13 +21,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from gateway import stops
-from gateway.approvals import executor, open_request
-from gateway.auth import Caller
 from gateway.context import Gateway
-from gateway.emergency_holds import in_scope
+from gateway.decisions.approvals import open_request
+from gateway.decisions.facts import in_scope
+from gateway.decisions.pipeline import Recorded, decide, ledger_batch, record_outcome
+from gateway.decisions.verdict import refuse_if_denied, refuse_unless_allowed
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
-from gateway.jobs import refuse_if_denied, refuse_unless_allowed
-from gateway.pipeline import Recorded, decide, ledger_batch, record_outcome
+from gateway.identity.auth import Caller
 from gateway.store.models import Job, Node
 from gateway.store.service_tables import Approval
 from gateway.store.states import STOPPABLE_STATES
@@ -125,7 +125,6 @@ def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: A
     return row, rec
 
 
-@executor("emergency.stop")
 def _after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                     approver: Caller) -> dict[str, Any]:
     row = session.scalars(select(EmergencyStop).where(EmergencyStop.approval_id == approval.id)).first()
@@ -346,3 +345,8 @@ def hold_out(hold: EmergencyHold | None, *, asked: bool) -> dict[str, Any]:
 
 def list_stops(session: Session, limit: int = 100) -> list[EmergencyStop]:
     return list(session.scalars(select(EmergencyStop).order_by(EmergencyStop.created_at.desc()).limit(limit)).all())
+
+
+# What this module carries out once a second person approved it (M2), bound to the running gateway at app
+# start (gateway/bootstrap.py).
+EXECUTORS = {"emergency.stop": _after_approval}

@@ -25,12 +25,12 @@ import rfc8785
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.auth import Caller
 from gateway.context import Gateway
+from gateway.decisions.pipeline import decide, record_outcome
+from gateway.decisions.queue_snapshot import queue_snapshot
+from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Invalid, NotFound
-from gateway.jobs import refuse_unless_allowed
-from gateway.pipeline import decide, record_outcome
-from gateway.queue_snapshot import queue_snapshot
+from gateway.identity.auth import Caller
 from gateway.store.models import Allocation, Job, Node, NodeCommand
 from gateway.store.stop_tables import CheckpointRetention, CommandAck, JobDeletion
 from ledger.bundle import export_bundle

@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.auth import Caller
 from gateway.context import Gateway
+from gateway.identity.auth import Caller
 from gateway.jobs import visible_projects
 from gateway.store.models import Job, Node, Project
 

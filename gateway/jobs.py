@@ -14,26 +14,18 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway import retention
-from gateway.approvals import executor, open_request
-from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
-from gateway.emergency_holds import holds_on
-from gateway.errors import (
-    Conflict,
-    Invalid,
-    LedgerUnavailable,
-    NotFound,
-    PolicyDenied,
-    RateCountsUnavailable,
-    RateLimited,
-)
-from gateway.obligations import notify_owners
-from gateway.pipeline import Recorded, decide, durable, ledger_batch, record
+from gateway.decisions.approvals import open_request
+from gateway.decisions.facts import holds_on
+from gateway.decisions.obligations import notify_owners
+from gateway.decisions.pipeline import Recorded, decide, durable, ledger_batch, record
+from gateway.decisions.verdict import refuse_if_denied, refuse_unless_allowed
+from gateway.errors import Conflict, Invalid, LedgerUnavailable, NotFound
+from gateway.identity.auth import Caller
 from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
-from gateway.ratelimit import RateBreach
-from gateway.schemas import DecisionOut, JobOut, JobSubmit, StopRequest
+from gateway.schemas import JobOut, JobSubmit, StopRequest
 from gateway.store.models import Job, Node, Principal, Project
 from gateway.store.service_tables import Approval
 from gateway.store.states import ENDED_STATES, JOB_STATES, STOPPABLE_STATES, STOPPING_STATES
@@ -67,47 +59,6 @@ def run_began(job: Job) -> datetime:
         if step.get("to") == "starting" and step.get("at"):
             return datetime.fromisoformat(step["at"])
     return job.submitted_at
-
-
-def decision_out(rec: Recorded) -> DecisionOut:
-    d = rec.decision
-    return DecisionOut(
-        effect=d.effect,
-        reasons=list(d.reasons),
-        rules=list(d.rules),
-        approvals_required=dict(d.approvals_required),
-        obligations=[dict(o) for o in d.obligations],
-        policy_hash=d.policy_hash,
-        ledger_seq=rec.seq,
-    )
-
-
-def refuse_if_denied(rec: Recorded) -> None:
-    """Raise for a deny: RateLimited (429, Retry-After) for a used-up calls-per-minute limit,
-    RateCountsUnavailable (503) when its counts cannot be read, PolicyDenied (403) for every other refusal, the
-    blast-radius limits (jobs, projects, GPUs per call) among them: asking again later changes nothing there.
-    Only for actions that open an approval when the answer is needs_approval; every other caller wants
-    refuse_unless_allowed."""
-    if rec.decision.effect != "deny":
-        return
-    detail = " ".join(rec.decision.reasons) or "denied by policy"
-    recorded = {"reasons": list(rec.decision.reasons), "rules": list(rec.decision.rules), "ledger_seq": rec.seq,
-                "policy_hash": rec.decision.policy_hash}
-    if isinstance(rec.rate_refusal, RateBreach):
-        raise RateLimited(detail, retry_after_s=rec.rate_refusal.retry_after_s, **recorded)
-    if rec.rate_refusal is not None:
-        raise RateCountsUnavailable(detail, **recorded)
-    raise PolicyDenied(detail, **recorded)
-
-
-def refuse_unless_allowed(rec: Recorded, what: str = "this request") -> None:
-    """Go on only on allow: a deny raises PolicyDenied, and needs_approval raises Conflict, so that an action
-    with no approval path is never carried out without the second person the policy asked for (M2). The
-    default for every check, so that a rule a reviewer adds later fails closed where nobody expected it."""
-    refuse_if_denied(rec)
-    if rec.decision.effect != "allow":
-        raise Conflict(f"{what} needs a second person ({' '.join(rec.decision.reasons)}); it cannot wait for an"
-                       " approval, so nothing was changed", ledger_seq=rec.seq, rules=list(rec.decision.rules))
 
 
 def job_out(job: Job) -> JobOut:
@@ -413,7 +364,6 @@ def stop(gw: Gateway, session: Session, caller: Caller, job_id: str,
     return job, rec, None
 
 
-@executor("job.stop")
 def _stop_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                          approver: Caller) -> dict[str, Any]:
     # A target paused or deleted while the request waited is left as it is, like one that ended (approve skips
@@ -482,3 +432,7 @@ def execute_stop(gw: Gateway, session: Session, job: Job, *, by: str, request_id
                                     "state_after": job.state, "owner_notified": notified,
                                     "took_over_stop": before in STOPPING_STATES})
 
+
+# What this module carries out once a second person approved it (M2), bound to the running gateway at app
+# start (gateway/bootstrap.py).
+EXECUTORS = {"job.stop": _stop_after_approval}

@@ -15,15 +15,16 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from gateway import housekeeping, priority_history, retention, stops
-from gateway.approvals import executor, open_request
-from gateway.auth import Caller
+from gateway import priority_history, retention, stops
 from gateway.commands import enqueue, nodes_with_files
 from gateway.context import Gateway
+from gateway.decisions.approvals import open_request
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import Recorded, decide, record_outcome
+from gateway.decisions.verdict import refuse_if_denied, refuse_unless_allowed
 from gateway.errors import Conflict
-from gateway.jobs import load_job, refuse_if_denied, refuse_in_state, refuse_unless_allowed
-from gateway.notifications import notify
-from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.identity.auth import Caller
+from gateway.jobs import load_job, refuse_in_state
 from gateway.store.models import Allocation, Job
 from gateway.store.service_tables import Approval
 from gateway.store.stop_tables import CheckpointRetention, JobDeletion
@@ -76,7 +77,6 @@ def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, 
     return job, rec, None
 
 
-@executor("job.confirm_stopped")
 def _confirm_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                             approver: Caller) -> dict[str, Any]:
     for job in targets:
@@ -121,7 +121,6 @@ def resume(gw: Gateway, session: Session, caller: Caller, job_id: str,
     return job, rec, None
 
 
-@executor("job.resume")
 def _resume_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                            approver: Caller) -> dict[str, Any]:
     for job in targets:
@@ -175,7 +174,6 @@ def delete_job(gw: Gateway, session: Session, caller: Caller, job_id: str, reaso
     return job, rec, None
 
 
-@executor("job.delete")
 def _delete_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                            approver: Caller) -> dict[str, Any]:
     for job in targets:
@@ -223,7 +221,6 @@ def undelete(gw: Gateway, session: Session, caller: Caller, job_id: str,
     return job, rec, None
 
 
-@executor("job.undelete")
 def _undelete_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                              approver: Caller) -> dict[str, Any]:
     for job in targets:
@@ -305,6 +302,12 @@ def run_chores(gw: Gateway) -> None:
             task(gw, session)
 
 
-housekeeping.register("R4 auto-offline", _auto_offline_task)
-housekeeping.register("checkpoint retention", _retention_task)
-housekeeping.register("deleted job purge", _purge_task)
+# This area's periodic chores, registered at app start (gateway/bootstrap.py).
+CHORES = (("R4 auto-offline", _auto_offline_task), ("checkpoint retention", _retention_task),
+          ("deleted job purge", _purge_task))
+
+
+# What this module carries out once a second person approved it (M2), bound to the running gateway at app
+# start (gateway/bootstrap.py).
+EXECUTORS = {"job.confirm_stopped": _confirm_after_approval, "job.resume": _resume_after_approval,
+             "job.delete": _delete_after_approval, "job.undelete": _undelete_after_approval}

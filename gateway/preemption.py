@@ -17,13 +17,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from gateway import priority_history
-from gateway.auth import Caller
 from gateway.commands import enqueue
 from gateway.context import Gateway
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import decide, record_outcome
 from gateway.errors import Conflict, PolicyDenied
+from gateway.identity.auth import Caller
 from gateway.jobs import lock_jobs, run_began, transition
-from gateway.notifications import notify
-from gateway.pipeline import decide, record_outcome
 from gateway.store.models import Allocation, Job
 from gateway.store.scheduler_tables import PreemptionRow, SchedJob
 from scheduler.model import SchedulerConfig, Snapshot
@@ -176,7 +176,8 @@ def renew(gw: Gateway, session: Session, caller: Caller, job_id: str, progress: 
     Decided by policy as a reprioritisation of one's own job and ledgered. Raises NotFound, Conflict,
     PolicyDenied, LedgerUnavailable.
     """
-    from gateway.jobs import load_job, refuse_unless_allowed
+    from gateway.decisions.verdict import refuse_unless_allowed
+    from gateway.jobs import load_job
     from gateway.scheduling import scheduler_config
 
     job = load_job(session, job_id, for_update=True)

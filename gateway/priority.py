@@ -13,13 +13,13 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from gateway import priority_history
-from gateway.approvals import executor
-from gateway.auth import Caller
 from gateway.context import Gateway
+from gateway.decisions import facts
+from gateway.decisions.obligations import notify_owners
+from gateway.decisions.pipeline import record_outcome
+from gateway.decisions.queue_snapshot import snapshot_blob
 from gateway.errors import Conflict
-from gateway.obligations import notify_owners
-from gateway.pipeline import record_outcome
-from gateway.queue_snapshot import snapshot_blob
+from gateway.identity.auth import Caller
 from gateway.store.models import Job
 from gateway.store.service_tables import Approval
 from gateway.store.states import PAST_STATES
@@ -36,7 +36,7 @@ def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by:
     now = gw.clock()
     row = priority_history.ensure(session, job)
     parts = dict(row.parts or {})
-    before = priority_history.effective(row)
+    before = facts.effective(row)
     row.manual = float(row.manual or 0.0) + (value - before)
     parts.update({"manual": row.manual, "total": value})
     row.parts = parts
@@ -55,7 +55,6 @@ def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by:
     return {"job_id": job.id, "priority_before": before, "priority_after": value, "outcome_seq": seq}
 
 
-@executor("job.priority")
 def _priority_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                              approver: Caller) -> dict[str, Any]:
     value = float(approval.params["priority"])
@@ -63,3 +62,8 @@ def _priority_after_approval(gw: Gateway, session: Session, approval: Approval, 
                                        decision_seq=approval.decision_seq, reason=approval.reason,
                                        approved_by=[a["by"] for a in approval.approvals],
                                        obligations=approval.resolution.get("obligations", ())) for job in targets]}
+
+
+# What this module carries out once a second person approved it (M2), bound to the running gateway at app
+# start (gateway/bootstrap.py).
+EXECUTORS = {"job.priority": _priority_after_approval}

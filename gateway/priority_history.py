@@ -7,7 +7,6 @@ Every change of a job's effective priority is kept with its basis: `submit` (bas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -50,29 +49,6 @@ def ensure(session: Session, job: Job) -> SchedJob:
         row = SchedJob(job_id=job.id, queued_at=job.submitted_at, contribution=job.base_priority)
         session.add(row)
     return row
-
-
-def effective(row: SchedJob | None) -> float:
-    """The job's effective priority as a manual change reads it: the total of its last computed parts (the row's
-    priority before any, 0 for a job without a row). apply_priority takes its `before` from here too."""
-    if row is None:
-        return 0.0
-    return float((row.parts or {}).get("total", row.priority or 0.0))
-
-
-def standing(session: Session, job_ids: Sequence[str]) -> dict[str, tuple[float, float]]:
-    """job id -> (effective priority now, unadjusted): what the policy needs to judge an owner's own change (A2).
-
-    Unadjusted is the effective priority without its `manual` part, i.e. what the scheduler alone gives the job.
-    One query for all the jobs; the rows stay in the session for apply_priority.
-    """
-    rows = {r.job_id: r for r in session.scalars(select(SchedJob).where(SchedJob.job_id.in_(list(job_ids))))}
-    out: dict[str, tuple[float, float]] = {}
-    for job_id in job_ids:
-        row = rows.get(job_id)
-        now = effective(row)
-        out[job_id] = (now, now - float(row.manual or 0.0) if row is not None else now)
-    return out
 
 
 def keep_run(session: Session, job: Job, row: SchedJob, ended_at: datetime) -> None:

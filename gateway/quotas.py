@@ -12,11 +12,11 @@ from typing import Any
 from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
-from gateway.approvals import executor, open_request
-from gateway.auth import Caller
 from gateway.context import Gateway
+from gateway.decisions.approvals import open_request
+from gateway.decisions.pipeline import Recorded, decide, record_outcome
 from gateway.errors import Invalid
-from gateway.pipeline import Recorded, decide, record_outcome
+from gateway.identity.auth import Caller
 from gateway.store.models import Allocation, Job, Node, Project
 from gateway.store.scheduler_tables import CLUSTER, MountRow, QuotaChange, QuotaRow
 from gateway.store.service_tables import Approval
@@ -107,7 +107,7 @@ def request_change(gw: Gateway, session: Session, caller: Caller, project: str, 
     before = quota_json(session.get(QuotaRow, project))
     rec = decide(gw, session, caller, "quota.change", project=project, params={**params, "before": before},
                  reason=reason, ticket=ticket)
-    from gateway.jobs import refuse_if_denied
+    from gateway.decisions.verdict import refuse_if_denied
     refuse_if_denied(rec)
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action="quota.change", target_ids=[], project=project,
@@ -118,7 +118,6 @@ def request_change(gw: Gateway, session: Session, caller: Caller, project: str, 
     return rec, None, result
 
 
-@executor("quota.change")
 def _change_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
                            approver: Caller) -> dict[str, Any]:
     params = {k: v for k, v in approval.params.items() if k != "before"}
@@ -175,7 +174,7 @@ def add_mount(gw: Gateway, session: Session, caller: Caller, name: str, kind: st
     Raises PolicyDenied, LedgerUnavailable."""
     rec = decide(gw, session, caller, "role.manage", project=CLUSTER,
                  params={"mount": {"name": name, "kind": kind, "path": path, "projects": projects}})
-    from gateway.jobs import refuse_unless_allowed
+    from gateway.decisions.verdict import refuse_unless_allowed
     refuse_unless_allowed(rec)
     now = gw.clock()
     row = session.get(MountRow, name)
@@ -214,3 +213,8 @@ def admission_problems(session: Session, now: datetime, *, project: str, owner: 
             elif "*" not in row.projects and project not in row.projects:
                 problems.append(f"{kind} {name!r} is not open to project {project}")
     return problems
+
+
+# What this module carries out once a second person approved it (M2), bound to the running gateway at app
+# start (gateway/bootstrap.py).
+EXECUTORS = {"quota.change": _change_after_approval}

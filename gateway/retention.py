@@ -17,11 +17,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.auth import Caller
 from gateway.commands import enqueue, nodes_with_files
 from gateway.context import Gateway
-from gateway.notifications import notify
-from gateway.pipeline import decide, record, record_outcome
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import decide, record, record_outcome
+from gateway.identity.auth import Caller
 from gateway.store.models import Job
 from gateway.store.stop_tables import CheckpointRetention, RetentionCleanupNode
 

@@ -16,12 +16,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.api.deps import RequestContext
-from gateway.auth import Caller
 from gateway.context import Gateway
+from gateway.decisions.pipeline import decide, record_outcome
+from gateway.decisions.policy.engine import RoleBinding
+from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Conflict, Invalid, NotFound
-from gateway.jobs import refuse_unless_allowed
-from gateway.pipeline import decide, record_outcome
-from gateway.policy.engine import RoleBinding
+from gateway.identity.auth import Caller
 from gateway.store.models import Principal, Project
 from gateway.store.models import RoleBinding as RoleBindingRow
 

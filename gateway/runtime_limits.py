@@ -16,9 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.context import Gateway
+from gateway.decisions.facts import over_runtime_limit
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import decide
 from gateway.jobs import lock_jobs
-from gateway.notifications import notify
-from gateway.pipeline import decide, over_runtime_limit
 from gateway.retention import SYSTEM
 from gateway.store.models import Job
 

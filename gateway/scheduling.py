@@ -19,9 +19,9 @@ from sqlalchemy.orm import Session
 from gateway import preemption, priority_history
 from gateway.commands import enqueue
 from gateway.context import Gateway
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import record_outcome
 from gateway.jobs import lock_jobs, run_began, transition
-from gateway.notifications import notify
-from gateway.pipeline import record_outcome
 from gateway.quotas import load_quotas
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from gateway.stops import housekeeping

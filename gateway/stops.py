@@ -24,10 +24,10 @@ from sqlalchemy.orm import Session, object_session
 from gateway import preemption, retention
 from gateway.commands import enqueue
 from gateway.context import Gateway
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import record, record_outcome
 from gateway.errors import Conflict
 from gateway.jobs import lock_jobs, transition
-from gateway.notifications import notify
-from gateway.pipeline import record, record_outcome
 from gateway.runtime_limits import stop_overrunning
 from gateway.store.models import Allocation, Job, Node, NodeCommand, RoleBinding
 from gateway.store.stop_tables import AgentSession, CommandAck

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from gateway import breakglass
 from gateway.api.storable_text import refuse_unstorable_text
-from gateway.auth import TRIGGER_HEADER, Caller, authenticate, bearer_secret
 from gateway.context import Gateway
+from gateway.identity.auth import TRIGGER_HEADER, Caller, authenticate, bearer_secret
 
 
 @dataclass(frozen=True)

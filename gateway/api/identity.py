@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import identity
+from gateway.access import accounts
 from gateway.api.deps import Ctx, path_id
 from gateway.schemas import Name
 
@@ -54,10 +54,10 @@ def create_token(body: TokenCreate, ctx: Ctx) -> dict[str, Any]:
     no later than the token that made it, and a break-glass credential mints none."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
-        token, issued = identity.create_token(
+        token, issued = accounts.create_token(
             ctx.gw, session, caller, principal_id=body.principal or caller.id, purpose=body.purpose,
             projects=body.projects, actions=body.actions, expires_in_days=body.expires_in_days)
-        return {**identity.token_json(token), "token": issued.secret}
+        return {**accounts.token_json(token), "token": issued.secret}
 
 
 @router.get("/v1/tokens", summary="Tokens you manage (yours and your service accounts')")
@@ -65,8 +65,8 @@ def list_tokens(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
     """Newest first: principal, purpose, scope, expiry and revocation of each (never a secret). Platform
     admins see all."""
     with ctx.gw.transaction() as session:
-        rows = identity.list_tokens(ctx.gw, session, ctx.caller(session))
-        return {"tokens": [identity.token_json(t) for t in rows]}
+        rows = accounts.list_tokens(ctx.gw, session, ctx.caller(session))
+        return {"tokens": [accounts.token_json(t) for t in rows]}
 
 
 @router.post("/v1/tokens/{token_id}/revoke", summary="Revoke a token")
@@ -79,8 +79,8 @@ def revoke_token(
     that are still pending are closed with it (rejected, the requester and the owners told): revoked because
     it leaked, it must not leave behind a stop that an unaware second person then approves."""
     with ctx.gw.transaction() as session:
-        token = identity.revoke_token(ctx.gw, session, ctx.caller(session), token_id, body.reason)
-        return identity.token_json(token)
+        token = accounts.revoke_token(ctx.gw, session, ctx.caller(session), token_id, body.reason)
+        return accounts.token_json(token)
 
 
 @router.post("/v1/service-accounts", status_code=status.HTTP_201_CREATED,
@@ -90,7 +90,7 @@ def create_service_account(body: ServiceAccountCreate, ctx: Ctx) -> dict[str, An
     `X-Jobgate-Trigger` (pipeline and run id); the ledger records it, its responsible person and the trigger."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
-        acct = identity.create_service_account(ctx.gw, session, caller, body.name, body.project, body.description)
+        acct = accounts.create_service_account(ctx.gw, session, caller, body.name, body.project, body.description)
         return {"id": acct.id, "responsible": acct.responsible, "project": body.project}
 
 
@@ -98,4 +98,4 @@ def create_service_account(body: ServiceAccountCreate, ctx: Ctx) -> dict[str, An
 def list_service_accounts(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
     """Each with its responsible person, description and roles."""
     with ctx.gw.transaction() as session:
-        return {"service_accounts": identity.list_service_accounts(ctx.gw, session, ctx.caller(session))}
+        return {"service_accounts": accounts.list_service_accounts(ctx.gw, session, ctx.caller(session))}

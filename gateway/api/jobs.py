@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, status
 
 from gateway import jobs, retention
 from gateway.api.deps import Ctx, JobId
+from gateway.decisions import verdict
 from gateway.schemas import JobList, JobOut, JobSubmit, StopRequest, StopResponse
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -55,5 +56,5 @@ def stop_job(job_id: JobId, body: StopRequest, ctx: Ctx) -> StopResponse:
     `approval_id` and nothing changes until someone eligible approves it."""
     with ctx.gw.transaction() as session:
         job, rec, approval = jobs.stop(ctx.gw, session, ctx.caller(session), job_id, body)
-        return StopResponse(job=jobs.job_out(job), decision=jobs.decision_out(rec),
+        return StopResponse(job=jobs.job_out(job), decision=verdict.decision_out(rec),
                             approval_id=approval.id if approval else None)

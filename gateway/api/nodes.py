@@ -9,7 +9,7 @@ from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
-from gateway import identity
+from gateway.access import accounts
 from gateway.api.deps import Ctx
 from gateway.store.models import Allocation, Node
 from gateway.store.stop_tables import AgentSession
@@ -30,7 +30,7 @@ def enrol_node(body: NodeEnrol, ctx: Ctx) -> dict[str, Any]:
     """Add a node and mint its agent's token, shown once: put it in the agent's `state/token` (0600), never on a
     command line. Names are those the site keeps for nodes (`JOBGATE_NODE_NAMES`); ledgered."""
     with ctx.gw.transaction() as session:
-        issued = identity.enrol_node(ctx.gw, session, ctx.caller(session), body.id, body.gpus)
+        issued = accounts.enrol_node(ctx.gw, session, ctx.caller(session), body.id, body.gpus)
     return {"id": body.id, "gpus": body.gpus, "token": issued.secret, "token_id": issued.id,
             "expires_at": issued.expires_at.isoformat()}
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import roles
 from gateway.api.deps import Ctx
-from gateway.policy.engine import RoleBinding
+from gateway.decisions.policy.engine import RoleBinding
 
 router = APIRouter(prefix="/v1", tags=["roles"])
 

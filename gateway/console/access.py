@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gateway import emergency
+from gateway.decisions.pipeline import decide
+from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Forbidden
-from gateway.jobs import refuse_unless_allowed
-from gateway.pipeline import decide
 
 if TYPE_CHECKING:
     from gateway.console.web import View

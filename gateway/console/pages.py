@@ -9,14 +9,16 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy import or_, select
 
-from gateway import approvals, jobs, priority_history
+from gateway import jobs, priority_history
 from gateway.api.approvals import ApproveBody, RejectBody
 from gateway.console import figures, insights, job_actions
 from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
 from gateway.console.web import need_view, new_login_nonce, page, store, templates
-from gateway.context import Gateway, load_bindings
+from gateway.context import Gateway
+from gateway.decisions import approvals
+from gateway.decisions.obligations import acknowledge, note_json
+from gateway.decisions.policy_reload import load_bindings
 from gateway.errors import Forbidden, GatewayError, Invalid
-from gateway.obligations import acknowledge, note_json
 from gateway.schemas import StopRequest
 from gateway.store.models import Job, Project
 from gateway.store.scheduler_tables import SchedJob

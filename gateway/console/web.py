@@ -16,11 +16,11 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.auth import Caller
 from gateway.console import access, wording
 from gateway.console.sessions import COOKIE, ConsoleSession, SessionStore, caller_for, csrf_ok
 from gateway.context import Gateway
 from gateway.errors import Forbidden, GatewayError, Unauthenticated
+from gateway.identity.auth import Caller
 
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 # Values as people read them (gateway/console/wording.py): `{{ x | num }}`, `{{ t | when }}`, `{{ v | words }}`.

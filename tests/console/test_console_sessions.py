@@ -8,8 +8,8 @@ from console_testkit import Console, csrf_of, submit
 from sqlalchemy import update
 
 from gateway.console.sessions import COOKIE, IDLE, PER_TOKEN, SessionStore
+from gateway.identity.tokens import hash_token
 from gateway.store.models import Token
-from gateway.tokens import hash_token
 
 
 def test_session_cookie_is_httponly_samesite_strict_and_not_the_token(console: Console) -> None:

@@ -223,7 +223,7 @@ def test_two_approvers_racing_execute_once(api: Api) -> None:
 def test_owner_is_notified_before_the_stop_and_the_receipt_is_ledgered(api: Api) -> None:
     from datetime import timedelta
 
-    from gateway.obligations import RECEIPT_TIMEOUT, sweep_timed_out_receipts
+    from gateway.decisions.obligations import RECEIPT_TIMEOUT, sweep_timed_out_receipts
     from gateway.store.service_tables import Notification
 
     job_id = running_job(api)

@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 from test_approvals_api import ask_stop, job_state
 from test_sched_api import advance, bring_up_nodes, job, report
 
+from gateway.decisions.reconcile import SETTLE_S
 from gateway.housekeeping import run_all
 from gateway.jobs import lock_jobs
-from gateway.reconcile import SETTLE_S
 from gateway.scheduling import run_once
 from gateway.stops import STOP_CONFIRM_MARGIN_S
 from gateway.store.models import Allocation, NodeCommand

@@ -9,8 +9,8 @@ import pytest
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import func, select
 
+from gateway.identity.tokens import hash_token
 from gateway.store.models import Job, Token
-from gateway.tokens import hash_token
 from ledger.errors import StoreError
 
 

@@ -7,11 +7,11 @@ from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy.orm import Session
 from test_approvals_api import ask_stop, job_state, running_job
 
-from gateway.auth import Caller, authenticate
-from gateway.context import QUEUED_ENTRIES
+from gateway.decisions.pipeline import decide, ledger_batch, record
+from gateway.decisions.transaction import QUEUED_ENTRIES
 from gateway.errors import LedgerUnavailable
+from gateway.identity.auth import Caller, authenticate
 from gateway.jobs import load_job
-from gateway.pipeline import decide, ledger_batch, record
 from ledger.errors import StoreError
 
 

@@ -169,8 +169,8 @@ def test_concurrent_calls_never_use_a_credential_more_often_than_allowed(api: Ap
 
 
 def test_whatif_under_the_active_set_flips_nothing_a_break_glass_call_decided(api: Api) -> None:
-    from gateway.context import load_bindings
-    from gateway.policy.whatif import records_from_entries, replay
+    from gateway.decisions.policy.whatif import records_from_entries, replay
+    from gateway.decisions.policy_reload import load_bindings
     from gateway.store.models import Job
 
     g = grant(api)
@@ -243,7 +243,7 @@ def test_emergency_numbers_that_are_not_counts_are_refused_at_reload(
 
 
 def test_a_bad_nested_number_is_reported_on_its_own_line(tmp_path: Path) -> None:
-    from gateway.policy.loader import parse_data
+    from gateway.decisions.policy.loader import parse_data
     from gateway.settings import REPO_POLICIES
 
     data = json.loads((REPO_POLICIES / "data.json").read_text())
@@ -416,7 +416,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
 
 def test_replicas_sharing_redis_count_a_principals_calls_together(redis_url: str) -> None:
-    from gateway.ratelimit import RateLimiter
+    from gateway.decisions.ratelimit import RateLimiter
 
     numbers = {"calls_per_minute_per_principal": 3, "calls_per_minute_per_project": 100}
     one, other = RateLimiter(redis_url, numbers), RateLimiter(redis_url, numbers)  # two gateway replicas
@@ -426,7 +426,7 @@ def test_replicas_sharing_redis_count_a_principals_calls_together(redis_url: str
 
 
 def test_replicas_sharing_redis_count_the_minutes_calls_under_a_lowered_limit(redis_url: str) -> None:
-    from gateway.ratelimit import RateLimiter
+    from gateway.decisions.ratelimit import RateLimiter
 
     numbers = {"calls_per_minute_per_principal": 5, "calls_per_minute_per_project": 100}
     one, other = RateLimiter(redis_url, numbers), RateLimiter(redis_url, numbers)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gateway_testkit import job_spec, start_api
 
-from gateway.policy.loader import load_policy_set, policy_hash
+from gateway.decisions.policy.loader import load_policy_set, policy_hash
 from gateway.settings import REPO_POLICIES, Settings
 
 EMPTY = hashlib.sha256(b"").hexdigest()

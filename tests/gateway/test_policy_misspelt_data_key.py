@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gateway_testkit import start_api
 
-from gateway.policy.loader import load_policy_set
+from gateway.decisions.policy.loader import load_policy_set
 from gateway.settings import REPO_POLICIES, Settings
 
 

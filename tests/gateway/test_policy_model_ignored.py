@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from gateway_testkit import Api, job_spec, start_api
 
-from gateway.policy.loader import load_policy_set
+from gateway.decisions.policy.loader import load_policy_set
 from gateway.settings import REPO_POLICIES, Settings
 
 

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from gateway_testkit import Api, job_spec
 
 from gateway.app import create_app
+from gateway.decisions.policy.opa import OpaEngine
 from gateway.demo import prepare_demo
-from gateway.policy.opa import OpaEngine
 from gateway.settings import Settings
 
 pytestmark = pytest.mark.integration

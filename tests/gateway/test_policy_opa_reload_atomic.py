@@ -82,10 +82,10 @@ def test_a_push_that_fails_part_way_leaves_the_previous_set_deciding(opa_papi: t
 def test_an_engine_whose_set_is_no_longer_on_the_server_fails_closed(tmp_path: Path) -> None:
     """What a decision taken mid-push sees: the server holds another set's pieces. Before, the engine
     answered with them under its own hash."""
-    from gateway.policy.engine import FAIL_CLOSED_RULE, RoleBinding
-    from gateway.policy.loader import load_policy_set
-    from gateway.policy.opa import OpaEngine
-    from gateway.policy.testing import expand_input
+    from gateway.decisions.policy.engine import FAIL_CLOSED_RULE, RoleBinding
+    from gateway.decisions.policy.loader import load_policy_set
+    from gateway.decisions.policy.opa import OpaEngine
+    from gateway.decisions.policy.testing import expand_input
 
     candidate = tmp_path / "candidate"
     shutil.copytree(REPO_POLICIES, candidate)

@@ -14,7 +14,7 @@ import pytest
 from gateway_testkit import job_spec, start_api
 
 from gateway.bootstrap import open_gateway
-from gateway.policy.errors import PolicyLoadError
+from gateway.decisions.policy.errors import PolicyLoadError
 from gateway.settings import REPO_POLICIES, Settings
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from gateway_testkit import Api, job_spec, start_api
 
-from gateway import policy_reload
+from gateway.decisions import policy_reload
 from gateway.settings import REPO_POLICIES, Settings
 
 

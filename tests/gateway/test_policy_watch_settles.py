@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from gateway_testkit import Api, start_api
 
-from gateway.policy.loader import policy_hash
-from gateway.policy_reload import PolicyReloader
+from gateway.decisions.policy.loader import policy_hash
+from gateway.decisions.policy_reload import PolicyReloader
 from gateway.settings import REPO_POLICIES, Settings
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 
-from gateway.context import load_bindings
-from gateway.policy import whatif
+from gateway.decisions.policy import whatif
+from gateway.decisions.policy_reload import load_bindings
 from gateway.scheduling import run_once
 from gateway.settings import REPO_POLICIES
 from gateway.store.models import Job

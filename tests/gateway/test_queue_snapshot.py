@@ -11,8 +11,8 @@ import pytest
 import rfc8785
 from sqlalchemy import inspect, text
 
+from gateway.decisions.queue_snapshot import queue_snapshot, rendered_snapshot_blob, snapshot_blob, snapshot_sql
 from gateway.demo import prepare_demo
-from gateway.queue_snapshot import queue_snapshot, rendered_snapshot_blob, snapshot_blob, snapshot_sql
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.models import Job

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from gateway_testkit import Api, job_spec, ledger_entries
 
 from gateway.app import create_app
+from gateway.decisions.reconcile import SETTLE_S, find_open
 from gateway.demo import prepare_demo
 from gateway.housekeeping import run_all
-from gateway.reconcile import SETTLE_S, find_open
 from gateway.settings import Settings
 
 
@@ -86,10 +86,10 @@ def test_an_allow_left_by_a_refusal_after_deciding_is_closed_once_by_housekeepin
 
 DIES_AFTER_DECIDING = textwrap.dedent("""
     import os, sys
-    from gateway.auth import Caller
+    from gateway.identity.auth import Caller
     from gateway.bootstrap import open_gateway
     from gateway.jobs import load_job
-    from gateway.pipeline import decide
+    from gateway.decisions.pipeline import decide
     from gateway.settings import Settings
 
     gw = open_gateway(Settings())

@@ -19,7 +19,7 @@ from gateway_testkit import Api, job_spec, start_api
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
 from gateway import lifecycle
-from gateway.policy.engine import RoleBinding
+from gateway.decisions.policy.engine import RoleBinding
 from gateway.settings import REPO_POLICIES, Settings
 from gateway.store.models import Job
 

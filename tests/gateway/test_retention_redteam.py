@@ -8,7 +8,7 @@ from gateway_testkit import Api, job_spec, ledger_entries
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
 from gateway import lifecycle
-from gateway.policy.engine import RoleBinding
+from gateway.decisions.policy.engine import RoleBinding
 from gateway.scheduling import run_once
 from gateway.store.stop_tables import CheckpointRetention, JobDeletion
 

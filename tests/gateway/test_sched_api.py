@@ -10,13 +10,13 @@ from typing import Any
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 from sqlalchemy import select
 
-from gateway.policy.engine import RoleBinding as PolicyBinding
+from gateway.decisions.policy.engine import RoleBinding as PolicyBinding
+from gateway.identity.tokens import issue_token
 from gateway.quotas import apply_change
 from gateway.scheduling import run_once
 from gateway.store.models import Allocation, Job, NodeCommand, Principal, RoleBinding
 from gateway.store.scheduler_tables import PreemptionRow, PriorityChange, SchedJob
 from gateway.store.service_tables import Notification
-from gateway.tokens import issue_token
 
 
 def node_headers(api: Api, node: str) -> dict[str, str]:

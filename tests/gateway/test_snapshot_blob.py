@@ -8,7 +8,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.queue_snapshot import SNAPSHOT_COLUMNS, snapshot_bytes
+from gateway.decisions.queue_snapshot import SNAPSHOT_COLUMNS, snapshot_bytes
 
 text = st.text(max_size=12)  # any Unicode: escapes, controls, astral characters, lone surrogates
 priority = st.one_of(st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1),

@@ -10,7 +10,7 @@ from gateway_testkit import Api
 from stop_helpers import FakeAgent, ledger, notices, running_job, shift_clock, stopped_evidence, transitions
 
 from gateway import lifecycle
-from gateway.policy.engine import RoleBinding
+from gateway.decisions.policy.engine import RoleBinding
 from gateway.scheduling import run_once
 from gateway.store.stop_tables import JobDeletion
 

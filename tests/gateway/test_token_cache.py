@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from gateway_testkit import Api, assert_problem, job_spec
 from sqlalchemy import select
 
+from gateway.identity.token_cache import TokenCache, TokenFacts
+from gateway.identity.tokens import hash_token
 from gateway.store.models import Token
-from gateway.token_cache import TokenCache, TokenFacts
-from gateway.tokens import hash_token
 
 
 class FakeClock:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import EmbeddedEngine, PolicySet, load_policy_set
-from gateway.policy.testing import load_bindings
+from gateway.decisions.policy import EmbeddedEngine, PolicySet, load_policy_set
+from gateway.decisions.policy.testing import load_bindings
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.policy import EmbeddedEngine, PolicySet, RoleBinding, load_policy_set
-from gateway.policy.loader import CAPABILITIES
-from gateway.policy.testing import expand_input
+from gateway.decisions.policy import EmbeddedEngine, PolicySet, RoleBinding, load_policy_set
+from gateway.decisions.policy.loader import CAPABILITIES
+from gateway.decisions.policy.testing import expand_input
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import PolicyLoadError, load_policy_set
+from gateway.decisions.policy import PolicyLoadError, load_policy_set
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

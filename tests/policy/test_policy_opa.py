@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from opa_standin import StandInProcess
 
-from gateway.policy import EmbeddedEngine, PolicyLoadError, PolicySet, load_policy_set
-from gateway.policy.opa import OpaEngine, bundle_modules
-from gateway.policy.testing import load_bindings, load_table_cases, run_case, run_rego_tests
+from gateway.decisions.policy import EmbeddedEngine, PolicyLoadError, PolicySet, load_policy_set
+from gateway.decisions.policy.opa import OpaEngine, bundle_modules
+from gateway.decisions.policy.testing import load_bindings, load_table_cases, run_case, run_rego_tests
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from regopy import Input, Interpreter, LogLevel
 
-from gateway.policy.regoio import HOT_KEYS, UndefinedResult, query_value, rego_input, set_input
-from gateway.policy.whatif import records_from_entries
+from gateway.decisions.policy.regoio import HOT_KEYS, UndefinedResult, query_value, rego_input, set_input
+from gateway.decisions.policy.whatif import records_from_entries
 
 ECHO = "package t\n\nimport rego.v1\n\necho := input\n"
 

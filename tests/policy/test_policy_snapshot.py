@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import loader
-from gateway.policy.engine import EmbeddedEngine
-from gateway.policy.loader import load_policy_set, policy_hash
+from gateway.decisions.policy import loader
+from gateway.decisions.policy.engine import EmbeddedEngine
+from gateway.decisions.policy.loader import load_policy_set, policy_hash
 from gateway.settings import REPO_POLICIES
 
 

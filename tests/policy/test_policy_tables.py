@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import EmbeddedEngine, PolicySet
-from gateway.policy.testing import load_table_cases, run_case, run_rego_tests
+from gateway.decisions.policy import EmbeddedEngine, PolicySet
+from gateway.decisions.policy.testing import load_table_cases, run_case, run_rego_tests
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

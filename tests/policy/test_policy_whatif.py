@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway.policy import RoleBinding
-from gateway.policy.testing import expand_input, load_bindings
-from gateway.policy.whatif import CHUNK, SERIAL_BELOW, Recorded, records_from_entries, replay, worker_count
+from gateway.decisions.policy import RoleBinding
+from gateway.decisions.policy.testing import expand_input, load_bindings
+from gateway.decisions.policy.whatif import CHUNK, SERIAL_BELOW, Recorded, records_from_entries, replay, worker_count
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy.engine import RoleBinding
-from gateway.policy.loader import load_policy_set
-from gateway.policy.testing import expand_input
-from gateway.policy.whatif import Recorded, replay
+from gateway.decisions.policy.engine import RoleBinding
+from gateway.decisions.policy.loader import load_policy_set
+from gateway.decisions.policy.testing import expand_input
+from gateway.decisions.policy.whatif import Recorded, replay
 from gateway.settings import REPO_POLICIES
 
 

@@ -10,18 +10,18 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.auth import Caller
-from gateway.context import Gateway
+from gateway.decisions.deps import Decider
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import record_outcome
 from gateway.errors import Conflict, Forbidden, NotFound
-from gateway.notifications import notify
-from gateway.pipeline import record_outcome
+from gateway.identity.auth import Caller
 from gateway.store.models import Job
 from gateway.store.service_tables import Notification
 
 RECEIPT_TIMEOUT = timedelta(minutes=30)
 
 
-def notify_owners(gw: Gateway, session: Session, obligations: Sequence[Mapping[str, Any]], *, job: Job,
+def notify_owners(gw: Decider, session: Session, obligations: Sequence[Mapping[str, Any]], *, job: Job,
                   actor: str, action: str, reason: str | None) -> list[dict[str, str]]:
     """Send the notices this job's obligations ask for; return what the outcome entry records."""
     sent = []
@@ -43,7 +43,7 @@ def receipt_state(note: Notification, now: datetime) -> str:
     return "timed_out" if now - note.created_at > RECEIPT_TIMEOUT else "pending"
 
 
-def acknowledge(gw: Gateway, session: Session, caller: Caller, notification_id: str) -> Notification:
+def acknowledge(gw: Decider, session: Session, caller: Caller, notification_id: str) -> Notification:
     """The recipient confirms they saw the notice; ledgered as the receipt, with the credential used.
 
     Raises NotFound, Conflict, Forbidden (A4's receipt says the owner saw it: a pipeline acting for them must not
@@ -67,7 +67,7 @@ def acknowledge(gw: Gateway, session: Session, caller: Caller, notification_id: 
     return note
 
 
-def sweep_timed_out_receipts(gw: Gateway, session: Session) -> int:
+def sweep_timed_out_receipts(gw: Decider, session: Session) -> int:
     """Record receipts that timed out (once each); returns how many were recorded."""
     now = gw.clock()
     stale = session.scalars(select(Notification).where(

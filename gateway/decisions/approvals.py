@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import rfc8785
-from sqlalchemy import select
+from prometheus_client.core import GaugeMetricFamily, Metric
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gateway.auth import Caller
-from gateway.context import Gateway
+from gateway.decisions.deps import Decider
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import Recorded, decide, ledger_batch, record, record_outcome
 from gateway.errors import Conflict, Forbidden, NotFound, PolicyDenied
-from gateway.notifications import notify
-from gateway.pipeline import Recorded, decide, ledger_batch, record, record_outcome
+from gateway.identity.auth import Caller
 from gateway.store.models import Job, Principal
 from gateway.store.service_tables import Approval
 from gateway.store.states import ENDED_STATES
@@ -32,19 +33,7 @@ from ledger.errors import LedgerError
 
 ACTS_ON_ENDED_JOBS = frozenset({"job.delete", "job.confirm_stopped"})  # stop_failed counts as ended
 
-Executor = Callable[[Gateway, Session, "Approval", list[Job], Caller], dict[str, Any]]
-_EXECUTORS: dict[str, Executor] = {}
 DEFAULT_EXPIRY_S = 3600
-
-
-def executor(action: str) -> Callable[[Executor], Executor]:
-    """Register the function that carries out `action` once it is allowed (directly or after approval)."""
-
-    def register(fn: Executor) -> Executor:
-        _EXECUTORS[action] = fn
-        return fn
-
-    return register
 
 
 def request_digest(action: str, target_ids: Sequence[str], project: str | None, params: Mapping[str, Any],
@@ -54,12 +43,12 @@ def request_digest(action: str, target_ids: Sequence[str], project: str | None, 
     return hashlib.sha256(rfc8785.dumps(body)).hexdigest()
 
 
-def _expiry_seconds(gw: Gateway) -> float:
+def _expiry_seconds(gw: Decider) -> float:
     return float(gw.policy_set.data.get("approval", {}).get("expiry_seconds", DEFAULT_EXPIRY_S))
 
 
 def open_request(
-    gw: Gateway,
+    gw: Decider,
     session: Session,
     caller: Caller,
     rec: Recorded,
@@ -74,7 +63,7 @@ def open_request(
     blast_radius: Mapping[str, Any] | None = None,
 ) -> Approval:
     """Turn a needs_approval decision into a pending approval request; notify who may approve."""
-    if action not in _EXECUTORS:
+    if action not in gw.executors:
         raise Conflict(f"no executor is registered for {action}; it cannot be approved")
     now = gw.clock()
     ids = sorted(target_ids)
@@ -148,7 +137,7 @@ def _requester(session: Session, approval: Approval) -> Caller:
                   token_actions=("*",), responsible=principal.responsible, trigger=approval.requester_trigger)
 
 
-def expire_due(gw: Gateway, session: Session, approval_id: str | None = None) -> list[str]:
+def expire_due(gw: Decider, session: Session, approval_id: str | None = None) -> list[str]:
     """Close pending requests past their expiry as `expired`, each ledgered once, in the caller's transaction:
     the one request an answer found expired (answering) or, from housekeeping, all. Returns their ids."""
     now = gw.clock()
@@ -167,7 +156,7 @@ def expire_due(gw: Gateway, session: Session, approval_id: str | None = None) ->
 
 
 @contextmanager
-def answering(gw: Gateway, approval_id: str) -> Iterator[Session]:
+def answering(gw: Decider, approval_id: str) -> Iterator[Session]:
     """The transaction of an approve or reject. A request it finds past its expiry is closed and ledgered as
     expired after that transaction's 409 has rolled back, in a transaction of its own: closed inside it, the
     rollback undid the closing, so the request stayed pending while the ledger said, once per attempt, that it
@@ -182,7 +171,7 @@ def answering(gw: Gateway, approval_id: str) -> Iterator[Session]:
         raise
 
 
-def _check_open(gw: Gateway, approval: Approval, now: datetime) -> None:
+def _check_open(gw: Decider, approval: Approval, now: datetime) -> None:
     if approval.state in ("pending", "expired") and approval.expires_at <= now:
         # `answering` closes it once this 409 has rolled back (or housekeeping does).
         raise Conflict(f"approval {approval.id} expired at {approval.expires_at.isoformat()}", state="expired")
@@ -194,7 +183,7 @@ def _check_open(gw: Gateway, approval: Approval, now: datetime) -> None:
         raise Conflict(f"approval {approval.id} no longer matches its digest; the request was altered")
 
 
-def approver_record(gw: Gateway, caller: Caller, targets: Sequence[Job], now: datetime) -> dict[str, Any]:
+def approver_record(gw: Decider, caller: Caller, targets: Sequence[Job], now: datetime) -> dict[str, Any]:
     """What the policy needs to judge an approval: who, when, roles per project, which targets they own."""
     return {
         "by": caller.real_identity,
@@ -231,7 +220,7 @@ def _missing(rec: Recorded) -> int:
     return int(rec.decision.approvals_required.get("count", 0))
 
 
-def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, comment: str | None) -> Approval:
+def approve(gw: Decider, session: Session, caller: Caller, approval_id: str, comment: str | None) -> Approval:
     """Add the caller's approval; execute once enough approvals are recorded.
 
     Raises NotFound, Conflict (expired, already resolved, digest mismatch), Forbidden (self-approval,
@@ -309,7 +298,7 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     approval.resolution = {"obligations": [dict(o) for o in rec.decision.obligations]}
     # The executor's outcome entries and ours go to the ledger together: one wait, before the commit.
     with ledger_batch(gw, session):
-        result = _EXECUTORS[approval.action](gw, session, approval, live, caller) if runs else {}
+        result = gw.executors[approval.action](session, approval, live, caller) if runs else {}
         approval.state = "executed"
         approval.resolved_at = now
         approval.resolved_by = caller.real_identity
@@ -323,7 +312,7 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     return approval
 
 
-def reject(gw: Gateway, session: Session, caller: Caller, approval_id: str, reason: str) -> Approval:
+def reject(gw: Decider, session: Session, caller: Caller, approval_id: str, reason: str) -> Approval:
     """Refuse (or, for the requester, withdraw) a pending request. Raises NotFound, Conflict, Forbidden."""
     now = gw.clock()
     approval = _load(session, approval_id)
@@ -349,7 +338,7 @@ def reject(gw: Gateway, session: Session, caller: Caller, approval_id: str, reas
     return approval
 
 
-def _check_refuser(gw: Gateway, session: Session, caller: Caller, approval: Approval) -> None:
+def _check_refuser(gw: Decider, session: Session, caller: Caller, approval: Approval) -> None:
     """Refusing someone else's request is the second person's other answer, held to the same bar: a person
     (a pipeline must not veto as its responsible person), eligible to approve it, with a credential covering
     approval.grant in every affected project. Raises Forbidden."""
@@ -361,7 +350,7 @@ def _check_refuser(gw: Gateway, session: Session, caller: Caller, approval: Appr
     _check_approver_scope(caller, approval, projects)
 
 
-def withdraw_made_with(gw: Gateway, session: Session, token_id: str, principal: str, by: str) -> list[str]:
+def withdraw_made_with(gw: Decider, session: Session, token_id: str, principal: str, by: str) -> list[str]:
     """Close the pending requests a token made, now that it is revoked: a token revoked because it leaked must not
     leave behind requests that a second person, unaware, then carries out. Which token made a request is in its
     decision's ledger entry. Returns the ids closed."""
@@ -385,7 +374,7 @@ def withdraw_made_with(gw: Gateway, session: Session, token_id: str, principal: 
     return closed
 
 
-def may_approve(gw: Gateway, session: Session, caller: Caller, approval: Approval) -> bool:
+def may_approve(gw: Decider, session: Session, caller: Caller, approval: Approval) -> bool:
     """Could the caller be a second person here: named, an owner of a target, or holding approval.grant?"""
     who = caller.real_identity
     if who in approval.required.get("principals", []):
@@ -403,7 +392,7 @@ def may_approve(gw: Gateway, session: Session, caller: Caller, approval: Approva
     return any("approval.grant" in gw.policy.capabilities(who, p) for p in projects or {"*"})
 
 
-def visible_to(gw: Gateway, session: Session, caller: Caller, state: str | None) -> list[Approval]:
+def visible_to(gw: Decider, session: Session, caller: Caller, state: str | None) -> list[Approval]:
     """Requests the caller made or could approve; auditors (ledger.read) see all."""
     stmt = select(Approval).order_by(Approval.created_at.desc())
     if state:
@@ -414,7 +403,7 @@ def visible_to(gw: Gateway, session: Session, caller: Caller, state: str | None)
     return [a for a in rows if a.requester_real == caller.real_identity or may_approve(gw, session, caller, a)]
 
 
-def visible_one(gw: Gateway, session: Session, caller: Caller, approval_id: str) -> Approval:
+def visible_one(gw: Decider, session: Session, caller: Caller, approval_id: str) -> Approval:
     """One request, however old, to the same people `visible_to` shows it to. Raises NotFound."""
     approval = session.get(Approval, approval_id)
     if approval is None or not (approval.requester_real == caller.real_identity
@@ -448,3 +437,13 @@ def to_json(approval: Approval) -> dict[str, Any]:
         "resolved_by": approval.resolved_by,
         "resolution": approval.resolution,
     }
+
+
+def figures(session: Session, now: datetime) -> Iterator[Metric]:
+    """/metrics: approval requests waiting for a second person, per action."""
+    pending = GaugeMetricFamily("jobgate_approvals_pending", "Approval requests waiting for a second person",
+                                labels=["action"])
+    for action, n in session.execute(select(Approval.action, func.count()).where(Approval.state == "pending")
+                                     .group_by(Approval.action)).all():
+        pending.add_metric([action], n)
+    yield pending

@@ -13,9 +13,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.policy.engine import EmbeddedEngine
-from gateway.policy.loader import compile_rego, first_value
-from gateway.policy.regoio import rego_input, set_input
+from gateway.decisions.policy.engine import EmbeddedEngine
+from gateway.decisions.policy.loader import compile_rego, first_value
+from gateway.decisions.policy.regoio import rego_input, set_input
 
 PARTS = ("findings", "denials", "needs", "notches_fired")
 

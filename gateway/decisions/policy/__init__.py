@@ -5,9 +5,9 @@ Importable without the rest of the gateway: it needs only casbin, regopy and the
 
 from __future__ import annotations
 
-from gateway.policy.engine import Decision, EmbeddedEngine, PolicyEngine, RoleBinding
-from gateway.policy.errors import PolicyError, PolicyLoadError, PolicyProblem
-from gateway.policy.loader import PolicySet, load_policy_set
+from gateway.decisions.policy.engine import Decision, EmbeddedEngine, PolicyEngine, RoleBinding
+from gateway.decisions.policy.errors import PolicyError, PolicyLoadError, PolicyProblem
+from gateway.decisions.policy.loader import PolicySet, load_policy_set
 
 __all__ = [
     "Decision",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gateway.policy.engine import EmbeddedEngine, RoleBinding
-from gateway.policy.errors import PolicyLoadError, PolicyProblem
-from gateway.policy.loader import PolicySet
+from gateway.decisions.policy.engine import EmbeddedEngine, RoleBinding
+from gateway.decisions.policy.errors import PolicyLoadError, PolicyProblem
+from gateway.decisions.policy.loader import PolicySet
 
 ENGINES = ("embedded", "opa")
 
@@ -28,7 +28,7 @@ def make_engine(
     if kind == "opa":
         if not opa_url:
             raise PolicyLoadError([PolicyProblem("opa", 0, "policy engine opa needs an OPA URL (--opa-url)")])
-        from gateway.policy.opa import OpaEngine
+        from gateway.decisions.policy.opa import OpaEngine
 
         return OpaEngine(policy_set, bindings, url=opa_url, timeout_s=opa_timeout_s)
     raise PolicyLoadError([PolicyProblem("engine", 0, f"unknown policy engine {kind!r}; use one of {ENGINES}")])

@@ -17,8 +17,8 @@ import casbin
 from casbin.model import Model
 from regopy import Bundle, Interpreter, RegoError
 
-from gateway.policy.loader import DECISION_ENTRYPOINT, PolicySet, compile_rego
-from gateway.policy.regoio import UndefinedResult, query_value, rego_input, set_input
+from gateway.decisions.policy.loader import DECISION_ENTRYPOINT, PolicySet, compile_rego
+from gateway.decisions.policy.regoio import UndefinedResult, query_value, rego_input, set_input
 
 EFFECTS = frozenset({"allow", "deny", "needs_approval"})
 GLOBAL = "*"

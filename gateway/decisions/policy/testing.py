@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 from regopy import RegoError
 
-from gateway.policy.engine import Decision, EmbeddedEngine, RoleBinding
-from gateway.policy.errors import PolicyLoadError, PolicyProblem
-from gateway.policy.loader import (
+from gateway.decisions.policy.engine import Decision, EmbeddedEngine, RoleBinding
+from gateway.decisions.policy.errors import PolicyLoadError, PolicyProblem
+from gateway.decisions.policy.loader import (
     DECISION_ENTRYPOINT,
     TESTS_DIR,
     PolicySet,
@@ -28,7 +28,7 @@ from gateway.policy.loader import (
     read_policy_text,
     rego_problems,
 )
-from gateway.policy.regoio import rego_input, set_input
+from gateway.decisions.policy.regoio import rego_input, set_input
 
 BINDINGS_FILE = "bindings.csv"
 

@@ -11,9 +11,9 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from gateway.errors import Forbidden, Invalid, Unauthenticated
+from gateway.identity.token_cache import TokenCache, TokenFacts
+from gateway.identity.tokens import TOKEN_PATTERN, hash_token
 from gateway.store.models import Principal, Token
-from gateway.token_cache import TokenCache, TokenFacts
-from gateway.tokens import TOKEN_PATTERN, hash_token
 
 TRIGGER_HEADER = "X-Jobgate-Trigger"
 MAX_TRIGGER = 200  # characters; the width every table that keeps a trigger gives it

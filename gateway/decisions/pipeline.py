@@ -12,24 +12,21 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway import priority_history
-from gateway.auth import Caller
-from gateway.context import QUEUED_ENTRIES, REPORTED_ENTRIES, Gateway, settle_queued_entries
-from gateway.emergency_holds import holds_on
+from gateway.decisions.deps import Decider
+from gateway.decisions.facts import add_gang_facts, add_hold_facts, add_priority_facts, target_facts
+from gateway.decisions.policy.engine import BREAK_GLASS_RULE, Decision
+from gateway.decisions.queue_snapshot import snapshot_blob
+from gateway.decisions.ratelimit import CountsUnavailable, RateBreach
+from gateway.decisions.transaction import QUEUED_ENTRIES, REPORTED_ENTRIES, settle_queued_entries
 from gateway.errors import Forbidden, Invalid, LedgerUnavailable
+from gateway.identity.auth import Caller
 from gateway.metrics import DECISION_SECONDS, DECISIONS, LEDGER_APPEND_SECONDS
-from gateway.policy.engine import BREAK_GLASS_RULE, Decision
-from gateway.queue_snapshot import snapshot_blob
-from gateway.ratelimit import CountsUnavailable, RateBreach
-from gateway.schemas import MAX_RUNTIME_LIMIT_S
-from gateway.store.models import Allocation, Job
+from gateway.store.models import Job
 from ledger.errors import InvalidEntry, LedgerError
 from ledger.service import AppendResult, Ticket
 
@@ -43,65 +40,7 @@ def new_request_id() -> str:
     return "req-" + secrets.token_hex(8)
 
 
-def over_runtime_limit(job: Job, now: datetime) -> bool:
-    """Q6: the job has run as long as it declared it would (its run counted from its start, as backfill counts).
-    The bound keeps a limit stored before submissions were bounded from overflowing a datetime."""
-    limit = job.runtime_limit_s
-    return bool(limit and job.started_at and job.started_at + timedelta(seconds=min(limit, MAX_RUNTIME_LIMIT_S)) <= now)
-
-
-def target_facts(job: Job, now: datetime) -> dict[str, Any]:
-    """What the policy and the ledger need to know about a target: its four ownerships and flags (R2, R3)."""
-    return {
-        "id": job.id,
-        "name": job.name,
-        "project": job.project,
-        "creator": job.creator,
-        "creator_kind": job.creator_kind,
-        "owner": job.owner,
-        "beneficiary_project": job.beneficiary_project,
-        "rights_holder": job.rights_holder,
-        "external_rights": job.external_rights,
-        "state": job.state,
-        "environment": job.environment,
-        "workload": job.workload,
-        "valid_until": job.valid_until.isoformat() if job.valid_until else None,
-        "expired": bool(job.valid_until and job.valid_until <= now),
-        "over_runtime_limit": over_runtime_limit(job, now),
-        "gpus": job.gpus_per_node * job.nodes,
-        # A8: for a job a service account started, the pipeline run (trigger) and the person behind it.
-        "submitted_via": dict(job.submitted_via),
-    }
-
-
-def add_priority_facts(session: Session, facts: Sequence[dict[str, Any]]) -> None:
-    """A2: each target's effective priority now and its unadjusted priority (without the manual part), so the
-    policy can tell an owner giving way from one jumping the queue, job by job. Only decisions that set a
-    value load them (a renewal, P3, decides job.priority with none)."""
-    standing = priority_history.standing(session, [f["id"] for f in facts])
-    for f in facts:
-        f["priority"], f["unadjusted_priority"] = standing[f["id"]]
-
-
-def add_gang_facts(session: Session, facts: Sequence[dict[str, Any]]) -> None:
-    """Q6: the nodes where a part of each target's gang failed, so the policy can let the system stop the
-    rest of a gang that cannot go on without it. Only the system's stops load them."""
-    session.flush()  # the failed part is usually this transaction's own change (agent reports do not autoflush)
-    failed = session.execute(select(Allocation.job_id, Allocation.node).where(
-        Allocation.job_id.in_([f["id"] for f in facts]), Allocation.state == "failed")).all()
-    for f in facts:
-        f["failed_members"] = sorted(node for job_id, node in failed if job_id == f["id"])
-
-
-def add_hold_facts(session: Session, facts: Sequence[dict[str, Any]], targets: Sequence[Job]) -> None:
-    """C2: the emergency holds each target (a paused job asked to resume) falls under, only where there are
-    some, so the policy can keep a held scope closed to jobs coming back as well as to new ones."""
-    for f, job in zip(facts, targets, strict=True):
-        if holds := holds_on(session, workload=job.workload, environment=job.environment, labels=job.labels):
-            f["emergency_holds"] = holds
-
-
-def _refused(gw: Gateway, reason: str, rule: str) -> Decision:
+def _refused(gw: Decider, reason: str, rule: str) -> Decision:
     """A deny decided before the policy engine (token scope, rate limit); recorded like any other."""
     return Decision(effect="deny", reasons=(reason,), rules=(rule,), approvals_required={}, obligations=(),
                     policy_hash=gw.policy.policy_hash)
@@ -115,12 +54,12 @@ class Recorded:
     input: dict[str, Any]
     ticket: Ticket | None = None  # decide(wait=False): the entry, queued; not durable until the caller waits
     # H2: the calls-per-minute limit that refused the call before the policy was asked, if one did (a 429, or a
-    # 503 when the counts could not be read, rather than the 403 of a policy refusal: see jobs.refuse_if_denied).
+    # 503 when the counts could not be read, rather than the 403 of a policy refusal: see verdict.refuse_if_denied).
     rate_refusal: RateBreach | CountsUnavailable | None = None
 
 
 def decide(
-    gw: Gateway,
+    gw: Decider,
     session: Session,
     caller: Caller,
     action: str,
@@ -144,7 +83,7 @@ def decide(
     Recorded calls on existing jobs count against the caller's and the projects' rate limits unless
     `rate_limited` is False (an approval executing an earlier, already counted request).
     With `durable_by_commit`, the decision is queued and this returns with its seq at once: the caller's
-    Gateway.transaction waits for it before it commits (or before an error leaves it), so the fsync
+    business transaction waits for it before it commits (or before an error leaves it), so the fsync
     overlaps the work of carrying the decision out, and the outcome entries that cite it. With `wait=False`,
     the decision is queued and the caller owns the wait: it awaits `durable(rec.ticket)` before it acts on
     the decision or answers (jobs.submit, on the event loop).
@@ -260,7 +199,7 @@ def _resolve(settled: asyncio.Future[None]) -> None:
         settled.set_result(None)
 
 
-def record_outcome(gw: Gateway, kind: str, body: Mapping[str, Any], blobs: Mapping[str, bytes] | None = None) -> int:
+def record_outcome(gw: Decider, kind: str, body: Mapping[str, Any], blobs: Mapping[str, bytes] | None = None) -> int:
     """Append an outcome or system entry. Raises LedgerUnavailable."""
     try:
         return gw.ledger.append(kind, dict(body), blobs=dict(blobs or {})).seq
@@ -273,12 +212,12 @@ Pending = tuple[str, Mapping[str, Any], Mapping[str, bytes] | None]
 
 
 @contextmanager
-def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
+def ledger_batch(gw: Decider, session: Session) -> Iterator[None]:
     """Collect the entries `record` is given inside the block and append them, in order, at its end: one
     group commit instead of one fsync each, still before the business transaction commits.
 
     For the outcomes of an action already decided (its transitions, commands, results). In a
-    Gateway.transaction they are queued behind the decision they cite, which need not be durable yet (if it
+    business transaction they are queued behind the decision they cite, which need not be durable yet (if it
     is not written, neither are they), and the transaction waits for all of them before it commits, after
     writing its own changes meanwhile; elsewhere this waits for them. A block that raises appends nothing,
     so a rolled-back change leaves no outcome claiming it happened. Raises LedgerUnavailable (the caller's
@@ -306,7 +245,7 @@ def ledger_batch(gw: Gateway, session: Session) -> Iterator[None]:
         raise LedgerUnavailable(f"could not record {len(pending)} outcome entries ({e})") from e
 
 
-def record(gw: Gateway, session: Session | None, kind: str, body: Mapping[str, Any],
+def record(gw: Decider, session: Session | None, kind: str, body: Mapping[str, Any],
            blobs: Mapping[str, bytes] | None = None) -> int:
     """Append to the ledger now, or at the end of the enclosing `ledger_batch` (then returns -1)."""
     batch = session.info.get(_LEDGER_BATCH) if session is not None else None

@@ -18,7 +18,7 @@ from typing import Any
 from casbin.model import Model
 from regopy import Bundle, Input, Interpreter, LogLevel, Output, RegoError
 
-from gateway.policy.errors import PolicyLoadError, PolicyProblem
+from gateway.decisions.policy.errors import PolicyLoadError, PolicyProblem
 
 MODEL_FILE = "model.conf"
 MATRIX_FILE = "matrix.csv"

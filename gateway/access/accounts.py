@@ -12,14 +12,14 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.approvals import withdraw_made_with
-from gateway.auth import Caller, refuse_unknown_actions
 from gateway.context import Gateway
+from gateway.decisions.approvals import withdraw_made_with
+from gateway.decisions.pipeline import record_outcome
+from gateway.decisions.policy.engine import RoleBinding as EngineBinding
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
-from gateway.pipeline import record_outcome
-from gateway.policy.engine import RoleBinding as EngineBinding
+from gateway.identity.auth import Caller, refuse_unknown_actions
+from gateway.identity.tokens import IssuedToken, issue_token
 from gateway.store.models import Node, Principal, Project, RoleBinding, Token
-from gateway.tokens import IssuedToken, issue_token
 
 PERSON_TOKEN_MAX_DAYS = 365
 NODE_TOKEN_DAYS = 365

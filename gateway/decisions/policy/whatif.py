@@ -34,8 +34,8 @@ from typing import Any
 
 import orjson
 
-from gateway.policy.engine import BREAK_GLASS_RULE, EmbeddedEngine, RoleBinding
-from gateway.policy.loader import PolicySet, load_policy_set
+from gateway.decisions.policy.engine import BREAK_GLASS_RULE, EmbeddedEngine, RoleBinding
+from gateway.decisions.policy.loader import PolicySet, load_policy_set
 
 
 def _loads(raw: bytes | bytearray | str) -> Any:

@@ -20,12 +20,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.context import Gateway, load_bindings
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.decisions.deps import PolicyHolder
+from gateway.decisions.policy.engine import RoleBinding
+from gateway.decisions.policy.errors import PolicyError, PolicyLoadError, PolicyProblem
+from gateway.decisions.policy.factory import make_engine
+from gateway.decisions.policy.loader import policy_files, policy_hash
+from gateway.decisions.policy.testing import load_tested_set
 from gateway.errors import GatewayError
-from gateway.policy.errors import PolicyError, PolicyLoadError, PolicyProblem
-from gateway.policy.factory import make_engine
-from gateway.policy.loader import policy_files, policy_hash
-from gateway.policy.testing import load_tested_set
+from gateway.store.models import RoleBinding as RoleBindingRow
 from ledger.errors import LedgerError
 
 log = logging.getLogger("jobgate.policy")
@@ -78,7 +83,7 @@ def _stamps(directory: Path) -> tuple[tuple[str, int, int], ...]:
 class PolicyReloader:
     """Owns reloads of one gateway's policy set. Thread-safe (serialised by gw.policy_lock)."""
 
-    gw: Gateway
+    gw: PolicyHolder
     loaded_at: datetime | None = None
     history: deque[LoadAttempt] = field(default_factory=lambda: deque(maxlen=HISTORY))
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -266,3 +271,9 @@ class PolicyReloader:
             "watch_interval_s": self.gw.settings.policy_watch_interval_s,
             "history": [a.to_json() for a in reversed(self.history)],
         }
+
+
+def load_bindings(session: Session) -> list[RoleBinding]:
+    """The role bindings of the business DB (M1), as the policy engine takes them."""
+    rows = session.scalars(select(RoleBindingRow)).all()
+    return [RoleBinding(principal=r.principal_id, role=r.role, project=r.project) for r in rows]

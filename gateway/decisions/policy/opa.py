@@ -31,9 +31,9 @@ import requests
 from opa_client.errors import ConnectionsError, DeletePolicyError, QueryExecuteError, RegoParseError, TypeException
 from opa_client.opa import OpaClient
 
-from gateway.policy.engine import EmbeddedEngine, PolicyUnavailable, RoleBinding
-from gateway.policy.errors import PolicyLoadError, PolicyProblem
-from gateway.policy.loader import DECISION_ENTRYPOINT, PolicySet
+from gateway.decisions.policy.engine import EmbeddedEngine, PolicyUnavailable, RoleBinding
+from gateway.decisions.policy.errors import PolicyLoadError, PolicyProblem
+from gateway.decisions.policy.loader import DECISION_ENTRYPOINT, PolicySet
 
 POLICY_PREFIX = "jobgate/"
 DEFAULT_TIMEOUT_S = 1.0

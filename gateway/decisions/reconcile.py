@@ -19,7 +19,7 @@ The rule (which decisions expect an outcome, and how one cites its decision):
   does not exist is open.
 
 A transaction that rolls back after its outcome entries were written retracts them in one `rolled_back` entry
-(Gateway.transaction). A decision whose every citing entry was retracted is open again: what was said to be
+(gateway/decisions/transaction.py). A decision whose every citing entry was retracted is open again: what was said to be
 done was not, so it is closed like any other, with the state the business DB holds, and the why names the
 retraction.
 
@@ -41,7 +41,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.context import Gateway
+from gateway.decisions.deps import Reconciler
 from gateway.errors import LedgerUnavailable
 from gateway.store.models import Job
 from gateway.store.models import RoleBinding as RoleBindingRow
@@ -110,7 +110,7 @@ def expects_outcome(entry: Mapping[str, Any]) -> bool:
 
 
 def _retracted(entry: Mapping[str, Any]) -> list[int]:
-    """The seqs a `rolled_back` outcome retracts (see Gateway.transaction); none for any other entry."""
+    """The seqs a `rolled_back` outcome retracts (see gateway/decisions/transaction.py); none for any other entry."""
     body = entry.get("body") or {}
     if entry.get("kind") != "outcome" or body.get("result") != "rolled_back":
         return []
@@ -164,7 +164,7 @@ def _job_ids(d: Decided) -> list[str]:
     return sorted({i for i in ids if isinstance(i, str)})
 
 
-def state_now(gw: Gateway, session: Session, d: Decided) -> dict[str, Any]:
+def state_now(gw: Reconciler, session: Session, d: Decided) -> dict[str, Any]:
     """What holds now for the decision's targets: each job's state (None: no such job), the project's quota,
     whether the role binding is held, the active policy set."""
     from gateway.quotas import quota_json  # late: quotas imports the approval machinery
@@ -193,7 +193,7 @@ def state_now(gw: Gateway, session: Session, d: Decided) -> dict[str, Any]:
     return out
 
 
-def _read(gw: Gateway, start: int, end: int) -> Iterable[Mapping[str, Any]]:
+def _read(gw: Reconciler, start: int, end: int) -> Iterable[Mapping[str, Any]]:
     seq = start
     while seq < end:
         page = gw.ledger.entries(seq, min(_PAGE, end - seq))
@@ -204,7 +204,7 @@ def _read(gw: Gateway, start: int, end: int) -> Iterable[Mapping[str, Any]]:
         seq = page[-1].seq + 1
 
 
-def reconcile(gw: Gateway, session: Session, *, settle_s: float = SETTLE_S) -> int:
+def reconcile(gw: Reconciler, session: Session, *, settle_s: float = SETTLE_S) -> int:
     """One pass: close each open allowed decision with a `not_confirmed` outcome, advance the watermark.
     Returns how many were closed. Raises LedgerUnavailable (the watermark then stays)."""
     mark = session.scalars(select(ReconcileMark).where(ReconcileMark.id == 1).with_for_update()).first()
@@ -243,7 +243,7 @@ def reconcile(gw: Gateway, session: Session, *, settle_s: float = SETTLE_S) -> i
     return len(closing)
 
 
-def reconcile_at_startup(gw: Gateway) -> int:
+def reconcile_at_startup(gw: Reconciler) -> int:
     """Before the API serves. With SQLite this process is the only writer, so nothing is in flight and every
     open decision is closed; on PostgreSQL other replicas may be mid-transaction, so the settle time holds."""
     settle_s = 0.0 if gw.db.engine.dialect.name == "sqlite" else SETTLE_S
@@ -257,6 +257,6 @@ def reconcile_at_startup(gw: Gateway) -> int:
     return closed
 
 
-def reconcile_task(gw: Gateway, session: Session) -> int:
+def reconcile_task(gw: Reconciler, session: Session) -> int:
     """The housekeeping chore."""
     return reconcile(gw, session)
