@@ -1,10 +1,12 @@
 """The OPA engines against OPA's own evaluator (v1.20.2): the server engine (`--policy-engine opa`, HTTP through
 opa-python-client) against opa_server.py, which serves OPA's REST API with OPA's evaluator, and the in-process
 engine (`--policy-engine opa-inprocess`). Both must decide as the embedded engine (regopy) does, on the whole
-policy test suite."""
+policy test suite and on decisions the embedded engine recorded."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import re
 import shutil
 import sys
@@ -16,12 +18,14 @@ import pytest
 from opa_server import OpaServerProcess
 
 from gateway.policy import EmbeddedEngine, PolicyLoadError, PolicySet, load_policy_set
+from gateway.policy.engine import PolicyUnavailable
 from gateway.policy.factory import make_engine
 from gateway.policy.opa import OpaEngine, bundle_modules
 from gateway.policy.opa_inprocess import OPA_GOLIB_PIN, OpaInProcessEngine
 from gateway.policy.testing import load_bindings, load_table_cases, run_case
 
 POLICIES = Path(__file__).resolve().parents[2] / "policies"
+RECORDED = Path(__file__).resolve().parents[1] / "assets" / "recorded_decisions.jsonl.gz"
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("opa_golib")]
 
@@ -108,6 +112,31 @@ def test_the_rego_tests_pass_when_opa_runs_them(policy_set: PolicySet) -> None:
         if library.eval_query(query, {**test_input, "rule": rule}) != [{"x": True}]:
             failed.append(rule)
     assert not failed
+
+
+def recorded_decisions() -> list[dict[str, Any]]:
+    """Decision inputs the embedded engine saw (`granted` and `actor.roles` included), one a line, taken from the
+    gateway's ledgers over its API, CLI and end-to-end tests (tests/policy/recorded_decisions.py made them)."""
+    with gzip.open(RECORDED, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def answer(engine: EmbeddedEngine, doc: dict[str, Any]) -> Any:
+    """The raw decision, or why there is none (so a failed evaluation is a difference, not a crash)."""
+    try:
+        return engine.evaluate(doc)
+    except PolicyUnavailable as e:
+        return f"unavailable: {e}"
+
+
+def test_recorded_decisions_are_decided_alike(opa_engine: EmbeddedEngine, engine: EmbeddedEngine) -> None:
+    recorded = recorded_decisions()
+    actions = {r["input"]["action"] for r in recorded}
+    assert len(recorded) > 500 and len(actions) > 10, actions
+    assert {r["effect"] for r in recorded} == {"allow", "deny", "needs_approval"}
+    differ = [f"{r['ledger']}#{r['seq']}" for r in recorded
+              if answer(opa_engine, r["input"]) != answer(engine, r["input"])]
+    assert not differ, f"{len(differ)} of {len(recorded)} recorded decisions differ: {differ[:10]}"
 
 
 def test_modules_are_pushed_as_one_per_package(policy_set: PolicySet) -> None:
