@@ -54,7 +54,8 @@ def inprocess(opa_golib: None, policy_set: PolicySet) -> Iterator[OpaInProcessEn
 @pytest.fixture(params=["opa", "opa-inprocess"])
 def opa_engine(request: pytest.FixtureRequest) -> EmbeddedEngine:
     """Each OPA engine in turn."""
-    return request.getfixturevalue("opa" if request.param == "opa" else "inprocess")  # type: ignore[no-any-return]
+    engine: EmbeddedEngine = request.getfixturevalue("opa" if request.param == "opa" else "inprocess")
+    return engine
 
 
 def test_every_table_case_is_decided_as_the_embedded_engine_decides_it(opa_engine: EmbeddedEngine,
