@@ -197,7 +197,7 @@ async def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: J
     submission under load against 16 on the loop, a quarter of its CPU. Where a step would wait on the
     network (PostgreSQL, an OPA server) or on another thread's write, it runs in a worker thread (_off_loop).
     """
-    remote = not gw.db.is_sqlite or gw.settings.policy_engine != "embedded"
+    remote = not gw.db.is_sqlite or gw.settings.policy_engine == "opa"
     job, rec, problems, submitter = await _off_loop(partial(_read_and_decide, gw, authenticate, spec), blocks=remote)
     assert rec.ticket is not None  # decided with wait=False
     try:
