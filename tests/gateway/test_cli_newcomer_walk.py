@@ -101,6 +101,18 @@ def test_a_stop_of_anothers_job_says_who_may_confirm(api: Api, url: str) -> None
     assert "cluster-wide) runs `jobgate approve apr-" in out, out
 
 
+@SQLITE
+def test_a_quota_change_is_approved_by_the_demos_second_platform_admin(api: Api, url: str) -> None:  # noqa: F811
+    """A7 needs a second platform admin, and the demo had one (erin): no quota change could ever be approved."""
+    code, out = jobgate(url, api, "erin", "quota", "set", "vision", "--gpus", "16", "--reason", "vision deadline week")
+    assert code == 0 and "needs a second platform admin: approval apr-" in out, out
+    approval = out.rsplit("approval ", 1)[1].split()[0]
+    code, out = jobgate(url, api, "frank", "approve", approval)
+    assert code == 0 and "[executed]" in out, out
+    quotas = api.get("/v1/quotas", "frank").json()["quotas"]
+    assert [q["gpus"] for q in quotas if q["project"] == "vision"] == [16], quotas
+
+
 def test_a_skipped_target_reads_as_words() -> None:
     a = {
         "id": "apr-1",

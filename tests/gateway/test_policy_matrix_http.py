@@ -1,8 +1,8 @@
 """Every row A1-A8 of the permission matrix through the HTTP API (not just the engine): allowed, denied
 and — where the row needs a second person — needs-approval cases, each checked against the ledger.
 
-Demo cast: alice, bob researchers (vision); carol queue admin (vision); dave on-call; erin platform
-admin; sam security reviewer; audrey auditor; mallory researcher (speech); ci-bot service (vision).
+Demo cast: alice, bob researchers (vision); carol queue admin (vision); dave on-call; erin, frank platform
+admins; sam security reviewer; audrey auditor; mallory researcher (speech); ci-bot service (vision).
 """
 
 from __future__ import annotations
