@@ -272,7 +272,7 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
 @click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Data dir of `jobgate up --demo` (holds demo-tokens.json).")
 def demo_token(name: str, data_dir: Path) -> None:
-    """Print the demo token of NAME (alice, bob, carol, dave, erin, sam, audrey, mallory, ci-bot)."""
+    """Print the demo token of NAME (alice, bob, carol, dave, erin, frank, sam, audrey, mallory, ci-bot)."""
     import json
 
     path = data_dir / "demo-tokens.json"
