@@ -20,6 +20,7 @@ import rfc8785
 from sqlalchemy import JSON, ForeignKey, String, Text, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from gateway import approval_facts, approval_summary
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, NotFound, PolicyDenied
@@ -131,10 +132,15 @@ def open_request(
                                    "result": "approval_requested", "approval_id": approval.id,
                                    "digest": approval.digest, "targets": ids,
                                    "expires_at": approval.expires_at.isoformat()})
-    for principal in _people_to_tell(session, approval):
+    asked = approval_facts.capture(gw, session, approval)
+    request = to_json(approval)
+    for principal in sorted(_people_to_tell(session, approval)):
+        # What they are asked to confirm, in words, as far as they may see it (M2, A1).
+        told = approval_facts.for_notice(gw, session, approval, request, asked, principal)
         notify(session, principal, "approval_requested",
                {"approval_id": approval.id, "action": action, "targets": ids, "requester": caller.id,
-                "reason": reason, "expires_at": approval.expires_at.isoformat()}, now)
+                "reason": reason, "expires_at": approval.expires_at.isoformat(), "what": told["what"],
+                "still_needed": told["still_needed"], "summary": approval_summary.sentence(told)}, now)
     return approval
 
 
@@ -473,3 +479,11 @@ def to_json(approval: Approval) -> dict[str, Any]:
         "resolved_by": approval.resolved_by,
         "resolution": approval.resolution,
     }
+
+
+def with_summaries(gw: Gateway, session: Session, viewer: Caller, items: Sequence[Approval]) -> list[dict[str, Any]]:
+    """to_json of each request with its `summary` for this viewer (gateway/approval_summary.py): the action,
+    every parameter before → after, targets, blast radius and who must still approve, in words."""
+    requests = [to_json(a) for a in items]
+    return [{**r, "summary": s} for r, s in zip(requests, approval_facts.summaries(gw, session, viewer, items,
+                                                                                  requests), strict=True)]

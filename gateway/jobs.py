@@ -31,6 +31,7 @@ from gateway.errors import (
 from gateway.models import Job, Node, Principal, Project
 from gateway.obligations import notify_owners
 from gateway.pipeline import Recorded, decide, durable, ledger_batch, record
+from gateway.pipeline import visible_projects as visible_projects  # its home is the pipeline; callers import it here
 from gateway.priority_history import on_submit
 from gateway.quotas import admission_problems
 from gateway.ratelimit import RateBreach
@@ -344,15 +345,6 @@ def lock_jobs(session: Session, job_ids: Iterable[str]) -> dict[str, Job]:
         return {}
     stmt = select(Job).where(Job.id.in_(ids)).order_by(Job.id).with_for_update()
     return {j.id: j for j in session.scalars(stmt, execution_options={"populate_existing": True})}
-
-
-def visible_projects(gw: Gateway, session: Session, caller: Caller, projects: list[str]) -> set[str]:
-    """Projects whose jobs the caller may view (A1), decided by the same policy as everything else."""
-    allowed = set()
-    for p in projects:
-        if decide(gw, session, caller, "job.view", project=p, record=False).decision.effect == "allow":
-            allowed.add(p)
-    return allowed
 
 
 def list_jobs(gw: Gateway, session: Session, caller: Caller, *, project: str | None, state: str | None,

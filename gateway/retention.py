@@ -26,8 +26,17 @@ from gateway.pipeline import decide, record, record_outcome
 from gateway.stop_tables import CheckpointRetention, RetentionCleanupNode
 
 DEFAULT_IMPORTANT_DAYS = 14
+DEFAULT_RECOVERY_WINDOW_DAYS = 7
 TIERS = ("normal", "important", "external")
 SYSTEM = Caller(id="system", kind="system", token_id="", token_projects=("*",), token_actions=("*",))
+
+
+def recovery_window(gw: Gateway) -> timedelta:
+    """How long a deleted job can be undeleted before its files are purged (A6), from the active policy set
+    (`deletion.recovery_window_days`, checked at load by gateway/policy/loader.py). A deletion keeps the window
+    it was given: a reload changes only the deletions after it."""
+    days = gw.policy_set.data.get("deletion", {}).get("recovery_window_days", DEFAULT_RECOVERY_WINDOW_DAYS)
+    return timedelta(days=int(days))
 
 
 def tier_of(job: Job) -> str:

@@ -5,6 +5,7 @@ Add one import line here when you add a module with tables (they all share `gate
 
 from __future__ import annotations
 
+import gateway.approval_facts
 import gateway.approvals
 import gateway.breakglass
 import gateway.models
