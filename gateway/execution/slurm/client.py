@@ -7,11 +7,14 @@ records from records.py or raises one SlurmError subclass (errors.py).
 What Slurm does here that a caller must know (22.05.8, seen on the project's starter):
 1. `squeue --json` ignores -j, -u, -t: it prints every job, so `jobs(ids)` filters here.
 2. `scancel` of an unknown or finished job exits 0; with -v it says why on stderr, which is read.
+   `squeue --json` exits 0 with slurmctld down, its document saying only "Unspecified error".
+   Every command but `scontrol ping` retries an absent controller for MessageTimeout - 1 s.
 3. `scontrol requeue` of a COMPLETED job puts it back in the queue: requeue only what still runs.
 4. A refused submission ("Requested node configuration is not available") still uses up a job id and
    leaves a FAILED row, with the comment, in accounting.
 5. Requeue resets the submit time (so the age factor) and makes the job wait cred_expire + 1 s; an
-   explicitly set Priority survives requeue and preemption. Accounting records who cancelled
+   explicitly set Priority survives requeue and preemption, clears the nice, and makes Slurm ignore
+   (exit 0) any later nice. Accounting records who cancelled
    (`cancelled_by`), never who requeued, held or reprioritised.
 """
 
@@ -105,15 +108,16 @@ class SlurmClient:
         self._scontrol(["release", str(jid)])
 
     def set_priority(self, job_id: int, priority: int) -> None:
-        """Fix the job's priority (Operators only; it then stays, through requeue and preemption).
-        Raises SlurmError (JobStateConflict for a held job)."""
+        """Fix the job's priority (Operators only; it then stays, through requeue and preemption, and
+        the job's nice is reset to 0). Raises SlurmError (JobStateConflict for a held job)."""
         (jid,) = _ids([job_id])
         if isinstance(priority, bool) or not 1 <= priority < 2**32 - 1:
             raise InvalidRequest("scontrol update", f"priority {priority!r} is outside 1..4294967294")
         self._scontrol(["update", f"JobId={jid}", f"Priority={priority}"])
 
     def set_nice(self, job_id: int, nice: int) -> None:
-        """Set the job's nice value (negative needs an Operator). Raises SlurmError."""
+        """Set the job's nice value (negative needs an Operator). Once a Priority was set, Slurm ignores
+        this and still exits 0 (slurmctld logs "ignore nice set request"). Raises SlurmError."""
         (jid,) = _ids([job_id])
         if isinstance(nice, bool) or not -2147483645 <= nice <= 2147483645:
             raise InvalidRequest("scontrol update", f"nice {nice!r} is outside Slurm's range")
@@ -196,4 +200,8 @@ class SlurmClient:
         if returncode == 0 and not errors:
             return
         text = "\n".join([stderr, *(e.line() for e in errors)])
+        # With slurmctld down, `squeue --json` exits 0, prints nothing on stderr, and its document says
+        # only "slurm_load_jobs: Unspecified error": ask the controller itself (scontrol ping is instant).
+        if "unspecified error" in text.lower() and command.startswith("squeue"):
+            self.ping()
         raise classify(command, self.user, text, returncode) from None

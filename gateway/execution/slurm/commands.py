@@ -3,7 +3,7 @@
 Two things about Slurm 22.05's commands shape this module:
 1. The exit status alone does not tell success: `scancel` exits 0 when the job id is unknown or the
    job already ended (it says so on stderr only with -v), and `squeue --json` exits 0 with the
-   controller down (the reason is in the document's `errors`). So the stderr text is classified too.
+   controller down (its document's `errors` say "Unspecified error"). So the text is classified too.
 2. The same cause reads differently per command: a stopped controller is "Unable to contact slurm
    controller" for sbatch, squeue and scancel, but "Unexpected message received" for
    `scontrol requeue|hold`; someone else's job is "Access/permission denied" or "Invalid user id".
@@ -40,8 +40,8 @@ _PATTERNS: tuple[tuple[type[SlurmError], tuple[str, ...]], ...] = (
                       "slurm_load_jobs error: socket timed out")),
     (AccountingDown, ("problem talking to the database", "slurm_persist_conn_open",
                       "slurmdbd: connection refused", "unable to connect to slurmdbd")),
-    (PermissionDenied, ("access/permission denied", "invalid user id", "user not found",
-                        "only slurm admins", "requires operator")),
+    (PermissionDenied, ("access/permission denied", "invalid user id", "protocol authentication error",
+                        "user not found", "only slurm admins", "requires operator")),
     (JobNotFound, ("invalid job id specified",)),
     (JobStateConflict, ("job is pending execution", "can not be altered now", "job is in held state",
                         "already completing or completed", "job has already finished", "job is not running",
@@ -119,6 +119,7 @@ class CommandRunner:
             raise SlurmConfigError("slurm", f"running as {me}, this process cannot run commands as {self.user}; "
                                             f"start it as {self.user} or leave the user unset")
         self._uid, self._gid = entry.pw_uid, entry.pw_gid
+        self._found: dict[str, str] = {}
         self._env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
             "LANG": "C.UTF-8",
@@ -130,6 +131,12 @@ class CommandRunner:
 
     def executable(self, name: str) -> str:
         """The path of a Slurm client command. Raises ClientMissing."""
+        found = self._found.get(name)
+        if found is None:
+            found = self._found[name] = self._look_up(name)
+        return found
+
+    def _look_up(self, name: str) -> str:
         if self.conn.bin_dir is not None:
             path = self.conn.bin_dir / name
             if os.access(path, os.X_OK):

@@ -6,7 +6,8 @@
 1. Exit codes differ in shape: squeue gives the raw wait status as an int (768 = exit 3, 9 = SIGKILL);
    sacct gives {"status", "return_code", "signal": {"signal_id"}}.
 2. Times are epoch seconds; 0 means none.
-3. Unset numbers are null (`nice` is null when 0; `time_limit` null when there is none).
+3. Unset numbers are null (`nice` is null when 0; `time_limit` null when there is none), and a negative
+   nice comes out as its unsigned 32-bit pattern (-10 as 4294967286).
 4. A document can carry `errors` with exit status 0 (squeue --json when slurmctld is down): the caller
    decides what each means, so they are returned beside the jobs.
 
@@ -124,6 +125,11 @@ class _Reader:
         return value if value is not None else {}
 
 
+def _signed32(value: int) -> int:
+    # squeue --json prints a negative nice as its unsigned 32-bit pattern (-10 as 4294967286)
+    return value - 2**32 if value >= 2**31 else value
+
+
 def _wait_status(raw: int) -> ExitStatus:
     # squeue: the raw wait(2) status. A signal in the low 7 bits, else the exit code in bits 8-15.
     sig = raw & 0x7F
@@ -158,7 +164,7 @@ def _queued(r: _Reader) -> QueuedJob:
         state=r.get("job_state", str),
         reason=r.text("state_reason"),
         priority=r.int_or_none("priority") or 0,
-        nice=r.int_or_none("nice") or 0,
+        nice=_signed32(r.int_or_none("nice") or 0),
         comment=r.text("comment"),
         nodes=r.int_or_none("node_count") or 0,
         node_list=r.text("nodes"),
@@ -189,11 +195,12 @@ def _accounted(r: _Reader) -> AccountedJob:
                    if isinstance(e, dict) and e.get("type") == "gres" and e.get("name") == "gpu")
         if gpus:
             break
-    batch_exit = None
+    batch_exit, batch_state = None, None
     steps = r.get("steps", list, optional=True) or []
     for step in steps:
         if isinstance(step, dict) and isinstance(step.get("step"), dict) and step["step"].get("id") == "batch":
             batch_exit = _db_exit(r, "exit_code", step)
+            batch_state = r.text("state", step) or None
     return AccountedJob(
         job_id=SlurmJobId(r.get("job_id", int)),
         name=r.text("name"),
@@ -215,6 +222,7 @@ def _accounted(r: _Reader) -> AccountedJob:
         elapsed_s=r.int_or_none("elapsed", t) or 0,
         exit=_db_exit(r, "exit_code", r.obj),
         batch_exit=batch_exit,
+        batch_state=batch_state,
         working_directory=r.text("working_directory"),
     )
 

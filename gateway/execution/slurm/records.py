@@ -126,7 +126,9 @@ class ExitStatus:
 class QueuedJob:
     """A job as slurmctld holds it (pending, running, or finished less than MinJobAge ago).
 
-    `priority` 0 means held; `nice` is Slurm's nice offset (0 when squeue reports none);
+    `state` is COMPLETING from a cancel (or the script's exit) until its last process is gone, and
+    only then the final state (CANCELLED, COMPLETED, ...): read the evidence after that. `priority` 0
+    means held; `nice` is Slurm's nice offset (0 when squeue reports none);
     `gpus_per_node` comes from the job's per-node GRES request; `restarts` counts requeues; `submit_time`
     is reset by every requeue (Slurm's age factor starts again)."""
 
@@ -165,7 +167,8 @@ class AccountedJob:
 
     `state` is Slurm's (COMPLETED, CANCELLED, FAILED, TIMEOUT, PREEMPTED, REQUEUED, NODE_FAIL, PENDING,
     RUNNING, ...). `exit` is the job's exit status, `batch_exit` the batch step's: a job cancelled while
-    its script ran shows exit 0:0 and the signal only on the batch step. `cancelled_by` is who asked
+    its script ran shows exit 0:0 and the signal only on the batch step, whose record comes last (until
+`batch_state` leaves RUNNING, `batch_exit` is a placeholder 0:0). `cancelled_by` is who asked
     Slurm to kill it (kill_request_user), when accounting knows: Slurm records none for a requeue."""
 
     job_id: SlurmJobId
@@ -188,6 +191,7 @@ class AccountedJob:
     elapsed_s: int
     exit: ExitStatus
     batch_exit: ExitStatus | None
+    batch_state: str | None
     working_directory: str
 
 

@@ -4,7 +4,8 @@ Only reads: v0.0.38 has no requeue and cannot signal only the batch script, so m
 commands (client.py). The documents are the ones `squeue --json` and `sacct --json` print, parsed by
 the same code. Errors map as the commands' do: no connection is RestDown, no answer in time
 SlurmTimeout, 401/403 PermissionDenied, and an `errors` entry in the body is classified by its text
-(slurmrestd answers 500 "Unable to contact slurm controller" when slurmctld is down: ControllerDown).
+(a refused token is "Protocol authentication error" from the accounting API, but only "Unspecified
+error" from the /slurm/ API, as when slurmctld is down: the reader then asks the accounting API which).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httpx
 from gateway.execution.slurm.commands import classify
 from gateway.execution.slurm.connection import SlurmConnection
 from gateway.execution.slurm.errors import (
+    ControllerDown,
     PermissionDenied,
     RestDown,
     SlurmCommandFailed,
@@ -86,23 +88,37 @@ class SlurmRestReader:
             raise SlurmCommandFailed(command, f"HTTP {r.status_code} {r.text.strip()[:200]}", self.user)
         return command, r.text
 
-    def _raise_for(self, command: str, errors: list[DocumentError]) -> None:
+    def _raise_for(self, command: str, errors: list[DocumentError], *, probe: bool = False) -> None:
         errors = [e for e in errors if e.number != _NOTHING_FOUND]
-        if errors:
-            raise classify(command, self.user, "\n".join(e.line() for e in errors), 1)
+        if not errors:
+            return
+        text = "\n".join(e.line() for e in errors)
+        if probe and "unspecified error" in text.lower():
+            # slurmrestd passes the token on; when slurmctld refuses it, or does not answer, a /slurm/ read
+            # says only "Unspecified error". The accounting API names a refused token, so ask it which.
+            self._probe_token(command)
+            raise ControllerDown(command, f"{text} (the token is good, so slurmctld is not answering)", self.user)
+        raise classify(command, self.user, text, 1)
+
+    def _probe_token(self, command: str) -> None:
+        probe, text = self._get(f"{DB_API}/user/{self.user}")
+        doc = load_document(text, probe, self.user)
+        refused = [e for e in document_errors(doc, probe, self.user) if "authentication" in e.line().lower()]
+        if refused:
+            raise PermissionDenied(command, f"slurmctld refused the token ({refused[0].line()})", self.user)
 
     def ping(self) -> dict[str, Any]:
         """slurmrestd's view of the controllers. Raises SlurmError."""
         command, text = self._get(f"{API}/ping")
         doc = load_document(text, command, self.user)
-        self._raise_for(command, document_errors(doc, command, self.user))
+        self._raise_for(command, document_errors(doc, command, self.user), probe=True)
         return doc
 
     def jobs(self) -> list[QueuedJob]:
         """Every job slurmctld holds (as `squeue --json`). Raises SlurmError."""
         command, text = self._get(f"{API}/jobs")
         jobs, errors = parse_queued_jobs(text, command, self.user)
-        self._raise_for(command, errors)
+        self._raise_for(command, errors, probe=True)
         return jobs
 
     def accounting(self, job_id: int) -> list[AccountedJob]:

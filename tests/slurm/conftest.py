@@ -1,0 +1,50 @@
+"""The real Slurm cluster these tests run against: started once per session with deploy/slurm/up.
+
+It skips when Slurm cannot be had here (not root, not Debian, no MariaDB, the starter failed),
+unless JOBGATE_REQUIRE_SLURM=1 (CI), which turns each of those into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+
+import pytest
+from slurm_testkit import LocalCluster, StarterFailed, start_cluster, stop_cluster_dir, why_no_slurm
+
+REQUIRE_SLURM = os.environ.get("JOBGATE_REQUIRE_SLURM") == "1"
+NODES = 4
+
+
+def _cannot(reason: str) -> None:
+    if REQUIRE_SLURM:
+        pytest.fail(f"JOBGATE_REQUIRE_SLURM=1 but no Slurm cluster: {reason}", pytrace=False)
+    pytest.skip(f"no Slurm cluster: {reason}")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[LocalCluster]:
+    """A 4-node x 8-GPU cluster with every node idle; stopped and deleted at the end of the session.
+
+    Its facts: `slurm_conf` (SLURM_CONF), `rest_url`, `jwt_key` (the HS256 key path), `service_user`."""
+    reason = why_no_slurm()
+    if reason:
+        _cannot(reason)
+    try:
+        cluster, seconds = start_cluster(NODES)
+    except StarterFailed as e:
+        _cannot(str(e))
+        raise  # unreachable: _cannot skips or fails
+    print(f"\nSlurm cluster {cluster.cluster} up in {seconds:.1f} s ({cluster.dir})", file=sys.stderr)
+    try:
+        yield cluster
+    finally:
+        stop_cluster_dir(cluster.env)
+
+
+@pytest.fixture
+def slurm(slurm_cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The session's cluster, emptied of jobs after the test (whatever it left running)."""
+    yield slurm_cluster
+    slurm_cluster.cancel_everything()
