@@ -16,6 +16,7 @@ from slurm_testkit import CHECKPOINTS_ON_TERM, IGNORES_TERM, SLEEPS, LocalCluste
 from gateway.execution.slurm import (
     AccountedJob,
     InvalidRequest,
+    JobNotFound,
     JobSpec,
     JobStateConflict,
     PermissionDenied,
@@ -151,6 +152,32 @@ def test_requeue_of_a_completed_job_puts_it_back_in_the_queue(slurm):
     in_state(client, jid, "COMPLETED")
     client.requeue(jid)
     assert in_state(client, jid, "PENDING").restarts == 1
+
+
+# (case, the job's state, the act, the error): what Slurm answers, some of it with exit status 0
+WRONG_STATE = [
+    ("cancel-unknown-job", "unknown", lambda c, j: c.cancel(j), JobNotFound),  # scancel exits 0
+    ("cancel-completed-job", "completed", lambda c, j: c.cancel(j), JobStateConflict),  # scancel exits 0
+    ("signal-pending-job", "pending", lambda c, j: c.signal_batch(j, "TERM"), JobStateConflict),
+    ("requeue-pending-job", "pending", lambda c, j: c.requeue(j), JobStateConflict),
+    ("priority-of-unknown-job", "unknown", lambda c, j: c.set_priority(j, 10), JobNotFound),
+]
+
+
+@pytest.mark.parametrize(("state", "act", "error"), [w[1:] for w in WRONG_STATE], ids=[w[0] for w in WRONG_STATE])
+def test_an_act_on_a_job_in_the_wrong_state_is_refused_with_slurms_reason(slurm, state, act, error):
+    client = slurm.client()
+    if state == "unknown":
+        jid = 999_999
+    elif state == "completed":
+        jid = client.submit(spec(slurm, script("true")))
+        in_state(client, jid, "COMPLETED")
+    else:
+        jid = client.submit(spec(slurm, hold=True))
+        in_state(client, jid, "PENDING")
+    with pytest.raises(error) as e:
+        act(client, jid)
+    assert "\n" not in str(e.value) and str(jid) in str(e.value)
 
 
 def test_hold_release_priority_nice_and_the_estimated_start_of_a_waiting_job(slurm):

@@ -123,6 +123,7 @@ CLASSIFIED = [
     ("scancel: error: Kill job error on job id 18: Job can not be altered now, try again later", JobStateConflict),
     ("Job is in held state, pending scheduler release for job 16", JobStateConflict),
     ("scancel: error: Kill job error on job id 20: Job/step already completing or completed", JobStateConflict),
+    ("scancel: error: No active jobs match ALL job filters, including: state=RUNNING", JobStateConflict),
     ("sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified",
      InvalidRequest),
     ("sbatch: error: invalid partition specified: nope\nsbatch: error: Batch job submission failed: "

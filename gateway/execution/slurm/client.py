@@ -7,6 +7,7 @@ records from records.py or raises one SlurmError subclass (errors.py).
 What Slurm does here that a caller must know (22.05.8, seen on the project's starter):
 1. `squeue --json` ignores -j, -u, -t: it prints every job, so `jobs(ids)` filters here.
 2. `scancel` of an unknown or finished job exits 0; with -v it says why on stderr, which is read.
+   `scancel --signal` to a job that does not run retries for ~95 s unless filtered by --state.
    `squeue --json` exits 0 with slurmctld down, its document saying only "Unspecified error".
    Every command but `scontrol ping` retries an absent controller for MessageTimeout - 1 s.
 3. `scontrol requeue` of a COMPLETED job puts it back in the queue: requeue only what still runs.
@@ -80,9 +81,11 @@ class SlurmClient:
 
     def signal_batch(self, job_id: int, signal: str) -> None:
         """Send `signal` to the job's batch script only (not its other steps): the prepare signal.
-        Raises SlurmError (JobStateConflict while the job is pending or has ended)."""
+        Raises SlurmError (JobStateConflict unless the job runs)."""
         (jid,) = _ids([job_id])
-        self._scancel([f"--signal={check_signal(signal)}", "--batch", str(jid)])
+        # --state=RUNNING: to a job that does not run, scancel would retry "Job is in transitional
+        # state" for about 95 s before it failed; filtered, it says at once that no job matched.
+        self._scancel([f"--signal={check_signal(signal)}", "--batch", "--state=RUNNING", str(jid)])
 
     def cancel(self, job_id: int) -> None:
         """Cancel the job (Slurm sends SIGTERM, then SIGKILL after KillWait). Raises SlurmError
