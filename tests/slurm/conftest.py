@@ -6,21 +6,13 @@ unless JOBGATE_REQUIRE_SLURM=1 (CI), which turns each of those into a failure.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 
 import pytest
-from slurm_testkit import LocalCluster, StarterFailed, start_cluster, stop_cluster_dir, why_no_slurm
+from slurm_testkit import LocalCluster, StarterFailed, no_slurm_here, start_cluster, stop_cluster_dir, why_no_slurm
 
-REQUIRE_SLURM = os.environ.get("JOBGATE_REQUIRE_SLURM") == "1"
 NODES = 4
-
-
-def _cannot(reason: str) -> None:
-    if REQUIRE_SLURM:
-        pytest.fail(f"JOBGATE_REQUIRE_SLURM=1 but no Slurm cluster: {reason}", pytrace=False)
-    pytest.skip(f"no Slurm cluster: {reason}")
 
 
 @pytest.fixture(scope="session")
@@ -30,12 +22,11 @@ def slurm_cluster() -> Iterator[LocalCluster]:
     Its facts: `slurm_conf` (SLURM_CONF), `rest_url`, `jwt_key` (the HS256 key path), `service_user`."""
     reason = why_no_slurm()
     if reason:
-        _cannot(reason)
+        no_slurm_here(reason)
     try:
         cluster, seconds = start_cluster(NODES)
     except StarterFailed as e:
-        _cannot(str(e))
-        raise  # unreachable: _cannot skips or fails
+        no_slurm_here(str(e))
     print(f"\nSlurm cluster {cluster.cluster} up in {seconds:.1f} s ({cluster.dir})", file=sys.stderr)
     try:
         yield cluster

@@ -20,7 +20,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import NoReturn, TypeVar
+
+import pytest
 
 from gateway.execution.slurm import SlurmClient, SlurmConnection
 
@@ -41,12 +43,20 @@ def why_no_slurm() -> str | None:
         return "not root: slurmd starts jobs as their owners and the demo users are added with useradd"
     if not shutil.which("dpkg-query"):
         return "not Debian: the starter installs Debian's Slurm packages"
+    port = int(os.environ.get("JOBGATE_SLURM_MYSQL_PORT", "3306"))
     try:
-        with socket.create_connection(("127.0.0.1", int(os.environ.get("JOBGATE_SLURM_MYSQL_PORT", "3306"))), 2):
+        with socket.create_connection(("127.0.0.1", port), 2):
             pass
     except OSError:
-        return "no MariaDB on 127.0.0.1:3306 for slurmdbd"
+        return f"no MariaDB on 127.0.0.1:{port} for slurmdbd"
     return None
+
+
+def no_slurm_here(reason: str) -> NoReturn:
+    """Skip the test for want of Slurm; fail it instead under JOBGATE_REQUIRE_SLURM=1 (CI)."""
+    if os.environ.get("JOBGATE_REQUIRE_SLURM") == "1":
+        pytest.fail(f"JOBGATE_REQUIRE_SLURM=1 but no Slurm cluster: {reason}", pytrace=False)
+    pytest.skip(f"no Slurm cluster: {reason}")
 
 
 def _free(port: int) -> bool:

@@ -3,12 +3,20 @@ started, including a job's process that escaped its job, and nothing that merely
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from slurm_testkit import StarterFailed, run_starter, script, start_cluster, stop_cluster_dir, wait_for, why_no_slurm
+from slurm_testkit import (
+    StarterFailed,
+    no_slurm_here,
+    run_starter,
+    script,
+    start_cluster,
+    stop_cluster_dir,
+    wait_for,
+    why_no_slurm,
+)
 
 from gateway.execution.slurm import JobSpec
 
@@ -22,15 +30,11 @@ def _daemon_pids(run: Path) -> dict[str, int]:
 def test_up_is_idempotent_and_down_stops_exactly_what_up_started():
     reason = why_no_slurm()
     if reason:
-        if os.environ.get("JOBGATE_REQUIRE_SLURM") == "1":
-            pytest.fail(f"JOBGATE_REQUIRE_SLURM=1 but no Slurm cluster: {reason}", pytrace=False)
-        pytest.skip(reason)
+        no_slurm_here(reason)
     try:
         cluster, _ = start_cluster(1, prefix="jobgate-slurm-starter-")
     except StarterFailed as e:
-        if os.environ.get("JOBGATE_REQUIRE_SLURM") == "1":
-            raise
-        pytest.skip(str(e))
+        no_slurm_here(str(e))
     lookalike = subprocess.Popen(["sleep", "1000"])  # same command, not the cluster's
     escaped_pid: int | None = None
     try:
