@@ -69,9 +69,19 @@ def _free(port: int) -> bool:
 
 
 def free_port_base(nodes: int) -> int:
-    """A port base whose slurmctld (+17), slurmdbd (+19), slurmrestd (+20) and slurmd (+100+i) ports are free."""
+    """A port base whose slurmctld (+17), slurmdbd (+19), slurmrestd (+20) and slurmd (+100+i) ports are free.
+
+    All below the kernel's ephemeral range: a port in it that is free now may be any client's next
+    outgoing port by the time a slurmd binds it (that slurmd then exits, and its node stays unknown)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = min(low, 65536) - 101 - nodes
+    if top <= 10000:
+        raise StarterFailed(f"no room for {nodes} slurmd ports below the ephemeral range starting at {low}")
     for _ in range(50):
-        base = secrets.randbelow((60000 - 30000) // 200) * 200 + 30000
+        base = secrets.randbelow((top - 10000) // 200) * 200 + 10000
         ports = [base + 17, base + 19, base + 20, *(base + 100 + i for i in range(1, nodes + 1))]
         if all(_free(p) for p in ports):
             return base

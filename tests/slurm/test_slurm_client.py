@@ -8,6 +8,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -249,6 +250,8 @@ OUT_OF_BAND = [
 @pytest.mark.parametrize(("actor", "owner"), [c[1:] for c in OUT_OF_BAND], ids=[c[0] for c in OUT_OF_BAND])
 def test_an_out_of_band_scancel_is_in_accounting_with_who_did_it(slurm, actor, owner):
     client = slurm.client()
+    # Reconciliation reads what happened since its last pass; Slurm's times are whole seconds.
+    since = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
     if owner == "jobgate":
         jid = client.submit(spec(slurm))
     else:
@@ -258,3 +261,9 @@ def test_an_out_of_band_scancel_is_in_accounting_with_who_did_it(slurm, actor, o
     slurm.run_as(actor, "scancel", str(jid))
     (row,) = accounted(client, jid, lambda rows: rows[0].state == "CANCELLED")
     assert (row.user, row.cancelled_by) == (owner, actor)
+    # A time-window query finds the row only once its eligible time reached accounting, which can be
+    # seconds after `sacct -j` shows it ended (Eligible=Unknown meanwhile): a pass must overlap the last.
+    found = wait_for(lambda: {r.job_id: r for r in client.accounting(since=since)}.get(jid), 30,
+                     "the job in the time window")
+    assert found.cancelled_by == actor
+    assert jid not in {r.job_id for r in client.accounting(since=since, until=since)}

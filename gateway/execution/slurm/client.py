@@ -156,7 +156,9 @@ class SlurmClient:
     def accounting(self, job_ids: Iterable[int] | None = None, *, since: datetime | None = None,
                    until: datetime | None = None) -> list[AccountedJob]:
         """Accounting rows, one per attempt (a requeued job has several), of every user's jobs: those of
-        `job_ids`, or those active between `since` and `until`. Raises SlurmError (AccountingDown)."""
+        `job_ids`, or those active between `since` and `until`. A window finds a job only once its
+        eligible time reached slurmdbd, which can be seconds after `job_ids` already shows it ended:
+        let consecutive windows overlap. Raises SlurmError (AccountingDown)."""
         argv = ["sacct", "--json", "--duplicates", "--allusers"]
         if job_ids is not None:
             ids = _ids(job_ids)
