@@ -10,7 +10,7 @@ DEV_STAMP := $(VENV)/.dev-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: run test lint bench clean venv
+.PHONY: run test lint bench clean venv slurm-up slurm-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,15 @@ lint: $(DEV_STAMP)
 ## Benchmarks print JSON figures, each beside a baseline measured in the same run.
 bench: $(DEV_STAMP)
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+## A local Slurm 22.05 cluster from Debian's packages (as root), for jobgate in front of Slurm:
+## `make slurm-up SLURM_NODES=16`, then `. /tmp/jobgate-slurm/env.sh` (deploy/slurm/README.md).
+SLURM_NODES ?= 8
+slurm-up:
+	deploy/slurm/up $(SLURM_NODES)
+
+slurm-down:
+	deploy/slurm/down
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
