@@ -10,7 +10,12 @@ Measured in the same run, on the same requests:
   served by uvicorn in a process of its own (its own data dir), from a one-connection keep-alive client in
   this process, beside GET /healthz (the HTTP floor); with the server's CPU time per request;
 - `jobgate policy whatif` replay over 100,000 recorded decision entries (ledger entry bytes, unique
-  inputs: distinct job ids and times), parsed and replayed under the policy set.
+  inputs: distinct job ids and times), parsed and replayed under the policy set;
+- OPA (v1.20.2's Go evaluator, opa-golib-python-bindings) beside the embedded engine on the same requests,
+  measured interleaved: the full decision and the Rego alone in-process (`--policy-engine opa-inprocess`), the
+  full decision through the OPA server engine (`--policy-engine opa`, HTTP on loopback to
+  tests/policy/opa_server.py: OPA's evaluator behind a Python HTTP front, so slower than `opa run --server`),
+  and decisions per second from two threads at once.
 
 Usage: python bench/policy.py [--quick]   (--quick: 20,000 replayed decisions, fewer rounds)
 """
@@ -84,13 +89,51 @@ def requests() -> list[dict[str, Any]]:
 def measure(fn: Callable[[dict[str, Any]], object], docs: list[dict[str, Any]], rounds: int) -> dict[str, float]:
     for doc in docs[:200]:
         fn(doc)  # warm up
+    return summary(timings(fn, docs, rounds))
+
+
+def timings(fn: Callable[[dict[str, Any]], object], docs: list[dict[str, Any]], rounds: int,
+            offset: int = 0) -> list[int]:
     samples = []
-    for i in range(rounds):
+    for i in range(offset, offset + rounds):
         doc = docs[i % len(docs)]
         start = time.perf_counter_ns()
         fn(doc)
         samples.append(time.perf_counter_ns() - start)
-    return summary(samples)
+    return samples
+
+
+def interleaved(fns: dict[str, Callable[[dict[str, Any]], object]], docs: list[dict[str, Any]],
+                rounds: int) -> dict[str, dict[str, float]]:
+    """Each fn timed on the same docs in four alternating quarters, so a burst of load from elsewhere on the
+    machine hits all alike."""
+    for fn in fns.values():
+        for doc in docs[:200]:
+            fn(doc)  # warm up
+    samples: dict[str, list[int]] = {name: [] for name in fns}
+    quarter = rounds // 4
+    for q in range(4):
+        for name, fn in fns.items():
+            samples[name] += timings(fn, docs, quarter, offset=q * quarter)
+    return {name: summary(s) for name, s in samples.items()}
+
+
+def per_second_two_threads(fn: Callable[[dict[str, Any]], object], docs: list[dict[str, Any]],
+                           rounds: int) -> int:
+    """Decisions per second with two threads deciding at once (the API serves from a thread pool)."""
+    import threading
+
+    def work(offset: int) -> None:
+        for i in range(offset, offset + rounds):
+            fn(docs[i % len(docs)])
+
+    threads = [threading.Thread(target=work, args=(n * 7,)) for n in range(2)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return round(2 * rounds / (time.perf_counter() - started))
 
 
 def summary(samples: list[int]) -> dict[str, float]:
@@ -169,7 +212,60 @@ def in_process(rounds: int) -> dict[str, Any]:
             out["baseline_same_decisions_on_the_mix"] = same
     out["target_full_p50_ms"] = 0.5
     out["target_full_p99_ms"] = 1.5
+    out["opa"] = opa_beside_embedded(policy_set, engine, docs, rounds, embedded_setup_s=setup_s)
     return out
+
+
+def opa_beside_embedded(policy_set: Any, engine: EmbeddedEngine, docs: list[dict[str, Any]], rounds: int, *,
+                        embedded_setup_s: float) -> dict[str, Any]:
+    """OPA's evaluator in-process and through the OPA server engine, each beside the embedded engine (the
+    baseline), on the same requests in the same run."""
+    from gateway.decisions.policy.errors import PolicyLoadError
+
+    try:
+        from gateway.decisions.policy.opa_inprocess import OPA_GOLIB_PIN, OpaInProcessEngine
+
+        started = time.perf_counter()
+        opa = OpaInProcessEngine(policy_set, bindings())
+        setup_s = time.perf_counter() - started
+    except PolicyLoadError as e:
+        return {"skipped": str(e)}
+    server = _opa_server()
+    try:
+        from gateway.decisions.policy.opa import OpaEngine
+
+        over_http = OpaEngine(policy_set, bindings(), url=server.url, timeout_s=5.0)
+        same = all(opa.decide(d) == engine.decide(d) == over_http.decide(d) for d in docs)
+        full = interleaved({"embedded": engine.decide, "opa_inprocess": opa.decide,
+                            "opa_server_http": over_http.decide}, docs, rounds)
+        over_http.close()
+    finally:
+        server.stop()
+    enriched = [engine.decision_input(d) for d in docs]
+    rego = interleaved({"embedded": engine.evaluate, "opa_inprocess": opa.evaluate}, enriched, rounds)
+    threads = {"embedded": per_second_two_threads(engine.decide, docs, rounds // 2),
+               "opa_inprocess": per_second_two_threads(opa.decide, docs, rounds // 2)}
+    opa.close()
+    return {
+        "evaluator": f"OPA v1.20.2 ({OPA_GOLIB_PIN})",
+        "baseline": "embedded",
+        "setup_s": {"embedded": round(embedded_setup_s, 3), "opa_inprocess": round(setup_s, 3)},
+        "same_decisions_on_the_mix": same,
+        "full_decision": full,
+        "rego_alone": rego,
+        "two_threads_decisions_per_s": threads,
+    }
+
+
+def _opa_server() -> Any:
+    """tests/policy/opa_server.py as a process of its own (OPA's evaluator behind OPA's REST API)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("opa_server", ROOT / "tests" / "policy" / "opa_server.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.OpaServerProcess()
 
 
 def recorded_entries(n: int) -> list[bytes]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -21,12 +22,15 @@ DEMO_NODES = ("demo-node-1", "demo-node-2")
 DEMO_GPUS_PER_NODE = 8
 
 # (id, kind, display name, responsible, [(role, project)])
-CAST: tuple[tuple[str, str, str, str | None, list[tuple[str, str]]], ...] = (
+CastMember = tuple[str, str, str, str | None, list[tuple[str, str]]]
+CAST: tuple[CastMember, ...] = (
     ("alice", "person", "Alice (researcher, vision)", None, [("researcher", "vision")]),
     ("bob", "person", "Bob (researcher, vision)", None, [("researcher", "vision")]),
     ("carol", "person", "Carol (queue admin, vision)", None, [("queue_admin", "vision"), ("researcher", "vision")]),
     ("dave", "person", "Dave (on-call)", None, [("oncall", "*")]),
     ("erin", "person", "Erin (platform admin)", None, [("platform_admin", "*")]),
+    # A7: a quota change needs a second platform admin; with erin alone no quota change could be approved.
+    ("frank", "person", "Frank (platform admin)", None, [("platform_admin", "*")]),
     ("sam", "person", "Sam (security reviewer)", None, [("security_reviewer", "*")]),
     ("audrey", "person", "Audrey (auditor)", None, [("auditor", "*")]),
     ("mallory", "person", "Mallory (researcher, speech)", None, [("researcher", "speech")]),
@@ -65,23 +69,26 @@ def prepare_demo(settings: Settings) -> bool:
 
 
 def seed_demo(session: Session, data_dir: Path) -> bool:
-    """Seed once; on an existing data dir keep everything. Returns True if it seeded now."""
-    if session.get(Meta, "demo_seeded") is not None:
-        return False
+    """Seed once; on an existing data dir keep everything, only adding cast members it lacks (one a later
+    version added, whom a README flow needs). Returns True if it seeded now."""
     now = utcnow()
+    if session.get(Meta, "demo_seeded") is not None:
+        missing = [member for member in CAST if session.get(Principal, member[0]) is None]
+        if missing:
+            path = data_dir / "demo-tokens.json"
+            try:
+                tokens = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                tokens = {}
+            tokens = tokens if isinstance(tokens, dict) else {}
+            tokens.update(_seed_cast(session, missing, now))
+            write_secret_json(path, tokens)
+        return False
     session.add_all([
         Project(id="vision", organisation="acme", description="Computer vision research"),
         Project(id="speech", organisation="acme", description="Speech research (another tenant)"),
     ])
-    tokens: dict[str, str] = {}
-    for pid, kind, name, responsible, roles in CAST:
-        session.add(Principal(id=pid, kind=kind, display_name=name, responsible=responsible, created_at=now))
-        session.flush()
-        for role, project in roles:
-            session.add(RoleBinding(principal_id=pid, role=role, project=project, created_at=now))
-        projects = ["vision"] if kind == "service" else None
-        tokens[pid] = issue_token(session, pid, purpose="demo", now=now, lifetime=timedelta(days=30),
-                                  projects=projects).secret
+    tokens = _seed_cast(session, CAST, now)
     for node in DEMO_NODES:
         session.add(Principal(id=node, kind="node", display_name=f"agent of {node}", created_at=now))
         session.add(Node(id=node, gpus=DEMO_GPUS_PER_NODE, state="registered", last_heartbeat=None, running=[]))
@@ -92,3 +99,17 @@ def seed_demo(session: Session, data_dir: Path) -> bool:
     session.add(Meta(key="demo_seeded", value=now.isoformat()))
     write_secret_json(data_dir / "demo-tokens.json", tokens)
     return True
+
+
+def _seed_cast(session: Session, members: Sequence[CastMember], now: datetime) -> dict[str, str]:
+    """Add these cast members with their role bindings; returns a 30-day demo token for each."""
+    tokens: dict[str, str] = {}
+    for pid, kind, name, responsible, roles in members:
+        session.add(Principal(id=pid, kind=kind, display_name=name, responsible=responsible, created_at=now))
+        session.flush()
+        for role, project in roles:
+            session.add(RoleBinding(principal_id=pid, role=role, project=project, created_at=now))
+        projects = ["vision"] if kind == "service" else None
+        tokens[pid] = issue_token(session, pid, purpose="demo", now=now, lifetime=timedelta(days=30),
+                                  projects=projects).secret
+    return tokens

@@ -20,6 +20,9 @@ from gateway.decisions.approvals import open_request
 from gateway.decisions.facts import holds_on
 from gateway.decisions.obligations import notify_owners
 from gateway.decisions.pipeline import Recorded, decide, durable, ledger_batch, record
+from gateway.decisions.pipeline import (
+    visible_projects as visible_projects,  # its home is the pipeline; callers import it here
+)
 from gateway.decisions.verdict import refuse_if_denied, refuse_unless_allowed
 from gateway.errors import Conflict, Invalid, LedgerUnavailable, NotFound
 from gateway.identity.auth import Caller
@@ -149,7 +152,7 @@ async def submit(gw: Gateway, authenticate: Callable[[Session], Caller], spec: J
     submission under load against 16 on the loop, a quarter of its CPU. Where a step would wait on the
     network (PostgreSQL, an OPA server) or on another thread's write, it runs in a worker thread (_off_loop).
     """
-    remote = not gw.db.is_sqlite or gw.settings.policy_engine != "embedded"
+    remote = not gw.db.is_sqlite or gw.settings.policy_engine == "opa"
     job, rec, problems, submitter = await _off_loop(partial(_read_and_decide, gw, authenticate, spec), blocks=remote)
     assert rec.ticket is not None  # decided with wait=False
     try:
@@ -296,15 +299,6 @@ def lock_jobs(session: Session, job_ids: Iterable[str]) -> dict[str, Job]:
         return {}
     stmt = select(Job).where(Job.id.in_(ids)).order_by(Job.id).with_for_update()
     return {j.id: j for j in session.scalars(stmt, execution_options={"populate_existing": True})}
-
-
-def visible_projects(gw: Gateway, session: Session, caller: Caller, projects: list[str]) -> set[str]:
-    """Projects whose jobs the caller may view (A1), decided by the same policy as everything else."""
-    allowed = set()
-    for p in projects:
-        if decide(gw, session, caller, "job.view", project=p, record=False).decision.effect == "allow":
-            allowed.add(p)
-    return allowed
 
 
 def list_jobs(gw: Gateway, session: Session, caller: Caller, *, project: str | None, state: str | None,

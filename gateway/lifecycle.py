@@ -9,7 +9,7 @@ until then `undelete` restores it. Job rows are never removed, so an id is never
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -19,6 +19,7 @@ from gateway import priority_history, retention, stops
 from gateway.commands import enqueue, nodes_with_files
 from gateway.context import Gateway
 from gateway.decisions.approvals import open_request
+from gateway.decisions.facts import recovery_window as recovery_window  # a policy number (A6); callers read it here
 from gateway.decisions.notifications import notify
 from gateway.decisions.pipeline import Recorded, decide, record_outcome
 from gateway.decisions.verdict import refuse_if_denied, refuse_unless_allowed
@@ -29,20 +30,11 @@ from gateway.store.models import Allocation, Job
 from gateway.store.service_tables import Approval
 from gateway.store.stop_tables import CheckpointRetention, JobDeletion
 
-DEFAULT_RECOVERY_WINDOW_DAYS = 7
 # P2 as the scheduler applies it to a resumed job: its priority and the wait it had in the queue are kept, as for a
 # preempted job; time running or paused is not waiting. Version 1 kept the first queue entry time, so the hours
 # a job ran before its pause aged it as if it had been queued all along.
 RESUME_PRIORITY_RULE = {"rule": "P2.keep_priority_and_wait", "version": "2"}
 DELETABLE_STATES = ("stopped", "paused", "succeeded", "failed")
-
-
-def recovery_window(gw: Gateway) -> timedelta:
-    """How long a deleted job can be undeleted before its files are purged (A6), from the active policy set
-    (`deletion.recovery_window_days`, checked at load by gateway/policy/loader.py). A deletion keeps the window
-    it was given: a reload changes only the deletions after it."""
-    days = gw.policy_set.data.get("deletion", {}).get("recovery_window_days", DEFAULT_RECOVERY_WINDOW_DAYS)
-    return timedelta(days=int(days))
 
 
 def _notify_owner(session: Session, rec: Recorded, job: Job, caller: Caller, what: str, reason: str,

@@ -28,10 +28,11 @@ from gateway.stops import housekeeping
 from gateway.store.models import Allocation, Job, Node, NodeCommand
 from gateway.store.scheduler_tables import SchedJob, TenantUsage
 from gateway.store.states import ACTIVE_STATES, ENDED_STATES, WITHHELD_STATES
+from scheduler import reasons
 from scheduler.config import config_from_mapping
 from scheduler.cycle import CycleResult, run_cycle
 from scheduler.errors import InvalidConfig
-from scheduler.estimate import after_admits, estimate_starts
+from scheduler.estimate import after_admits, estimate_starts, quota_starts
 from scheduler.model import (
     DEFAULT_CONFIG,
     JobId,
@@ -143,7 +144,8 @@ def build_snapshot(session: Session, now: datetime | None = None,
                 priority=s.priority if s else j.base_priority, started_at=run_began(j),
                 placement=tuple(held.get(j.id, ())),
                 runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j),
-                stoppable=j.stoppable))
+                stoppable=j.stoppable, grace_s=min(max(j.grace_seconds, 0.0), MAX_RUNTIME_LIMIT_S),
+                occupancy_since=preemption.occupancy_since(j, s) if s else None))
     quotas = load_quotas(session, now) if now is not None else None
     usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
     return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage,
@@ -318,11 +320,20 @@ def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: dat
     Q3: record a priority change when it moved by at least AGING_STEP."""
     blocked = {b.job_id: b for b in result.blocked}
     by_id = {j.id: j for j in snapshot.pending}
-    # A job a quota holds back gets no estimate (None: unknown) and takes no GPUs in the simulation: the estimate
-    # says when GPUs are free, so it told such a job it would start now, and pushed the jobs behind it back.
+    # A job a quota holds back takes no GPUs in the simulation of the others: that says when GPUs are free, so it
+    # told such a job it would start now, and pushed the jobs behind it back. It is estimated on its own, below.
     order = sorted((j for j in snapshot.pending if j.id in blocked and not blocked[j.id].quota_tier),
                    key=lambda j: (-result.priorities[j.id].total, j.submitted_at, j.id))
-    estimates = estimate_starts(after_admits(snapshot, result.admits, now=now), order, now=now, config=config)
+    after = after_admits(snapshot, result.admits, now=now)
+    known = {b.job_id: b.expected_start for b in result.blocked if b.expected_start is not None}
+    estimates = estimate_starts(after, order, now=now, config=config, known=known)
+    # Those a quota holds back: when running jobs' ends let the quota allow them (rule 5 of scheduler.estimate).
+    held = quota_starts(after, [j for j in snapshot.pending if j.id in blocked and blocked[j.id].quota_tier],
+                        now=now, config=config)
+    reason_of = {b.job_id: b.reason for b in result.blocked}
+    for job_id, wait in held.items():
+        estimates[job_id] = wait.start
+        reason_of[job_id] += reasons.quota_allows(wait.allowed_at, wait.ending, wait.start, wait.ending_count)
     pending_rows = session.execute(
         select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
         .where(Job.state == "pending")).all()
@@ -339,14 +350,15 @@ def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: dat
             priority_history.record(session, job.id, now, basis, last, parts)
             row.recorded_priority = parts["total"]
         row.priority, row.parts = parts["total"], parts
-        if job.state_reason != b.reason:
-            job.state_reason = b.reason
-        row.position, row.blocked_reason = b.position, b.reason
+        reason = reason_of[b.job_id]
+        if job.state_reason != reason:
+            job.state_reason = reason
+        row.position, row.blocked_reason = b.position, reason
         row.estimated_start, row.estimated_at = estimates.get(JobId(job.id)), now
         if row.restart_notice_pending:  # Q9: tell a preempted job's owner when it is expected to run again
             row.restart_notice_pending = False
             notify(session, job.owner, "expected_restart", {
-                "job_id": job.id, "position": b.position, "queue": job.queue, "reason": b.reason,
+                "job_id": job.id, "position": b.position, "queue": job.queue, "reason": reason,
                 "expected_restart": row.estimated_start.isoformat() if row.estimated_start else None}, now)
 
 

@@ -25,7 +25,8 @@ class Settings(BaseSettings):
         description="Stated retention of ledger entries; there is no API that deletes them (H3).",
     )
     policies_dir: Path = Field(REPO_POLICIES, description="The policy set security reviewers own.")
-    policy_engine: Literal["embedded", "opa"] = Field("embedded", description="embedded regopy, or an OPA server.")
+    policy_engine: Literal["embedded", "opa", "opa-inprocess"] = Field(
+        "embedded", description="embedded regopy, an OPA server, or OPA's evaluator in-process.")
     opa_url: str | None = Field(None, description="OPA server URL when policy_engine is opa (http://host:8181).")
     opa_timeout_s: float = Field(1.0, gt=0, description="A decision OPA has not given by then is a deny.")
     policy_watch_interval_s: float = Field(1.0, ge=0, description="Policy dir polling period; 0 disables it.")

@@ -41,6 +41,7 @@ from ledger.verify import CheckpointRecord, KeyHistoryItem, Material
 FORMAT = "jobgate-ledger-bundle/1"
 _CHUNK = 8 << 20
 _TRAILER_MAX = 64 << 20
+_ANCHOR_LINE_MAX = 64 << 10  # a checkpoint line: a note of a few signatures and a consistency proof
 
 
 @dataclass(frozen=True)
@@ -421,3 +422,23 @@ def _next_line(f: IO[bytes], what: str) -> bytes:
     if not line.endswith(b"\n"):
         raise BundleError(f"bundle is truncated: {what} is missing")
     return line[:-1]
+
+
+def anchor_note(path: Path) -> str | None:
+    """The note of a bundle's last checkpoint line (its anchor: the latest signed, written just before the
+    trailer), read from the end of the file; None where there is none to read. Unchecked: it only chooses which
+    of the auditor's keys the verification starts from, and the verifier checks every signature."""
+    try:
+        with open(path, "rb") as f:
+            _, trailer_at = _read_trailer(f)
+            f.seek(max(0, trailer_at - _ANCHOR_LINE_MAX))
+            before = f.read(trailer_at - f.tell())
+    except (OSError, BundleError):
+        return None
+    line = before[before.rfind(b"\n", 0, len(before) - 1) + 1 : -1]
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    note = value.get("note") if isinstance(value, dict) and "checkpoint" in value else None
+    return note if isinstance(note, str) else None

@@ -1,7 +1,8 @@
 """`jobgate ledger ...`: offline verification, export bundles, proofs, key rotation, PostgreSQL set-up.
 
 Exit codes: 0 intact / done, 1 verification failed (one `FAIL: seq N problem: ...` line),
-2 bad input (one `Error: ...` line on stderr, never a traceback).
+2 bad input (one `Error: ...` line on stderr, never a traceback), 3 not verified: signed by a key not in
+the history given (one `NOT VERIFIED: untrusted_key: ...` line; no finding of tampering either way).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from typing import NoReturn
 import click
 
 from ledger.admin import init_db, rotate_key
-from ledger.bundle import export_bundle, open_bundle
+from ledger.bundle import anchor_note, export_bundle, open_bundle
 from ledger.errors import KeyFormatError, LedgerError
-from ledger.keys import VERIFIER_FILE, NoteVerifier
+from ledger.keys import HISTORY_FILE, VERIFIER_FILE, NoteVerifier
 from ledger.proofs import consistency, inclusion, tree_from_store
 from ledger.store import open_store
-from ledger.verify import Verdict, verify_material, verify_store
+from ledger.verify import Verdict, verify_store, verify_with_history
 
 
 def _error(msg: str) -> NoReturn:
@@ -79,20 +80,26 @@ def _read_text(path: Path, what: str) -> str:
 
 
 MAX_VKEY_BYTES = 4096  # a vkey is about 100; a larger file (a bundle, a ledger) is not read whole to say so
+MAX_HISTORY_BYTES = 1 << 16  # a key history: one vkey a line, hundreds of rotations
 
 
 def _verifier(path: Path, given: bool) -> NoteVerifier:
     """The verifier key in PATH (`--public-key`, or the data directory's when `given` is false); a file that is
     not one is named with the option it came from, and why. Exits 2."""
     what = f"--public-key {path}" if given else f"the data directory's verifier key {path}"
+    return _verifiers(path, what, MAX_VKEY_BYTES, one=True)[0]
+
+
+def _verifiers(path: Path, what: str, limit: int, *, one: bool = False) -> list[NoteVerifier]:
+    """The verifier keys in PATH, one a line (a vkey, or unless `one` a key history such as ledger.vkeys), in file
+    order, all of one name; a file that holds none is named as `what`, and why. Exits 2."""
     try:
         with path.open("rb") as f:
-            raw = f.read(MAX_VKEY_BYTES + 1)
+            raw = f.read(limit + 1)
     except OSError as e:
         _error(f"cannot read {what}: {e.strerror or e}")
-    if len(raw) > MAX_VKEY_BYTES:
-        _error(f"{what} is not a verifier key: a verifier key is one short line, this file is over"
-               f" {MAX_VKEY_BYTES} bytes")
+    if len(raw) > limit:
+        _error(f"{what} is not a verifier key: a verifier key is one short line, this file is over {limit} bytes")
     try:
         text = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -100,27 +107,53 @@ def _verifier(path: Path, given: bool) -> NoteVerifier:
     if text.startswith("PRIVATE+KEY+"):
         _error(f"{what} is not a verifier key: it is a private signing key; give its public half, the"
                f" {VERIFIER_FILE} beside it (the signing key stays with the gateway)")
-    if len(text.splitlines()) > 1:
+    if one and len(text.splitlines()) > 1:
         _error(f"{what} is not a verifier key: a verifier key is one line, this file holds {len(text.splitlines())}")
-    try:
-        return NoteVerifier.from_vkey(text)
-    except KeyFormatError as e:
-        _error(f"{what} is not a verifier key: {e.diagnostics()}")
+    keys = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        try:
+            keys.append(NoteVerifier.from_vkey(line))
+        except KeyFormatError as e:
+            where = f" (line {number})" if len(text.splitlines()) > 1 else ""
+            _error(f"{what} is not a verifier key{where}: {e.diagnostics()}")
+    if not keys:
+        _error(f"{what} is not a verifier key: it is empty")
+    if len({k.name for k in keys}) > 1:
+        _error(f"{what} holds keys of several ledgers ({', '.join(sorted({k.name for k in keys}))}); a key history"
+               " holds the keys of one")
+    return keys
+
+
+def _trusted_keys(path: Path, given: bool) -> list[NoteVerifier]:
+    """The keys to verify with, oldest first: those in PATH (a vkey or a key history), with the key history
+    that `rotate-key` keeps beside a data directory's ledger.vkey (HISTORY_FILE), if there is one. Exits 2."""
+    what = f"--public-key {path}" if given else f"the data directory's verifier key {path}"
+    keys = _verifiers(path, what, MAX_HISTORY_BYTES)
+    beside = path.parent / HISTORY_FILE
+    if path.name != HISTORY_FILE and beside.is_file():
+        history = _verifiers(beside, f"the key history {beside} beside {path.name}", MAX_HISTORY_BYTES)
+        if {k.name for k in history} == {k.name for k in keys}:
+            keys = history + [k for k in keys if k.vkey not in {h.vkey for h in history}]
+    return keys
 
 
 def _print_verdict(verdict: Verdict, as_json: bool) -> NoReturn:
+    # Signed by none of the keys given is no finding about the ledger, and must not read like tampering.
+    untrusted = verdict.problem == "untrusted_key"
     if as_json:
         click.echo(json.dumps(verdict.to_json(), sort_keys=True))
     else:
-        click.echo(("OK: " if verdict.ok else "FAIL: ") + verdict.message)
-    sys.exit(0 if verdict.ok else 1)
+        click.echo(("OK: " if verdict.ok else "NOT VERIFIED: " if untrusted else "FAIL: ") + verdict.message)
+    sys.exit(0 if verdict.ok else 3 if untrusted else 1)
 
 
 @ledger_group.command("verify")
 @_data_dir
 @_db
 @click.option("--bundle", type=click.Path(path_type=Path), help="An export bundle (from `jobgate ledger export`).")
-@click.option("--public-key", type=click.Path(path_type=Path), help="The auditor's verifier key file (vkey).")
+@click.option("--public-key", type=click.Path(path_type=Path),
+              help="The auditor's verifier key file (vkey), or a key history (one vkey a line, e.g."
+                   f" <data-dir>/keys/{HISTORY_FILE}); a {HISTORY_FILE} beside the vkey given is read too.")
 @click.option(
     "--trusted-checkpoint",
     type=click.Path(path_type=Path),
@@ -141,7 +174,9 @@ def verify_cmd(
 
     Exit 0 with one summary line if intact; 1 with the first bad seq and the problem (modified,
     missing, reordered, inserted, truncated, bad_signature, unknown_key, blob_mismatch, malformed);
-    2 for unusable input.
+    2 for unusable input; 3 if no checkpoint is signed by a key given (untrusted_key: not verified,
+    which is no finding of tampering). After `rotate-key` a bundle made before verifies with the key
+    history, which the data directory keeps beside ledger.vkey.
     """
     sources = sum(x is not None for x in (data_dir, db, bundle))
     if sources != 1:
@@ -152,14 +187,14 @@ def verify_cmd(
             _error("--public-key is required with --bundle or --db")
         _url(data_dir, None)  # no such directory, or no ledger in it, is said as such (not as a missing key)
         public_key = data_dir / "keys" / VERIFIER_FILE
-    verifier = _verifier(public_key, given)
+    keys = _trusted_keys(public_key, given)
     trusted = _read_text(trusted_checkpoint, "trusted checkpoint") if trusted_checkpoint is not None else None
     progress = progress_bar("verifying")
     try:
         if bundle is not None:
-            verdict = _verify_bundle(bundle, verifier, progress, deep, trusted)
+            verdict = _verify_bundle(bundle, keys, progress, deep, trusted)
         else:
-            verdict = verify_store(_url(data_dir, db), verifier, progress=progress, deep=deep, trusted=trusted)
+            verdict = verify_store(_url(data_dir, db), keys, progress=progress, deep=deep, trusted=trusted)
     except LedgerError as e:
         end_progress_bar(progress)
         _error(e.diagnostics())
@@ -171,13 +206,14 @@ def verify_cmd(
 
 
 def _verify_bundle(
-    path: Path, verifier: NoteVerifier, progress: Callable[[int, int], None] | None, deep: bool, trusted: str | None
+    path: Path, keys: list[NoteVerifier], progress: Callable[[int, int], None] | None, deep: bool, trusted: str | None
 ) -> Verdict:
     header, material, f = open_bundle(path)
     try:
-        if header.origin != verifier.name:
-            _error(f"bundle is from ledger {header.origin!r}, but the public key is for {verifier.name!r}")
-        return verify_material(material, verifier, progress=progress, deep=deep, trusted=trusted)
+        if header.origin != keys[-1].name:
+            _error(f"bundle is from ledger {header.origin!r}, but the public key is for {keys[-1].name!r}")
+        return verify_with_history(material, keys, anchor_note=anchor_note(path), progress=progress, deep=deep,
+                                   trusted=trusted)
     finally:
         f.close()
 
@@ -294,7 +330,8 @@ def rotate_key_cmd(data_dir: Path, db: str | None, as_json: bool) -> None:
         click.echo(json.dumps(res.__dict__, sort_keys=True))
     else:
         where = f"announced at seq {res.seq}" if res.seq >= 0 else "announcement already in the ledger"
-        click.echo(f"Rotated ledger key to {res.vkey} ({where}); auditors may keep their old key.")
+        click.echo(f"Rotated ledger key to {res.vkey} ({where}); auditors may keep their old key, and verify"
+                   f" bundles made before with the key history, {data_dir / 'keys' / HISTORY_FILE}.")
 
 
 @ledger_group.command("init-db")

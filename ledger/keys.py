@@ -152,7 +152,8 @@ class NoteSigner:
 
 
 def load_or_create_signer(keys_dir: Path, name: str) -> NoteSigner:
-    """Load keys_dir/ledger.key, or create it (mode 0600) with ledger.vkey beside it.
+    """Load keys_dir/ledger.key, or create it (mode 0600) with ledger.vkey and the key history ledger.vkeys beside
+    it (the history from the start, so auditors can take the one file that verifies before and after a rotation).
 
     Raises KeyFormatError for an unreadable key file and KeyMismatch if it holds another name.
     """
@@ -182,6 +183,12 @@ def load_or_create_signer(keys_dir: Path, name: str) -> NoteSigner:
             tmp.write_text(signer.vkey + "\n", encoding="utf-8")
             tmp.chmod(0o644)
             tmp.replace(vkey_path)
+        hist_path = keys_dir / HISTORY_FILE
+        if not hist_path.exists():
+            tmp = keys_dir / (HISTORY_FILE + ".tmp")
+            tmp.write_text(signer.vkey + "\n", encoding="utf-8")
+            tmp.chmod(0o644)
+            tmp.replace(hist_path)
     except OSError as e:
         raise KeyFormatError(f"cannot read or write ledger keys in {keys_dir}: {e.strerror}") from e
     return signer

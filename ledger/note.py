@@ -125,3 +125,19 @@ def open_checkpoint(note: str, verifier: NoteVerifier) -> Checkpoint:
     if cp.origin != verifier.name:
         raise UnknownKey(f"checkpoint origin {cp.origin!r} is not the key name {verifier.name!r}")
     return cp
+
+
+def signature_key_ids(note: str) -> list[str]:
+    """The 8-hex key ids a signed note's signature lines name, in order, WITHOUT checking a signature (to say
+    which keys signed a note no key at hand opens). Lines that do not parse are left out."""
+    split = note.rfind("\n\n")
+    ids = []
+    for line in note[split + 2 :].split("\n") if split >= 0 else []:
+        _, _, b64 = line[len(_SIG_PREFIX) :].partition(" ")
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if line.startswith(_SIG_PREFIX) and len(raw) >= 5:
+            ids.append(raw[:4].hex())
+    return ids

@@ -28,6 +28,12 @@ Steps, in order; the first failure is reported with its seq and problem code:
    had entries inserted (inserted, at the first unmatched one).
 5. Optionally the auditor's earlier saved checkpoint: the ledger must still contain it (truncated)
    with the same root (modified) — this catches a history rewritten and re-signed.
+
+The auditor may hold several keys, a key history (verify_with_history): the check is anchored on the one
+that signed the latest checkpoint, so a bundle made before a rotation verifies with the history written
+after it. A ledger not one of whose checkpoints any key given signs is untrusted_key: not verified, which
+is not a finding of tampering (the auditor may lack a key), unlike a checkpoint or rotation signed by a key
+the ledger's own history does not account for (unknown_key).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from ledger.entry import ZERO_HASH
 from ledger.errors import BadSignature, BundleError, LedgerError, MalformedNote, ProofError, UnknownKey
 from ledger.keys import NoteVerifier
 from ledger.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
-from ledger.note import Checkpoint, open_checkpoint, peek_checkpoint
+from ledger.note import Checkpoint, open_checkpoint, peek_checkpoint, signature_key_ids
 from ledger.rotation import KeySchedule, Rotation, RotationError, rotation_in
 from ledger.store import LedgerStore, ReadSnapshot, Row, open_store
 
@@ -60,6 +66,7 @@ PROBLEMS = (
     "unknown_key",
     "blob_mismatch",
     "malformed",
+    "untrusted_key",  # not verified: signed by none of the keys given (verify_with_history)
 )
 _PROGRESS_EVERY = 16384
 
@@ -143,13 +150,14 @@ class _Tail:
 
 def verify_store(
     url: str,
-    verifier: NoteVerifier,
+    verifier: NoteVerifier | list[NoteVerifier],
     *,
     progress: Callable[[int, int], None] | None = None,
     deep: bool = False,
     trusted: str | None = None,
 ) -> Verdict:
-    """Verify the ledger at url against verifier's public key.
+    """Verify the ledger at url against verifier's public key (or a key history, oldest first: see
+    verify_with_history).
 
     Integrity problems come back as a Verdict with ok=False; only an unusable store or URL, or an
     unusable trusted checkpoint, raises (StoreError, TrustedCheckpointError: LedgerErrors).
@@ -181,7 +189,7 @@ def store_material(store: LedgerStore, snap: ReadSnapshot) -> Material:
 
 def verify(
     store: LedgerStore,
-    verifier: NoteVerifier,
+    verifier: NoteVerifier | list[NoteVerifier],
     *,
     progress: Callable[[int, int], None] | None = None,
     deep: bool = False,
@@ -190,7 +198,8 @@ def verify(
     """verify_store() over an already open store."""
     snap = store.snapshot()
     try:
-        return verify_material(store_material(store, snap), verifier, progress=progress, deep=deep, trusted=trusted)
+        keys = [verifier] if isinstance(verifier, NoteVerifier) else list(verifier)
+        return verify_with_history(store_material(store, snap), keys, progress=progress, deep=deep, trusted=trusted)
     finally:
         snap.close()
 
@@ -874,3 +883,45 @@ def _signed_by(note: str, v: NoteVerifier) -> bool:
     except LedgerError:
         return False
     return True
+
+
+# -- a key history given by the auditor ---------------------------------------------------------------------
+
+
+def verify_with_history(
+    m: Material,
+    keys: list[NoteVerifier],
+    *,
+    anchor_note: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    deep: bool = False,
+    trusted: str | None = None,
+) -> Verdict:
+    """verify_material under the auditor's keys, oldest first (one vkey, or a key history such as ledger.vkeys).
+
+    1. The check is anchored on the newest of keys that signs the ledger's latest checkpoint (anchor_note,
+       else m's largest: a bundle's checkpoints are read only after its entries), else on the newest of keys;
+       steps 3-4 then follow the ledger's own rotations from it, as with one key.
+    2. A verdict of unknown_key that names no entry, where not one checkpoint of m carries a valid signature
+       of any of keys, comes back as untrusted_key: signed by a key not in the history given.
+    Raises ValueError for no keys, TrustedCheckpointError as verify_material does.
+    """
+    if not keys:
+        raise ValueError("no verifier key given")
+    if anchor_note is None and m.checkpoints:
+        anchor_note = max(m.checkpoints, key=lambda c: c.size).note
+    key = next((k for k in reversed(keys) if anchor_note is not None and _signed_by(anchor_note, k)), keys[-1])
+    verdict = verify_material(m, key, progress=progress, deep=deep, trusted=trusted)
+    if verdict.problem != "unknown_key" or verdict.first_bad_seq is not None:
+        return verdict
+    if any(_signed_by(c.note, k) for c in m.checkpoints for k in keys):
+        return verdict  # a key given signs part of it: the rest is signed by a key the ledger does not account for
+    signers = sorted({i for c in m.checkpoints for i in signature_key_ids(c.note)})
+    given = ", ".join(k.key_id.hex() for k in keys)
+    return Verdict(
+        False, verdict.size, None, "untrusted_key",
+        f"untrusted_key: signed by a key not in the history you gave (its checkpoints carry key"
+        f" {', '.join(signers) or 'none'}; you gave {given}). Not a finding of tampering: after a rotate-key, give"
+        " the ledger's key history (<data-dir>/keys/ledger.vkeys); otherwise ask its operators which key signs it",
+        origin=verdict.origin, start=verdict.start,
+    )

@@ -28,9 +28,11 @@ default decision := {
 	"obligations": [],
 }
 
+# The reasons of a deny are sorted: they come from a set, which OPA iterates in sorted order and rego-cpp in
+# the order its members were added, so two denials (two emergency holds) read in a different order on each.
 decision := {
 	"effect": "deny",
-	"reasons": [d.reason | some d in ds],
+	"reasons": sort([d.reason | some d in ds]),
 	"rules": sort({d.rule | some d in ds}),
 	"approvals_required": no_approvals,
 	"obligations": [],

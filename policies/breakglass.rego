@@ -16,9 +16,13 @@ breakglass_seconds := object.get(breakglass_params, "duration_seconds", 0)
 
 default breakglass_justified := false
 
+# A reason or ticket of null (the gateway sends null when none was given) is no text: tested with is_string
+# first, since trim_space(null) is an error under OPA's strict builtin errors.
 breakglass_justified if {
-	count(trim_space(object.get(input, "reason", ""))) > 0
-	count(trim_space(object.get(input, "ticket", ""))) > 0
+	is_string(input.reason)
+	is_string(input.ticket)
+	count(trim_space(input.reason)) > 0
+	count(trim_space(input.ticket)) > 0
 }
 
 # 1. A reason and a ticket are required. 2. At most data.breakglass.max_seconds. 3. Only a holder of

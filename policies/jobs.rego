@@ -20,7 +20,8 @@ sensitivity(t) := "external_rights" if {
 # Stop / preempt (A4, A8, R4, Q6).
 # 1. R4: the system reclaims a job past its validity period; Q6: it stops the rest of a gang one of whose
 #    members failed. Nothing else may act as the system.
-# 2. The creator or owner stops their own job.
+# 2. The creator or owner stops their own job; a job a service account started is its own only for that
+#    account (a pipeline cancelling its run), not for the person responsible for it (A8, next).
 # 3. A8: a job a service account started is stopped by on-call only, with a second person.
 # 4. A4: another's job is stopped only with a written reason (the audit record names it).
 # 5. A4: a queue admin (own project) or on-call stops another's job, with a second person.
@@ -28,7 +29,7 @@ sensitivity(t) := "external_rights" if {
 stop_finding(t) := system_stop_finding(t) if {
 	actor_kind == "system"
 } else := grant_alone("A4.own_job", sprintf("%s stops their own job %s", [actor, t.id]), t, []) if {
-	owns(t)
+	stops_own(t)
 	"job.stop.own" in granted[t.project]
 } else := service_stop_finding(t) if {
 	t.creator_kind == "service"
@@ -89,6 +90,16 @@ service_stop_finding(t) := grant(
 	sprintf("%s (job %s was started by service account %s; only on-call may stop it)", [missing_capability(t.project, cap.stop_service), t.id, t.creator]),
 	t.id,
 )
+
+# A8 gives the stop of a job a service account started to on-call, with a second person. Such a job is
+# "own", for a stop, only to the account that started it (a pipeline cancelling its run); the person
+# responsible for the account, its owner, goes the A8 way like everyone else.
+stops_own(t) := true if {
+	t.creator == actor
+} else := true if {
+	t.owner == actor
+	not t.creator_kind == "service"
+}
 
 # Projects where the actor may stop others' jobs (for the cross-project branch above).
 stop_any_projects contains p if {

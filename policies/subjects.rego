@@ -79,10 +79,14 @@ reason_given if {
 	not reason == ""
 }
 
-# Undefined unless the reason is a string (trim_space takes nothing else), so reason_given needs no
-# is_string: one builtin call instead of two. A rule of its own, not a line in reason_given: rego-cpp
+# Undefined unless the reason is a string. The is_string test is not redundant: trim_space of null is an
+# error, which OPA's strict builtin errors (the gateway asks for them) turn into a failed decision, where
+# rego-cpp and a lenient OPA make it undefined. A rule of its own, not a line in reason_given: rego-cpp
 # does not stop a body at an undefined builtin result (only at an undefined rule, call or lookup).
-trimmed_reason := trim_space(input.reason)
+trimmed_reason := trim_space(r) if {
+	r := input.reason
+	is_string(r)
+}
 
 # Capability names used in sentences. They are looked up here rather than written as literals at the
 # call sites because rego-cpp 1.x formats a string literal passed as a function argument with its

@@ -22,10 +22,20 @@ from scheduler.model import (
     SchedulerConfig,
     Snapshot,
 )
+from scheduler.occupancy import frees_at
 from scheduler.placement import FreeIndex
-from scheduler.preemption import Preempt, Victim, eligible, for_preemptor, plan_victims
+from scheduler.preemption import (
+    Preempt,
+    Victim,
+    by_eligibility,
+    eligible,
+    first_plan,
+    for_preemptor,
+    may_preempt_from,
+    plan_victims,
+)
 from scheduler.priority import LazyParts, PriorityParts, effective_priority, fair_share_points, priority_totals
-from scheduler.quota import QuotaUsage
+from scheduler.quota import QuotaUsage, usage_of
 from scheduler.reservation import Release, earliest_start
 
 __all__ = ["Admit", "Blocked", "CycleResult", "Preempt", "PriorityParts", "Reserve", "effective_priority",
@@ -62,6 +72,9 @@ class Blocked:
     # The quota tier that holds it back (cluster | user | tenant | borrow), "" when it waits for GPUs: such a
     # job holds nothing and starts when the tier allows, so an estimate of when GPUs are free says nothing of it.
     quota_tier: str = ""
+    # When this cycle already knows it starts: a preemption made for it now, or one that becomes possible once
+    # its victims have run their queue's minimum runtime, plus their grace windows. None: the estimate says.
+    expected_start: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,8 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        A job that needs more than the alive nodes could ever offer is skipped (it blocks nobody).
     3. Head of line: the first job that does not fit gets the pool's one reservation: the earliest
        time running jobs free enough GPUs (started_at + runtime_limit_s, this cycle's admits
-       included), and the GPUs it will take then are held. A job that declared no runtime limit is taken
+       included; with max_occupancy_s, a stoppable job's occupancy end if earlier: scheduler.occupancy
+       frees_at), and the GPUs it will take then are held. A job that declared no runtime limit is taken
        to run default_runtime_s (Slurm's DefaultTime): without a guess, a gang whose GPUs such jobs hold
        would never be held for, and a stream of them would starve it. The reservation is made when that
        time is within reservation_window_s, or once the job has waited that long: without the second rule,
@@ -113,6 +127,13 @@ def run_cycle(snapshot: Snapshot, *, now: datetime, config: SchedulerConfig = DE
        preempts lower-priority jobs. Victims are chosen by
        scheduler.preemption on a copy of the free GPUs; no new plan is made while jobs already being
        stopped would free enough. GPUs of stopping jobs count as released at their stop deadline.
+       A job with a plan starts once its victims' grace windows end (Blocked.expected_start). One without, where
+       the plan is only missing victims that have not yet run their queue's minimum runtime, is told when the
+       first plan will exist and starts then plus the grace windows; that replaces what rule 3 said of it
+       unless rule 3 found an earlier start (beside a reservation it holds, both are said).
+    7. Every reason names the rule that holds the job back with its value and when it ends: the quota tier
+       (its numbers), the reservation window and when GPUs will be held, the minimum runtime, the preemption
+       bounds of rule 6 (max_preemption_attempts, one plan a cycle), degraded nodes the job could use.
 
     Raises InconsistentSnapshot for duplicate ids, naive datetimes, or a running job on GPUs that the
     snapshot also lists as free.
@@ -149,30 +170,27 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     share = fair_share_points(snapshot, config) if config.fairshare_weight else {}
     totals = priority_totals(snapshot.pending, now, config, share)
     parts = LazyParts({job.id: job for job in snapshot.pending}, now, config, share)
-    # Withheld GPUs on nodes that are not alive are still physically in use: capacity includes them. A degraded
-    # node's GPUs are in use too (its jobs count against the quotas), so they count although nothing is placed there.
-    up = {n.id: n.gpus for n in snapshot.nodes if n.alive}
-    withheld_off = sum(len(p.gpus) for j in snapshot.withheld for p in j.placement if p.node not in up)
-    quota = (QuotaUsage.of(snapshot.quotas, sum(up.values()) + withheld_off,
-                           (*snapshot.running, *snapshot.withheld))
-             if snapshot.quotas is not None else None)
-    if quota is not None:
-        # Only jobs the alive nodes could hold claim their tenant's idle quota: one that cannot be placed now
-        # (a node it needs is lost) would keep that quota from being lent while it sits idle, and with it, when the
-        # tenant owns the cluster, every other tenant's work.
-        quota.claim((j.project, j.gpus) for j in snapshot.pending
-                    if ever_fitting[min(j.gpus_per_node, largest_alive + 1)] >= j.nodes)
+    quota = usage_of(snapshot, lambda j: ever_fitting[min(j.gpus_per_node, largest_alive + 1)] >= j.nodes)
     stopping = [job for job in snapshot.running if job.stop_by is not None]
+    # Alive nodes closed to new work, by size: a job they could hold is told they wait to be whole again.
+    degraded = sorted((n.gpus, n.id) for n in snapshot.nodes if n.alive and n.degraded)
+
+    def degraded_note(g: int) -> str:
+        return reasons.degraded([node for size, node in degraded if size >= g]) if degraded else ""
+
     preemptions: list[Preempt] = []
     attempts = 0
     victim_pool: list[tuple[RunningJob, Victim]] | None = None  # built on the first attempt, once per cycle
+    in_order: list[tuple[datetime, RunningJob]] = []  # rule 6 with P2: built on the first failed attempt
     ordered = sorted(snapshot.pending, key=lambda j: (-totals[j.id], j.submitted_at, j.id))
     # smallest_after[i]: the smallest per-node request among ordered[i:], for the early stop in rule 3.
     smallest_after = list(accumulate(reversed([j.gpus_per_node for j in ordered]), min))[::-1]
 
-    releases = [Release(at=max(now, _expected_end(job, config)), job_id=job.id, rank=rank_of[p.node], gpus=p.gpus,
-                        assumed=job.stop_by is None and job.runtime_limit_s is None)
-                for job in snapshot.running for p in job.placement if p.node in rank_of]
+    releases = [Release(at=max(now, freed.at), job_id=job.id, rank=rank_of[p.node], gpus=p.gpus,
+                        assumed=freed.assumed)
+                for job in snapshot.running for freed in (frees_at(job, config),) for p in job.placement
+                if p.node in rank_of]
+    running_by_id = {job.id: job for job in snapshot.running}
 
     admits: list[Admit] = []
     reservation: Reserve | None = None
@@ -181,6 +199,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
     exhausted = False
     why: dict[JobId, str] = {}
     tier_of: dict[JobId, str] = {}
+    starts: dict[JobId, datetime] = {}  # Blocked.expected_start
 
     for i, job in enumerate(ordered):
         g, n = job.gpus_per_node, job.nodes
@@ -188,7 +207,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         possible = (isolated_fitting if exclude else ever_fitting)[min(g, largest_alive + 1)]
         if possible < n:
             why[job.id] = (reasons.needs_isolation(n, g, possible) if exclude
-                           else reasons.impossible(n, g, possible, largest_alive))
+                           else reasons.impossible(n, g, possible, largest_alive) + degraded_note(g))
             continue
         # Rule 5: quotas before placement.
         borrowed = False
@@ -209,18 +228,30 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
                 continue
             borrowed = verdict.borrowed
         if over_cap:
-            planned = None
-            if not preemptions and attempts < config.max_preemption_attempts:
+            planned: Preempt | None = None
+            later: _Later | None = None
+            tried = not preemptions and attempts < config.max_preemption_attempts
+            if tried:
                 attempts += 1
                 if victim_pool is None:
                     victim_pool = eligible(snapshot.running, now=now, config=config)
                 planned = _plan_preemption(job, totals[job.id], borrowed, quota, snapshot, stopping, schedulable,
                                            index, victim_pool, config, min_freed=over_cap)
+                if planned is None:
+                    in_order = in_order or by_eligibility(snapshot.running, now=now, config=config)
+                    later = _plan_later(job, totals[job.id], borrowed, quota, snapshot, stopping, schedulable, index,
+                                        config, now, in_order, min_freed=over_cap)
             if planned is not None:
                 preemptions.append(planned)
+                starts[job.id] = _stopped_by(planned.victims, running_by_id, now)
             # Like any job a quota holds back, it holds nothing meanwhile and blocks nobody (rule 5).
-            why[job.id] = planned.reason if planned is not None else cap_reason
-            tier_of[job.id] = "" if planned is not None else "cluster"
+            why[job.id] = (planned.reason + reasons.stopped_by(starts[job.id]) if planned is not None
+                           else later.reason if later is not None
+                           else cap_reason + ("" if tried else reasons.not_tried_preemption(
+                               config.max_preemption_attempts, bool(preemptions))))
+            tier_of[job.id] = "" if planned is not None or later is not None else "cluster"
+            if later is not None:
+                starts[job.id] = later.start
             continue
         # Rule 3: held GPUs are open to a job only if it is done by the time the reservation starts: one whose
         # limit the system will keep (gateway/runtime_limits.py), never one declared not stoppable (R5).
@@ -255,8 +286,10 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
             why[job.id] = reasons.waiting(n, g, fitting) + reasons.ISOLATED_ONLY
             continue
         planned = None
-        if not preemptions and attempts < config.max_preemption_attempts and _may_preempt(job, borrowed, quota,
-                                                                                         snapshot, config):
+        later = None
+        may_preempt = _may_preempt(job, borrowed, quota, snapshot, config)
+        tried = may_preempt and not preemptions and attempts < config.max_preemption_attempts
+        if tried:
             attempts += 1
             if victim_pool is None:
                 victim_pool = eligible(snapshot.running, now=now, config=config)
@@ -264,22 +297,31 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
                                        victim_pool, config)
             if planned is not None:
                 preemptions.append(planned)
+            else:
+                in_order = in_order or by_eligibility(snapshot.running, now=now, config=config)
+                later = _plan_later(job, totals[job.id], borrowed, quota, snapshot, stopping, schedulable, index,
+                                    config, now, in_order)
+        natural: datetime | None = None  # the head's start by running jobs ending, without a preemption
         if head is None:
             # Rule 3: head of line.
             head = job
             plan = earliest_start(index, releases, g, n)
+            natural = plan.start if plan is not None else None
             if plan is None:
                 why[job.id] = reasons.start_unknown(n, g, fitting)
             elif (plan.start > now + timedelta(seconds=config.reservation_window_s)
                   and _waited_s(job, now) < config.reservation_window_s):
-                why[job.id] = reasons.beyond_window(n, g, fitting, plan.start, config.reservation_window_s)
+                # Held from when the start comes within the window, or once it has waited that long: the earlier.
+                held_from = min(plan.start - timedelta(seconds=config.reservation_window_s),
+                                now + timedelta(seconds=config.reservation_window_s - _waited_s(job, now)))
+                why[job.id] = reasons.beyond_window(n, g, fitting, plan.start, config.reservation_window_s, held_from)
             else:
                 index.hold(plan.gpus_by_rank)
                 reservation = Reserve(job_id=job.id, expected_start=plan.start,
                                       nodes=tuple(schedulable[r].id for r in sorted(plan.gpus_by_rank)))
                 why[job.id] = reasons.reserved(n, g, fitting, plan.start)
             if plan is not None and plan.assumed:
-                why[job.id] += reasons.guessed_start(config.default_runtime_s)
+                why[job.id] += reasons.guessed_start(config.default_runtime_s, config.max_occupancy_s)
         elif reservation is not None and not use_held and index.count_fitting(g, use_held=True) >= n:
             why[job.id] = reasons.behind_reservation(reservation.job_id, reservation.expected_start,
                                                      job.runtime_limit_s, stoppable=job.stoppable)
@@ -289,7 +331,18 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         else:
             why[job.id] = reasons.waiting(n, g, fitting)
         if planned is not None:
-            why[job.id] = planned.reason
+            starts[job.id] = _stopped_by(planned.victims, running_by_id, now)
+            why[job.id] = planned.reason + reasons.stopped_by(starts[job.id])
+        elif later is not None and (natural is None or later.start < natural):
+            # A preemption once its victims pass their minimum runtime comes first: said beside a reservation
+            # held meanwhile, instead of anything else.
+            held_now = reservation is not None and reservation.job_id == job.id
+            why[job.id] = f"{why[job.id]}; {later.reason}" if held_now else later.reason
+            starts[job.id] = later.start
+        elif may_preempt and not tried:
+            why[job.id] += reasons.not_tried_preemption(config.max_preemption_attempts, bool(preemptions))
+        if planned is None:
+            why[job.id] += degraded_note(g)
 
     # Rule 4: positions among each queue's waiting jobs.
     position: Counter[str] = Counter()
@@ -298,7 +351,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
         if job.id in why:
             position[job.queue] += 1
             blocked.append(Blocked(job_id=job.id, reason=why[job.id], position=position[job.queue],
-                                   quota_tier=tier_of.get(job.id, "")))
+                                   quota_tier=tier_of.get(job.id, ""), expected_start=starts.get(job.id)))
     return CycleResult(admits=tuple(admits), reservations=() if reservation is None else (reservation,),
                        blocked=tuple(blocked), preemptions=tuple(preemptions), priorities=parts)
 
@@ -308,12 +361,10 @@ def _waited_s(job: PendingJob, now: datetime) -> float:
     return max(0.0, (now - job.submitted_at).total_seconds()) + job.wait_credit_s
 
 
-def _expected_end(job: RunningJob, config: SchedulerConfig) -> datetime:
-    """When a running job frees its GPUs: its stop deadline if being stopped, else start + runtime limit
-    (or, without one, start + the default run time)."""
-    if job.stop_by is not None:
-        return job.stop_by
-    return job.started_at + timedelta(seconds=job.runtime_limit_s or config.default_runtime_s)
+def _stopped_by(victims: Iterable[Victim], running: Mapping[JobId, RunningJob], now: datetime) -> datetime:
+    """P4: when victims asked to stop at `now` have freed their GPUs: the longest of their grace windows."""
+    return now + timedelta(seconds=max((running[v.job_id].grace_s for v in victims if v.job_id in running),
+                                       default=0.0))
 
 
 def _reclaims(job: PendingJob, borrowed: bool, quota: QuotaUsage | None, snapshot: Snapshot) -> bool:
@@ -348,6 +399,41 @@ def _plan_preemption(job: PendingJob, priority: float, borrowed: bool, quota: Qu
         return None
     reason = reasons.preempting(kind, [v.job_id for v in victims])
     return Preempt(job_id=job.id, kind=kind, victims=victims, reason=reason)
+
+
+@dataclass(frozen=True)
+class _Later:
+    """Rule 6 with P2: no plan now, one at `at` (when its last victim passes its queue's minimum runtime)."""
+
+    at: datetime
+    start: datetime  # `at` plus the victims' grace windows
+    reason: str
+
+
+def _plan_later(job: PendingJob, priority: float, borrowed: bool, quota: QuotaUsage | None, snapshot: Snapshot,
+                stopping: Sequence[RunningJob], schedulable: Sequence[NodeState], index: FreeIndex,
+                config: SchedulerConfig, now: datetime, in_order: list[tuple[datetime, RunningJob]], *,
+                min_freed: int = 0) -> _Later | None:
+    """Rule 6 when it found no plan: the first time one exists because lower-priority (or borrowed) jobs reach
+    their queue's minimum runtime (config.min_runtime_s), so the job's wait and its estimate say so."""
+    copy = [NodeState(n.id, n.gpus, frozenset(index.free[r]), n.alive) for r, n in enumerate(schedulable)]
+    kinds = ([True] if _reclaims(job, borrowed, quota, snapshot) else []) + (
+        [False] if job.queue in config.preempting_queues else [])
+    found: list[tuple[datetime, tuple[Victim, ...], bool]] = []
+    for reclaim in kinds:
+        first = first_plan(copy, snapshot.running, job.gpus_per_node, job.nodes, now=now, config=config,
+                           preemptor_priority=priority, preemptor_project=job.project, reclaim=reclaim,
+                           coming_free=stopping, min_freed=min_freed, in_order=in_order)
+        if first is not None:
+            found.append((first[0], first[1], reclaim))
+    if not found:
+        return None
+    at, victims, reclaim = min(found, key=lambda f: f[0])
+    by_id = {r.id: r for r in snapshot.running}
+    start = _stopped_by(victims, by_id, at)
+    waits = [(v.job_id, by_id[v.job_id].queue, may_preempt_from(by_id[v.job_id], config)) for v in victims]
+    return _Later(at=at, start=start, reason=reasons.preempting_later(
+        "reclaim" if reclaim else "priority", waits, {q: config.min_runtime_s[q] for _, q, _ in waits}, start))
 
 
 def _check(snapshot: Snapshot, now: datetime) -> None:

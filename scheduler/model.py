@@ -116,6 +116,10 @@ class RunningJob:
     # R5: declared stoppable from here. One that is not (its owner must stop it) is never a victim: a plan
     # counting on its GPUs would wait for a stop that cannot come, or stop what was promised to keep running.
     stoppable: bool = True
+    # P4: its graceful window. Stopped (preempted, or its occupancy ended), it frees its GPUs this long after.
+    grace_s: float = 0.0
+    # P3: start of its current occupancy period (its start, or its last renewal); None: its start.
+    occupancy_since: datetime | None = None
 
     @property
     def gpus(self) -> int:
@@ -123,6 +127,8 @@ class RunningJob:
 
     def __post_init__(self) -> None:
         _check_job(self.id, self.queue, self.runtime_limit_s)
+        if not 0 <= self.grace_s <= MAX_DURATION_S:
+            raise InvalidRecord("job", self.id, f"grace_s must be between 0 and {MAX_DURATION_S:g}, got {self.grace_s}")
 
 
 def _check_job(job_id: JobId, queue: str, runtime_limit_s: float | None) -> None:

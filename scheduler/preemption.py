@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from scheduler.model import JobId, NodeId, NodeState, RunningJob, SchedulerConfig
 
@@ -73,6 +73,76 @@ def candidates(running: Sequence[RunningJob], *, now: datetime, config: Schedule
                          preemptor_project=preemptor_project, reclaim=reclaim)
 
 
+def may_preempt_from(job: RunningJob, config: SchedulerConfig) -> datetime:
+    """P2/Q8: when `job` has run its queue's minimum runtime, from which a preemption may take it."""
+    return job.started_at + timedelta(seconds=config.min_runtime_s[job.queue])
+
+
+def by_eligibility(running: Sequence[RunningJob], *, now: datetime, config: SchedulerConfig
+                   ) -> list[tuple[datetime, RunningJob]]:
+    """Rule 1 but the minimum runtime, in the order jobs pass it: (from when a preemption may take it, the job),
+    for every running job that is stoppable and not already stopping. One list serves a cycle's attempts."""
+    return sorted(((max(now, may_preempt_from(j, config)), j) for j in running if j.stop_by is None and j.stoppable),
+                  key=lambda e: (e[0], e[1].id))
+
+
+def first_plan(nodes: Sequence[NodeState], running: Sequence[RunningJob], gpus_per_node: int, nodes_needed: int,
+               *, now: datetime, config: SchedulerConfig, preemptor_priority: float, preemptor_project: str,
+               reclaim: bool, coming_free: Sequence[RunningJob] = (), min_freed: int = 0,
+               in_order: Sequence[tuple[datetime, RunningJob]] | None = None
+               ) -> tuple[datetime, tuple[Victim, ...]] | None:
+    """When no plan exists now: the first time one will, as running jobs pass their queue's minimum runtime
+    (rule 1), and its victims then. None when even every candidate past its minimum runtime is not enough.
+
+    A plan exists at t exactly when all the candidates eligible at t together free enough (rule 3 takes them
+    until they do), whatever their order; so the candidates are added in the order they become eligible until
+    they are enough, and rules 2-4 then choose the victims among those eligible at that time.
+    """
+    # What a plan could ever take (as for_preemptor filters), in the order they may be taken.
+    order = by_eligibility(running, now=now, config=config) if in_order is None else in_order
+    pool = [e for e in order if (e[1].borrowed and e[1].project != preemptor_project if reclaim
+                                 else e[1].priority < preemptor_priority)]
+    room = _Room(nodes, gpus_per_node, nodes_needed, min_freed)
+    for job in coming_free:
+        room.give(job, +1)
+    found: datetime | None = None
+    for when, job in pool:
+        room.give(job, +1)
+        if room.enough():
+            found = when
+            break
+    if found is None or found <= now:  # never; or now, which plan_victims answers
+        return None
+    ordered = candidates([j for when, j in pool if when <= found], now=found, config=config,
+                         preemptor_priority=preemptor_priority, preemptor_project=preemptor_project, reclaim=reclaim)
+    victims = plan_victims(nodes, ordered, gpus_per_node, nodes_needed, coming_free=coming_free, min_freed=min_freed)
+    return (found, victims) if victims else None
+
+
+class _Room:
+    """Free GPUs per schedulable node as jobs are given back (or taken again), with the count of nodes that fit
+    the gang and the GPUs freed in all, kept up to date job by job (O(its nodes), not a scan of the cluster)."""
+
+    def __init__(self, nodes: Sequence[NodeState], gpus_per_node: int, nodes_needed: int, min_freed: int) -> None:
+        self.free: dict[NodeId, int] = {n.id: len(n.free) for n in nodes if n.schedulable}
+        self.gpus_per_node, self.nodes_needed, self.min_freed = gpus_per_node, nodes_needed, min_freed
+        self.fitting = sum(1 for c in self.free.values() if c >= gpus_per_node)
+        self.freed = 0
+
+    def enough(self) -> bool:
+        return self.fitting >= self.nodes_needed and self.freed >= self.min_freed
+
+    def give(self, job: RunningJob, sign: int) -> None:
+        self.freed += sign * job.gpus
+        for p in job.placement:
+            before = self.free.get(p.node)
+            if before is None:  # a dead, degraded or unknown node frees nothing usable
+                continue
+            after = before + sign * len(p.gpus)
+            self.free[p.node] = after
+            self.fitting += (after >= self.gpus_per_node) - (before >= self.gpus_per_node)
+
+
 def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob, Victim]],
                  gpus_per_node: int, nodes_needed: int, *, coming_free: Sequence[RunningJob] = (),
                  min_freed: int = 0) -> tuple[Victim, ...] | None:
@@ -83,41 +153,24 @@ def plan_victims(nodes: Sequence[NodeState], ordered: Sequence[tuple[RunningJob,
     The number of nodes with at least gpus_per_node free is kept up to date victim by victim, so a plan
     costs O(victims tried × their nodes), not a scan of the cluster per step.
     """
-    free: dict[NodeId, int] = {n.id: len(n.free) for n in nodes if n.schedulable}
-    fitting = sum(1 for c in free.values() if c >= gpus_per_node)
-    freed = 0
-
-    def enough() -> bool:
-        return fitting >= nodes_needed and freed >= min_freed
-
-    def give(job: RunningJob, sign: int) -> None:
-        nonlocal fitting, freed
-        freed += sign * job.gpus
-        for p in job.placement:
-            before = free.get(p.node)
-            if before is None:  # a dead, degraded or unknown node frees nothing usable
-                continue
-            after = before + sign * len(p.gpus)
-            free[p.node] = after
-            fitting += (after >= gpus_per_node) - (before >= gpus_per_node)
-
+    room = _Room(nodes, gpus_per_node, nodes_needed, min_freed)
     for job in coming_free:
-        give(job, +1)
-    if enough():
+        room.give(job, +1)
+    if room.enough():
         return ()
     taken: list[tuple[RunningJob, Victim]] = []
     for job, victim in ordered:
-        give(job, +1)
+        room.give(job, +1)
         taken.append((job, victim))
-        if enough():
+        if room.enough():
             break
     else:
         return None
     kept: list[Victim] = []
     for job, victim in reversed(taken):
-        give(job, -1)
-        if not enough():
-            give(job, +1)
+        room.give(job, -1)
+        if not room.enough():
+            room.give(job, +1)
             kept.append(victim)
     return tuple(reversed(kept))
 

@@ -8,11 +8,13 @@ so the accounting per tenant is exact and the property tests can check every tie
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from scheduler.model import ProjectId, Quotas, RunningJob
+from scheduler.model import PendingJob, ProjectId, Quotas, RunningJob, Snapshot
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,22 @@ class QuotaUsage:
         return QuotaVerdict(True, borrowed=True)
 
 
+def usage_of(snapshot: Snapshot, placeable: Callable[[PendingJob], bool]) -> QuotaUsage | None:
+    """The quota tiers' use as a cycle starts from (None: no quotas): every GPU-holding job counted, withheld
+    ones too, against a capacity that includes withheld GPUs on nodes that are not alive (still physically in
+    use) and a degraded node's GPUs (its jobs count against the quotas although nothing is placed there).
+    Waiting jobs that `placeable` says the alive nodes could hold claim their tenant's idle quota: one that
+    cannot be placed now (a node it needs is lost) would keep that quota from being lent while it sits idle,
+    and with it, when the tenant owns the cluster, every other tenant's work. Raises nothing."""
+    if snapshot.quotas is None:
+        return None
+    up = {n.id: n.gpus for n in snapshot.nodes if n.alive}
+    withheld_off = sum(len(p.gpus) for j in snapshot.withheld for p in j.placement if p.node not in up)
+    usage = QuotaUsage.of(snapshot.quotas, sum(up.values()) + withheld_off, (*snapshot.running, *snapshot.withheld))
+    usage.claim((j.project, j.gpus) for j in snapshot.pending if placeable(j))
+    return usage
+
+
 def most_lendable(quotas: Quotas, borrower: ProjectId, cluster_limit: int) -> int:
     """The most GPUs `borrower` could ever borrow, with every other tenant idle: their owned quota within their
     lend caps, plus the capacity nobody owns (QuotaUsage.lendable with nothing in use). Raises nothing."""
@@ -190,3 +208,128 @@ def hard_limit_problems(quotas: Quotas, project: ProjectId, user: str, gpus: int
         problems.append(f"asks for {gpus} GPUs, more than the user quota of {user} in tenant {project} "
                         f"({user_limit})")
     return problems
+
+
+class Steps:
+    """A monotone step function over a timeline's steps (0: now; k: after the k-th instant at which jobs end),
+    kept as the steps where it changes, so a value or a threshold is found by bisection."""
+
+    def __init__(self, value: int) -> None:
+        self.steps: list[int] = [0]
+        self.values: list[int] = [value]
+
+    def set(self, step: int, value: int) -> None:
+        if value == self.values[-1]:
+            return
+        if self.steps[-1] == step:
+            self.values[-1] = value
+        else:
+            self.steps.append(step)
+            self.values.append(value)
+
+    def at(self, step: int) -> int:
+        return self.values[bisect_right(self.steps, step) - 1]
+
+    def first_at_most(self, limit: int) -> int | None:
+        """First step from which a nonincreasing function is at most `limit` (None: never)."""
+        i = bisect_left(self.values, -limit, key=lambda v: -v)
+        return self.steps[i] if i < len(self.values) else None
+
+    def first_at_least(self, target: int) -> int | None:
+        """First step from which a nondecreasing function is at least `target` (None: never)."""
+        i = bisect_left(self.values, target)
+        return self.steps[i] if i < len(self.values) else None
+
+
+class QuotaTimeline:
+    """Q4/Q5 use of every tier as running jobs end, instant after instant: from when a waiting job passes
+    QuotaUsage.check.
+
+    Use only falls as jobs end, and each part of the check then passes more easily (owned, borrowed, user and
+    cluster use shrink; the idle quota others lend grows), so each part holds from some step on: the job passes
+    from the latest of them, the tenant part being the earlier of its owned and its borrowed way. Each quantity is
+    kept as a Steps, so one job's answer costs a few bisections, not a replay of every end.
+    """
+
+    def __init__(self, usage: QuotaUsage, ends: Sequence[Sequence[RunningJob]]) -> None:
+        """`usage`: as the cycle starts (it is used up); `ends`: the jobs ending at each instant, in time order."""
+        self.usage = usage
+        self.total, self.lent, self.lend_sum = Steps(usage.total), Steps(usage.lent), Steps(usage._lend_sum)
+        self.owned: dict[ProjectId, Steps] = {}
+        self.borrowed: dict[ProjectId, Steps] = {}
+        self.lends: dict[ProjectId, Steps] = {}
+        self.users: dict[str, Steps] = {}
+        self.tenant_users: dict[tuple[ProjectId, str], Steps] = {}
+        pool = [usage._lend_sum - usage.lent]
+        for step, jobs in enumerate(ends, start=1):
+            for job in jobs:
+                p, u = job.project, job.user
+                series: list[tuple[dict[Any, Steps], Any, dict[Any, int]]] = [
+                    (self.owned, p, usage.owned), (self.borrowed, p, usage.borrowed),
+                          (self.lends, p, usage._lends), (self.users, u, usage.users),
+                          (self.tenant_users, (p, u), usage.tenant_users)]
+                for kept, key, live in series:
+                    if key not in kept:
+                        kept[key] = Steps(live.get(key, 0))
+                usage.remove(p, u, job.gpus, job.borrowed)
+                for kept, key, live in series:
+                    kept[key].set(step, live.get(key, 0))
+            self.total.set(step, usage.total)
+            self.lent.set(step, usage.lent)
+            self.lend_sum.set(step, usage._lend_sum)
+            pool.append(usage._lend_sum - usage.lent)
+        self.last = len(ends)
+        # What every lender lends, less what is lent, step by step (it only grows): one bisection finds when a
+        # borrower whose own lending stays put may borrow enough.
+        self.pool = pool
+
+    def _of(self, kept: dict[Any, Steps], key: Any, live: dict[Any, int]) -> Steps:
+        # A key no end touched kept its value throughout.
+        return kept.get(key) or Steps(live.get(key, 0))
+
+    def first_step(self, project: ProjectId, user: str, gpus: int, *, may_borrow: bool = True) -> int | None:
+        """The first step from which QuotaUsage.check would let these GPUs in (None: no end does). Raises nothing."""
+        usage, quotas = self.usage, self.usage.quotas
+        parts: list[int | None] = []
+        if quotas.cluster_gpus is not None:
+            parts.append(self.total.first_at_most(usage.cluster_limit() - gpus))
+        if (limit := quotas.users.get(user)) is not None:
+            parts.append(self._of(self.users, user, usage.users).first_at_most(limit - gpus))
+        q = quotas.tenant(project)
+        if (limit := q.users.get(user)) is not None:
+            parts.append(self._of(self.tenant_users, (project, user), usage.tenant_users).first_at_most(limit - gpus))
+        own = self._of(self.owned, project, usage.owned).first_at_most(q.gpus - gpus)
+        borrow: int | None = None
+        if may_borrow:
+            capped = (0 if q.borrow_limit is None
+                      else self._of(self.borrowed, project, usage.borrowed).first_at_most(q.borrow_limit - gpus))
+            lendable = self._first_lendable(project, gpus)
+            borrow = None if capped is None or lendable is None else max(capped, lendable)
+        parts.append(own if borrow is None else borrow if own is None else min(own, borrow))
+        return None if any(p is None for p in parts) else max(p for p in parts if p is not None)
+
+    def _first_lendable(self, borrower: ProjectId, gpus: int) -> int | None:
+        """First step at which QuotaUsage.lendable(borrower) >= gpus. It only grows as jobs end: it is the pool
+        (every lender's lending less what is lent) less the borrower's own lending, plus unowned capacity. Within
+        a run of steps where the borrower's own lending stays put that is the pool alone, so the first run whose
+        last step suffices is found by bisection, and the step in it by another."""
+        own = self._of(self.lends, borrower, self.usage._lends)
+        unowned = max(0, self.usage.cluster_limit() - self.usage._owned_quota)
+        runs = len(own.steps)
+
+        def run_end(i: int) -> int:
+            return own.steps[i + 1] - 1 if i + 1 < runs else self.last
+
+        def enough(i: int, step: int) -> bool:
+            return self.pool[step] - own.values[i] + unowned >= gpus
+
+        if not enough(runs - 1, self.last):
+            return None
+        lo, hi = 0, runs - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if enough(mid, run_end(mid)):
+                hi = mid
+            else:
+                lo = mid + 1
+        return bisect_left(self.pool, gpus + own.values[lo] - unowned, lo=own.steps[lo], hi=run_end(lo) + 1)

@@ -11,6 +11,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 REQUIRE_PG = os.environ.get("JOBGATE_REQUIRE_PG") == "1"
+# CI sets this: there a missing OPA library fails the OPA tests instead of skipping them.
+REQUIRE_OPA = os.environ.get("JOBGATE_REQUIRE_OPA") == "1"
 
 
 def _docker_answers() -> bool:
@@ -41,6 +43,20 @@ def pg_server_url() -> Iterator[str]:
     if REQUIRE_PG:
         pytest.fail("JOBGATE_REQUIRE_PG=1 but neither JOBGATE_TEST_PG_URL nor a Docker engine is available")
     pytest.skip("no PostgreSQL: set JOBGATE_TEST_PG_URL or run a Docker engine")
+
+
+@pytest.fixture(scope="session")
+def opa_golib() -> None:
+    """OPA's evaluator as a library (opa-golib-python-bindings; `make venv` installs it with its pin). Tests of
+    the OPA engines ask for it: without it they skip, or fail where JOBGATE_REQUIRE_OPA=1."""
+    try:
+        import opa_bindings
+
+        opa_bindings.OpaEngine().close()  # loads the shared library
+    except (ImportError, OSError) as e:
+        if REQUIRE_OPA:
+            pytest.fail(f"JOBGATE_REQUIRE_OPA=1 but OPA's library does not load: {type(e).__name__}: {e}")
+        pytest.skip(f"no OPA library (make venv installs opa-golib-python-bindings): {e}")
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -120,8 +121,19 @@ def list_service_accounts(gw: Gateway, session: Session, caller: Caller) -> list
              "roles": gw.policy.roles_of(a.id), "created_at": a.created_at.isoformat()} for a in accounts]
 
 
+@dataclass(frozen=True)
+class Minted:
+    """A token just made: its row, its secret (shown once), and, when its lifetime was cut to the end of the
+    token that made it, that token's id and the expiry asked for."""
+
+    token: Token
+    issued: IssuedToken
+    capped_by: str | None = None
+    asked_expires_at: datetime | None = None
+
+
 def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id: str, purpose: str,
-                 projects: list[str], actions: list[str], expires_in_days: float) -> tuple[Token, IssuedToken]:
+                 projects: list[str], actions: list[str], expires_in_days: float) -> Minted:
     """Mint a token; the secret is returned once. Raises Invalid, Forbidden, NotFound."""
     principal = session.get(Principal, principal_id)
     if principal is None:
@@ -138,20 +150,32 @@ def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id:
     unknown = sorted(p for p in projects if p != "*" and session.get(Project, p) is None)
     if unknown:
         raise Invalid(f"unknown project(s): {', '.join(unknown)}")
+    # Refused rather than minted with a warning: such a token grants nothing today, yet it would start to act
+    # there, unseen, the day its holder is given a role in that project, a reach nobody decided to hand out.
+    roleless = sorted(p for p in projects if p != "*" and not gw.policy.capabilities(principal_id, p))
+    if roleless:
+        raise Invalid(f"{principal_id} holds no role in project(s) {', '.join(roleless)}: a token there would"
+                      " grant nothing now, and would start to act there unseen once a role were granted; ask for"
+                      " the role first (`jobgate role list` shows the bindings)", projects=roleless)
     refuse_unknown_actions(actions)
     now = gw.clock()
     lifetime = timedelta(days=expires_in_days)
-    if caller.token_expires_at is not None:
+    capped_by = None
+    if caller.token_expires_at is not None and caller.token_expires_at - now < lifetime:
         # Like its scope (above), a token's end binds what it mints: renewing itself, or handing a service account
-        # a 90-day token, a leaked token about to expire would last for ever.
-        lifetime = min(lifetime, caller.token_expires_at - now)
+        # a 90-day token, a leaked token about to expire would last for ever. Said in the answer and the ledger,
+        # so nobody takes the shorter life for the one asked.
+        lifetime = caller.token_expires_at - now
+        capped_by = caller.token_id
     issued = issue_token(session, principal_id, purpose=purpose, now=now, lifetime=lifetime, projects=projects,
                          actions=actions)
     token = session.get(Token, issued.id)
     assert token is not None
+    asked = now + timedelta(days=expires_in_days)
+    capped = {"lifetime_capped_by": capped_by, "asked_expires_at": asked.isoformat()} if capped_by else {}
     _ledger(gw, caller, "token.create", token_id=issued.id, principal=principal_id, purpose=purpose,
-            projects=projects, actions=actions, expires_at=issued.expires_at.isoformat())
-    return token, issued
+            projects=projects, actions=actions, expires_at=issued.expires_at.isoformat(), **capped)
+    return Minted(token, issued, capped_by, asked if capped_by else None)
 
 
 def _check_within_caller_scope(caller: Caller, projects: list[str], actions: list[str]) -> None:

@@ -36,16 +36,21 @@ def list_approvals(
     """Newest first: the requests you made, and those you are an eligible second person for (named, owner of
     a target, or holding an approving role in the affected projects). Auditors see all of them."""
     with ctx.gw.transaction(immediate=False) as session:
-        found = approvals.visible_to(ctx.gw, session, ctx.caller(session), state)
-        return {"approvals": [approvals.to_json(a) for a in found]}
+        caller = ctx.caller(session)
+        found = approvals.visible_to(ctx.gw, session, caller, state)
+        return {"approvals": approvals.with_summaries(ctx.gw, session, caller, found)}
 
 
 @router.get("/{approval_id}", summary="One approval request: exact targets, blast radius, reason, expiry")
 def show_approval(approval_id: ApprovalId, ctx: Ctx) -> dict[str, Any]:
     """What exactly would be done and why: action, sorted target ids, parameters, reason, the digest they are
-    bound to, the approvals so far and those still required, and when the request expires."""
+    bound to, the approvals so far and those still required, and when the request expires. `summary` says it
+    in words: the action, every parameter before → after (before: its value when the request was made, and
+    what it is now where that differs), the targets you may see, blast radius, and who must still approve."""
     with ctx.gw.transaction(immediate=False) as session:
-        return approvals.to_json(approvals.visible_one(ctx.gw, session, ctx.caller(session), approval_id))
+        caller = ctx.caller(session)
+        found = approvals.visible_one(ctx.gw, session, caller, approval_id)
+        return approvals.with_summaries(ctx.gw, session, caller, [found])[0]
 
 
 @router.post("/{approval_id}/approve", summary="Approve as the second person; executes once enough approvals exist")

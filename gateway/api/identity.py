@@ -25,8 +25,9 @@ class TokenCreate(BaseModel):
     actions: list[Name] = Field(
         min_length=1, max_length=100, description="Actions it may request, e.g. job.submit, job.stop; '*' for all."
     )
-    expires_in_days: float = Field(gt=0, description="Mandatory expiry; service tokens at most 90 days. A token you"
-                                   " make for yourself ends no later than the one you make it with.")
+    expires_in_days: float = Field(gt=0, description="Mandatory expiry; service tokens at most 90 days. A token"
+                                   " ends no later than the one it is made with; the answer's `lifetime_capped`"
+                                   " says when that cut it short.")
 
 
 class RevokeBody(BaseModel):
@@ -50,14 +51,20 @@ class ServiceAccountCreate(BaseModel):
 def create_token(body: TokenCreate, ctx: Ctx) -> dict[str, Any]:
     """For yourself, or for a service account you answer for. The secret (`token`) is in this answer only;
     the gateway keeps its hash. Service tokens expire within 90 days (configurable); service accounts never
-    mint tokens. A token mints only within its own actions and projects (403 otherwise), one for yourself ends
-    no later than the token that made it, and a break-glass credential mints none."""
+    mint tokens. A token mints only within its own actions and projects (403 otherwise), and only for projects
+    where its holder holds a role (422 otherwise); it ends no later than the token that made it (then
+    `lifetime_capped` names that token and the expiry asked for; otherwise it is null), and a break-glass
+    credential mints none."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
-        token, issued = accounts.create_token(
+        made = accounts.create_token(
             ctx.gw, session, caller, principal_id=body.principal or caller.id, purpose=body.purpose,
             projects=body.projects, actions=body.actions, expires_in_days=body.expires_in_days)
-        return {**accounts.token_json(token), "token": issued.secret}
+        capped = None
+        if made.capped_by is not None and made.asked_expires_at is not None:
+            capped = {"by_token": made.capped_by, "asked_expires_at": made.asked_expires_at.isoformat(),
+                      "reason": f"a token ends no later than the token that made it; {made.capped_by} expires then"}
+        return {**accounts.token_json(made.token), "token": made.issued.secret, "lifetime_capped": capped}
 
 
 @router.get("/v1/tokens", summary="Tokens you manage (yours and your service accounts')")

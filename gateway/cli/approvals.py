@@ -91,12 +91,22 @@ def what(a: dict[str, Any]) -> str:
     return f"{a['action']} {shown}".strip()
 
 
+def _clipped(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def what_cell(a: dict[str, Any]) -> str:
+    """What a list row's request does, in words (`priority 520 -> 900`, `stop 1 job`), from the gateway's
+    summary; `-` from a gateway that sends none."""
+    summary = a.get("summary")
+    return _clipped(_text(summary.get("short"))) if isinstance(summary, dict) and summary.get("short") else "-"
+
+
 def targets_cell(a: dict[str, Any]) -> str:
     """`j-1, j-2 +3 more` for a list row; a request without targets says what it would do instead."""
     ids = a["targets"]
     if not ids:
-        text = what(a)
-        return text if len(text) <= 60 else text[:57] + "..."
+        return _clipped(what(a))
     more = len(ids) - LIST_TARGETS
     return ", ".join(ids[:LIST_TARGETS]) + (f" +{more} more" if more > 0 else "")
 
@@ -109,10 +119,22 @@ def _still_required(required: dict[str, Any]) -> str:
     return f"{count} approval(s)" + (f", from {who}" if who else "")
 
 
+def _said(a: dict[str, Any]) -> list[str]:
+    """The gateway's summary in words (approval_summary): the action and every parameter before -> after. Free text
+    in it (a job name, a reason) is escaped as everywhere else, so it cannot draw lines of its own."""
+    summary = a.get("summary")
+    if not isinstance(summary, dict):
+        return []  # a gateway from before summaries: the fields below still say everything
+    out = [f"  what: {_text(summary.get('what'))}"]
+    out += [f"    {_text(c.get('text'))}" for c in summary.get("changes") or [] if isinstance(c, dict)]
+    return out
+
+
 def describe(a: dict[str, Any]) -> str:
     """Every field of one request, for `approvals show`: what the second person confirms (M2)."""
     lines = [
         f"{a['id']}  {a['action']}  [{a['state']}]",
+        *_said(a),
         f"  requested by {a['requester']}" + (f" (for {a['requester_real']})"
                                               if a["requester_real"] != a["requester"] else "")
         + f" at {a['created_at']}; decision recorded at ledger seq {a['decision_seq']}",
@@ -132,8 +154,10 @@ def describe(a: dict[str, Any]) -> str:
     given = [f"{x['by']}" + (f" at {x['at']}" if x.get("at") else "")
              + (f" ({_text(x['comment'])})" if x.get("comment") else "") for x in a["approvals"]]
     lines.append(f"  approvals so far: {'; '.join(given) or 'none'}")
+    summary = a["summary"] if isinstance(a.get("summary"), dict) else {}
     if a["state"] == "pending":
-        lines.append(f"  still required: {_still_required(a.get('required') or {})}")
+        lines.append(f"  still needed: {_text(summary['still_needed'])}" if summary.get("still_needed")
+                     else f"  still required: {_still_required(a.get('required') or {})}")
         lines.append(f"  expires {a['expires_at']}")
     else:
         lines.append(f"  {a['state']} at {a.get('resolved_at') or '-'}"
@@ -162,9 +186,9 @@ def list_approvals(client: Client, state: str, as_json: bool) -> None:
     if as_json:
         emit_json(found)
         return
-    rows = [{**a, "targets": targets_cell(a), "reason": _text(a["reason"])} for a in found]
-    click.echo(table(rows, [("id", "id"), ("action", "action"), ("requester", "requester"), ("targets", "targets"),
-                            ("reason", "reason"), ("expires_at", "expires")]))
+    rows = [{**a, "what": what_cell(a), "targets": targets_cell(a), "reason": _text(a["reason"])} for a in found]
+    click.echo(table(rows, [("id", "id"), ("action", "action"), ("what", "what"), ("requester", "requester"),
+                            ("targets", "targets"), ("reason", "reason"), ("expires_at", "expires")]))
 
 
 @approvals_group.command("show")
@@ -172,8 +196,8 @@ def list_approvals(client: Client, state: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def show_approval(client: Client, approval_id: str, as_json: bool) -> None:
-    """Everything APPROVAL_ID would do: action, every target id, parameters, reason, blast radius, the digest
-    an approval is bound to, who approved so far, who still must, and when it expires."""
+    """Everything APPROVAL_ID would do: action and every parameter before -> after, every target id, reason,
+    blast radius, the digest an approval is bound to, who approved so far, who still must, and when it expires."""
     found = client.request("GET", "approvals", approval_id)
     if as_json:
         emit_json(found)

@@ -18,7 +18,8 @@ def token_group() -> None:
 @click.option("--project", "projects", multiple=True, required=True, help="Project it may act in; repeatable.")
 @click.option("--action", "actions", multiple=True, default=["*"], show_default=True,
               help="Action it may request (job.submit, job.stop, ...); repeatable.")
-@click.option("--days", type=float, required=True, help="Lifetime in days (service tokens at most 90).")
+@click.option("--days", type=float, required=True,
+              help="Lifetime in days (service tokens at most 90); never past the end of the token you use.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def create(client: Client, principal: str | None, purpose: str, projects: tuple[str, ...], actions: tuple[str, ...],
@@ -32,6 +33,11 @@ def create(client: Client, principal: str | None, purpose: str, projects: tuple[
         emit_json(result)
         return
     click.echo(f"token {result['id']} for {result['principal']}, expires {result['expires_at']}")
+    capped = result.get("lifetime_capped")
+    if capped:
+        click.echo(f"note: its lifetime was cut to that end (asked: --days {days:g}, until"
+                   f" {capped['asked_expires_at']}): a token ends no later than the token that made it, and"
+                   f" {capped['by_token']} expires then")
     click.echo("secret (shown once, store it now):")
     click.echo(result["token"])
 

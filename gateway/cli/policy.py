@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -155,10 +156,12 @@ def test_cmd(directory: Path | None, as_json: bool, failures_only: bool) -> None
               help="JSON: a decision input (as recorded in a ledger entry's body.input), a whole ledger entry "
                    "(`jobgate audit show SEQ --json` > FILE), or a compact table case input.")
 @click.option("--bindings", "bindings_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Role bindings, `g, principal, role, project` per line (default: the policy tests' fixture,"
-                   " DIR/tests/bindings.csv).")
+              help="Role bindings, `g, principal, role, project` per line (e.g. DIR/tests/bindings.csv, the"
+                   " policy tests' fixture).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Use a gateway's current role bindings, read from DATA_DIR/jobgate.db.")
+              help="Use a gateway's current role bindings, read from DATA_DIR/jobgate.db. Default: those of"
+                   " JOBGATE_DATABASE_URL if set, else of JOBGATE_DATA_DIR (var) if it holds a business DB, else"
+                   " the policy tests' fixture; the first line says which.")
 @click.option("--database-url", help="Use the current role bindings of this business DB.")
 @click.option("--policies", "directory", type=click.Path(file_okay=False, path_type=Path),
               help="Policy directory (default: the repository's policies/).")
@@ -167,8 +170,9 @@ def explain_cmd(input_file: Path, bindings_file: Path | None, data_dir: Path | N
                 directory: Path | None, as_json: bool) -> None:
     """Decide one request and show every rule that fired, why, and where it is written.
 
-    Given a decision's ledger entry, it also shows the decision recorded then, and says so when today's answer
-    differs: other role bindings (the default is the tests' fixture; --data-dir reads a gateway's) or another
+    The role bindings are by default those of the gateway beside it (JOBGATE_DATABASE_URL, or the business DB
+    in JOBGATE_DATA_DIR, default var), and the first line names them. Given a decision's ledger entry, it also
+    shows the decision recorded then, and says so when today's answer differs: other role bindings or another
     policy set."""
     from gateway.decisions.policy.explain import explain, render
     from gateway.decisions.policy.testing import BINDINGS_FILE, expand_input
@@ -202,14 +206,22 @@ def explain_cmd(input_file: Path, bindings_file: Path | None, data_dir: Path | N
         if not (data_dir / "jobgate.db").is_file():
             fail(f"no business database at {data_dir / 'jobgate.db'} (is {data_dir} a gateway's data dir?)")
         database_url = f"sqlite:///{data_dir.resolve() / 'jobgate.db'}"
+    why_fixture = ""
+    if bindings_file is None and database_url is None:
+        database_url, why_fixture = _gateway_beside()
     if database_url is not None:
+        from gateway.cli.up import _without_password
+
         bindings = _current_bindings(database_url)
-        source = f"current bindings of {database_url}"
+        source = f"current bindings of {_without_password(database_url)} ({len(bindings)} bindings)"
+    elif bindings_file is not None:
+        bindings = _bindings_file(bindings_file)
+        source = f"{bindings_file} ({len(bindings)} bindings)"
     else:
-        bindings_path = bindings_file or path / "tests" / BINDINGS_FILE
-        bindings = _bindings_file(bindings_path)
-        source = str(bindings_path) + ("" if bindings_file else " (the policy tests' fixture, not a gateway's:"
-                                       " --data-dir or --database-url reads a gateway's)")
+        fixture = path / "tests" / BINDINGS_FILE
+        bindings = _bindings_file(fixture)
+        source = (f"{fixture} (the policy tests' fixture, not a gateway's: {why_fixture}; --data-dir or"
+                  " --database-url reads a gateway's)")
     try:
         engine = EmbeddedEngine(load_policy_set(path), bindings)
         result = explain(engine, doc)
@@ -222,8 +234,9 @@ def explain_cmd(input_file: Path, bindings_file: Path | None, data_dir: Path | N
     if as_json:
         emit_json({**result, "bindings": source, **({"recorded": recorded, "differs": differs} if recorded else {})})
         return
-    click.echo(render(result))
+    # First: a decision read under other bindings than the reader assumed would mislead from its first word.
     click.echo(f"bindings: {source}")
+    click.echo(render(result))
     if recorded is not None:
         then = "recorded then (the policy's answer, before the break-glass override)" if overridden else "recorded then"
         click.echo(f"{then}: {str(recorded.get('effect')).upper()} ({', '.join(recorded.get('rules') or [])})"
@@ -239,6 +252,19 @@ def _parse_since(value: str | None) -> datetime | None:
     except ValueError:
         fail(f"--since {value!r} is not an ISO date or date-time (e.g. 2026-11-29 or 2026-11-29T10:00:00Z)")
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _gateway_beside() -> tuple[str | None, str]:
+    """The business DB a gateway started here would use (JOBGATE_DATABASE_URL, else jobgate.db in
+    JOBGATE_DATA_DIR, default var), if there is one; else None and why not, in words."""
+    url = os.environ.get("JOBGATE_DATABASE_URL")
+    if url:
+        return url, ""
+    data_dir = Path(os.environ.get("JOBGATE_DATA_DIR") or "var")
+    db_file = data_dir.resolve() / "jobgate.db"
+    if db_file.is_file():
+        return f"sqlite:///{db_file}", ""
+    return None, f"no gateway data dir here ({db_file} does not exist)"
 
 
 def _current_bindings(database_url: str) -> list[RoleBinding]:

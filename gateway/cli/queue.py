@@ -31,7 +31,8 @@ def describe_why(q: dict[str, Any]) -> str:
         label = "waiting because" if q["state"] == "pending" else "state reason"
         lines.append(f"  {label}: {q['blocking_reason']}")
     if q["state"] == "pending":
-        est = q["estimated_start"] or "unknown (held back by a quota, no fitting nodes, or no runtime limits ahead)"
+        est = q["estimated_start"] or ("unknown (the GPUs it needs are withheld or on degraded nodes, or no running"
+                                       " job's end makes room for it under its quota)")
         lines.append(f"  estimated start: {est}" + (f" (as of {q['estimated_at']})" if q["estimated_at"] else ""))
     if q.get("quota"):
         lines.append(f"  {'running' if q['state'] in ('starting', 'running') else 'ran'} on {q['quota']} quota")

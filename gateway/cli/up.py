@@ -205,8 +205,9 @@ def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True) -> 
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
 @click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Where the business DB, the ledger and the keys are kept.")
-@click.option("--policy-engine", type=click.Choice(["embedded", "opa"]), envvar="JOBGATE_POLICY_ENGINE",
-              default="embedded", show_default=True, help="Decide with embedded Rego or an OPA server.")
+@click.option("--policy-engine", type=click.Choice(["embedded", "opa", "opa-inprocess"]),
+              envvar="JOBGATE_POLICY_ENGINE", default="embedded", show_default=True,
+              help="Decide with embedded Rego, an OPA server, or OPA's evaluator in-process.")
 @click.option("--opa-url", envvar="JOBGATE_OPA_URL", help="OPA server URL (with --policy-engine opa).")
 def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa_url: str | None) -> None:
     """Start the gateway on the embedded default (SQLite business DB, separate SQLite ledger, embedded Rego)."""
@@ -271,7 +272,7 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
 @click.option("--data-dir", default="var", show_default=True, type=click.Path(file_okay=False, path_type=Path),
               help="Data dir of `jobgate up --demo` (holds demo-tokens.json).")
 def demo_token(name: str, data_dir: Path) -> None:
-    """Print the demo token of NAME (alice, bob, carol, dave, erin, sam, audrey, mallory, ci-bot)."""
+    """Print the demo token of NAME (alice, bob, carol, dave, erin, frank, sam, audrey, mallory, ci-bot)."""
     import json
 
     path = data_dir / "demo-tokens.json"

@@ -207,22 +207,26 @@ def approvals_inbox(request: Request, state: str = "pending") -> Response:
     with view.gw.transaction() as session:
         caller = view.caller(session)
         found = approvals.visible_to(view.gw, session, caller, None if state == "all" else state)
-        items = [_approval_view(view.gw, session, caller, a) for a in found]
+        items = _approval_views(view.gw, session, caller, found)
     return view.render("approvals.html", items=items, state=state)
 
 
-def _approval_view(gw: Gateway, session: Any, caller: Any, a: Approval) -> dict[str, Any]:
+def _approval_views(gw: Gateway, session: Any, caller: Any, found: list[Approval]) -> list[dict[str, Any]]:
+    """Each request as the page shows it, with its summary in words (the same as the API's and the CLI's)."""
+    return [_approval_view(gw, session, caller, a, shown)
+            for a, shown in zip(found, approvals.with_summaries(gw, session, caller, found), strict=True)]
+
+
+def _approval_view(gw: Gateway, session: Any, caller: Any, a: Approval,
+                   shown: dict[str, Any]) -> dict[str, Any]:
     targets = list(session.scalars(select(Job).where(Job.id.in_(a.target_ids)).order_by(Job.id)).all())
     mine = caller.real_identity == a.requester_real
-    radius = {"jobs": len(targets), "gpus": sum(j.gpus_per_node * j.nodes for j in targets),
-              "projects": sorted({j.project for j in targets}), "owners": sorted({j.owner for j in targets})}
     # An approval can span projects (a cross-project batch, asked of each target's owner): the details of a
     # target are for those who may view its job (A1), as GET /v1/jobs/{id} decides; the others get its id
     # and project, what GET /v1/approvals/{id} gives them too.
     visible = jobs.visible_projects(gw, session, caller, sorted({j.project for j in targets}))
-    return {"a": approvals.to_json(a), "targets": [j for j in targets if j.project in visible],
+    return {"a": shown, "s": shown["summary"], "targets": [j for j in targets if j.project in visible],
             "hidden": [(j.id, j.project) for j in targets if j.project not in visible], "mine": mine,
-            "radius": radius,
             "can_approve": a.state == "pending" and not mine and approvals.may_approve(gw, session, caller, a)}
 
 
@@ -235,7 +239,7 @@ def approval_page(request: Request, approval_id: str) -> Response:
         found = [a for a in approvals.visible_to(view.gw, session, caller, None) if a.id == approval_id]
         if not found:
             raise Forbidden(f"no approval request {approval_id!r} visible to {caller.id}")
-        item = _approval_view(view.gw, session, caller, found[0])
+        (item,) = _approval_views(view.gw, session, caller, found)
     return view.render("approvals.html", items=[item], state=item["a"]["state"], single=True)
 
 

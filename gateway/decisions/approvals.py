@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from gateway.decisions import approval_facts, approval_summary
 from gateway.decisions.deps import Decider
 from gateway.decisions.notifications import notify
 from gateway.decisions.pipeline import Recorded, decide, ledger_batch, record, record_outcome
@@ -95,10 +96,15 @@ def open_request(
                                    "result": "approval_requested", "approval_id": approval.id,
                                    "digest": approval.digest, "targets": ids,
                                    "expires_at": approval.expires_at.isoformat()})
-    for principal in _people_to_tell(session, approval):
+    asked = approval_facts.capture(gw, session, approval)
+    request = to_json(approval)
+    for principal in sorted(_people_to_tell(session, approval)):
+        # What they are asked to confirm, in words, as far as they may see it (M2, A1).
+        told = approval_facts.for_notice(gw, session, approval, request, asked, principal)
         notify(session, principal, "approval_requested",
                {"approval_id": approval.id, "action": action, "targets": ids, "requester": caller.id,
-                "reason": reason, "expires_at": approval.expires_at.isoformat()}, now)
+                "reason": reason, "expires_at": approval.expires_at.isoformat(), "what": told["what"],
+                "still_needed": told["still_needed"], "summary": approval_summary.sentence(told)}, now)
     return approval
 
 
@@ -437,6 +443,14 @@ def to_json(approval: Approval) -> dict[str, Any]:
         "resolved_by": approval.resolved_by,
         "resolution": approval.resolution,
     }
+
+
+def with_summaries(gw: Decider, session: Session, viewer: Caller, items: Sequence[Approval]) -> list[dict[str, Any]]:
+    """to_json of each request with its `summary` for this viewer (gateway/decisions/approval_summary.py): the action,
+    every parameter before → after, targets, blast radius and who must still approve, in words."""
+    requests = [to_json(a) for a in items]
+    return [{**r, "summary": s} for r, s in zip(requests, approval_facts.summaries(gw, session, viewer, items,
+                                                                                  requests), strict=True)]
 
 
 def figures(session: Session, now: datetime) -> Iterator[Metric]:

@@ -1,6 +1,6 @@
 """What the policy and the ledger are told about a decision's targets: each job's four ownerships and flags (R2,
 R3), and the facts only some actions need: priorities for a priority change (A2), failed gang members for the
-system's stop (Q6), the emergency holds a job falls under (C2).
+system's stop (Q6), the emergency holds a job falls under (C2), and the recovery window a deletion is given (A6).
 
 Every read here is of the store: the rooms above decide with these facts, and jobs/ reuses the priority standing
 and the holds for its own answers.
@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gateway.decisions.deps import Decider
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from gateway.store.models import Allocation, Job
 from gateway.store.scheduler_tables import SchedJob
@@ -127,3 +128,14 @@ def add_hold_facts(session: Session, facts: Sequence[dict[str, Any]], targets: S
     for f, job in zip(facts, targets, strict=True):
         if holds := holds_on(session, workload=job.workload, environment=job.environment, labels=job.labels):
             f["emergency_holds"] = holds
+
+
+DEFAULT_RECOVERY_WINDOW_DAYS = 7
+
+
+def recovery_window(gw: Decider) -> timedelta:
+    """How long a deleted job can be undeleted before its files are purged (A6), from the active policy set
+    (`deletion.recovery_window_days`, checked at load by gateway/decisions/policy/loader.py). A deletion keeps the
+    window it was given: a reload changes only the deletions after it."""
+    days = gw.policy_set.data.get("deletion", {}).get("recovery_window_days", DEFAULT_RECOVERY_WINDOW_DAYS)
+    return timedelta(days=int(days))

@@ -258,3 +258,12 @@ def record(gw: Decider, session: Session | None, kind: str, body: Mapping[str, A
         return seq
     batch.append((kind, dict(body), dict(blobs or {})))
     return -1
+
+
+def visible_projects(gw: Decider, session: Session, caller: Caller, projects: Sequence[str]) -> set[str]:
+    """Projects whose jobs the caller may view (A1), decided by the same policy as everything else."""
+    allowed = set()
+    for p in projects:
+        if decide(gw, session, caller, "job.view", project=p, record=False).decision.effect == "allow":
+            allowed.add(p)
+    return allowed

@@ -1,6 +1,7 @@
-"""Tables of the services above the store: approval requests (M2), break-glass grants (F2), notices to people
-(A4 receipts) and the reconciliation watermark (DESIGN step 7). They lived beside their services, which made the
-schema import the services; the services now import them from here."""
+"""Tables of the services above the store: approval requests (M2) and what their targets were when asked,
+break-glass grants (F2), notices to people (A4 receipts) and the reconciliation watermark (DESIGN step 7). They
+lived beside their services, which made the schema import the services; the services now import them from
+here."""
 
 from __future__ import annotations
 
@@ -78,3 +79,12 @@ class ReconcileMark(Base):
     __tablename__ = "ledger_reconcile_mark"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     next_seq: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class ApprovalSnapshot(Base):
+    """What an approval request's targets and settings were when it was made (its summary's "before")."""
+
+    __tablename__ = "approval_snapshots"
+    approval_id: Mapped[str] = mapped_column(String(32), ForeignKey("approvals.id"), primary_key=True)
+    taken_at: Mapped[datetime]
+    facts: Mapped[dict[str, Any]] = mapped_column(JSON)

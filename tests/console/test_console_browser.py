@@ -116,6 +116,9 @@ def test_console_researcher_approver_auditor(demo_system: System, tmp_path: Path
         card = page.locator(f"section[id='{approval_id}']")
         text = card.inner_text()
         assert ci_job in text and "dave" in text and "runaway evaluation" in text and "expires" in text.lower()
+        # What she approves, in words: the job's state before → after with its grace, and who is still needed.
+        assert f"job {ci_job} (nightly-eval, owner alice): running → stopped; SIGTERM, then 30 s" in text, text
+        assert "one more: " in card.locator(".still-needed").inner_text() and '"count"' not in text
         page.screenshot(path=str(shots / "2-carol-inbox.png"), full_page=True)
         card.locator("input[name=comment]").fill("agreed, stop it")
         card.locator("button[name=approve]").click()

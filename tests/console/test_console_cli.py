@@ -128,3 +128,21 @@ def test_policy_show(served: tuple[Console, str]) -> None:
     assert data["policy_hash"] and data["history"]
     code, out = run(url, con, "sam", "policy", "show")
     assert code == 0 and data["policy_hash"] in out
+
+
+def test_approvals_list_and_show_say_what_is_approved(served: tuple[Console, str]) -> None:
+    """The CLI prints the gateway's summary: the action with before → after, and who must still approve."""
+    con, url = served
+    job = submit(con)
+    approval_id = con.api("POST", f"/v1/jobs/{job}/priority", "carol",
+                          json={"priority": 900, "reason": "release blocker"}).json()["approval_id"]
+    code, out = run(url, con, "alice", "approvals", "show", approval_id)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert f"  what: set the priority of job {job} from 520 to 900" in lines, out
+    assert f"    job {job} (train, owner alice): priority 520 → 900" in lines, out
+    assert "  still needed: one more: alice, or a queue admin or on-call in vision (not carol, who asked)" in lines
+    code, out = run(url, con, "alice", "approvals", "list")
+    assert code == 0, out
+    (row,) = [line for line in out.splitlines() if line.startswith(approval_id)]
+    assert "  priority 520 → 900  " in row, out

@@ -99,3 +99,20 @@ def test_researcher_sets_priority_pauses_and_resumes_from_her_pages(console: Con
     bob, _ = console.sign_in("bob")
     _, forms = links_and_forms(bob.get(f"/ui/jobs/{job}").text)
     assert [f.action for f in forms if f.action.startswith("/ui/jobs/")] == []
+
+
+def test_the_second_person_sees_the_value_they_are_asked_to_approve(console: Console) -> None:
+    """Issue 30: carol asks to set alice's job to 900; alice's inbox and the request's page showed no 900, and who
+    must still approve as JSON. Both now say what changes, from what to what, and who is still needed, in words."""
+    job = submit(console)
+    asked = console.api("POST", f"/v1/jobs/{job}/priority", "carol",
+                        json={"priority": 900, "reason": "release blocker"})
+    assert asked.status_code == 202, asked.text
+    approval_id = asked.json()["approval_id"]
+    alice, _ = console.sign_in("alice")
+    for page in (alice.get("/ui/approvals").text, alice.get(f"/ui/approvals/{approval_id}").text):
+        card = page[page.index(f'id="{approval_id}"'):]
+        assert f"set the priority of job {job} from 520 to 900" in card
+        assert f"job {job} (train, owner alice): priority 520 → 900" in card
+        assert "one more: alice, or a queue admin or on-call in vision (not carol, who asked)" in card
+        assert "&#34;count&#34;" not in card and '"count"' not in card  # no JSON where a sentence belongs

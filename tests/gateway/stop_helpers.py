@@ -52,6 +52,16 @@ def stopped_evidence(*, gone: bool = True, outcome: str = "graceful", checkpoint
             "checkpoints": checkpoints or [], "artifacts": checkpoints or [], "log_tail": []}
 
 
+CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]
+
+
+def finish_stop(agent: FakeAgent, job_id: str) -> None:
+    """The agent takes the job's stop command and reports it stopped gracefully, with checkpoint CKPT."""
+    (stop,) = [c for c in agent.take() if c["kind"] == "stop" and c["job_id"] == job_id]
+    agent.report(job_id, "stopping", stop["nonce"])
+    agent.report(job_id, "stopped", stop["nonce"], evidence=stopped_evidence(checkpoints=CKPT))
+
+
 def shift_clock(api: Api, seconds: float) -> None:
     """Move the gateway's clock forward (never backward) by `seconds`."""
     gw = api.gateway

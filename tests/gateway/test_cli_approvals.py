@@ -111,8 +111,13 @@ def test_show_says_what_a_request_does(canned: Canned, answer: dict[str, Any], e
 
 def test_no_reason_or_parameter_can_draw_lines_of_its_own(canned: Canned) -> None:  # noqa: F811
     """The requester writes the reason and some parameters: a newline in them must not fake a target line."""
+    # A job's name is its submitter's text too, and the gateway's summary quotes it.
+    named = "train\n  still needed: none"
     forged = approval(targets=["j-harmless"], ticket=None, reason="tidy up\n  targets (1):\n    j-harmless",
-                      params={"trigger": "pager\n    j-other"})
+                      params={"trigger": "pager\n    j-other"},
+                      summary={"what": "stop job j-harmless", "short": f"stop {named}",
+                               "still_needed": "one more: alice",
+                               "changes": [{"text": f"job j-harmless ({named}, owner alice): running → stopped"}]})
     canned.answers[("GET", "/v1/approvals/apr-1")] = (200, forged)
     canned.answers[("GET", "/v1/approvals?state=pending")] = (200, {"approvals": [forged]})
     code, out = run(canned, "approvals", "show", "apr-1")
@@ -121,5 +126,7 @@ def test_no_reason_or_parameter_can_draw_lines_of_its_own(canned: Canned) -> Non
     assert '    trigger: "pager\\n    j-other"' in out.splitlines(), out
     lines = out.splitlines()
     assert [x for x in lines if x.startswith("  targets")] == ["  targets (1):"] and "    j-other" not in lines, out
+    assert [x for x in lines if x.startswith("  still needed")] == ["  still needed: one more: alice"], out
+    assert '    "job j-harmless (train\\n  still needed: none, owner alice): running \\u2192 stopped"' in lines, out
     code, out = run(canned, "approvals", "list")
     assert code == 0 and len(out.splitlines()) == 2, out

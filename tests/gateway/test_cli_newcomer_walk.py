@@ -101,6 +101,33 @@ def test_a_stop_of_anothers_job_says_who_may_confirm(api: Api, url: str) -> None
     assert "cluster-wide) runs `jobgate approve apr-" in out, out
 
 
+@SQLITE
+def test_a_quota_change_is_approved_by_the_demos_second_platform_admin(api: Api, url: str) -> None:  # noqa: F811
+    """A7 needs a second platform admin, and the demo had one (erin): no quota change could ever be approved."""
+    code, out = jobgate(url, api, "erin", "quota", "set", "vision", "--gpus", "16", "--reason", "vision deadline week")
+    assert code == 0 and "needs a second platform admin: approval apr-" in out, out
+    approval = out.rsplit("approval ", 1)[1].split()[0]
+    code, out = jobgate(url, api, "frank", "approve", approval)
+    assert code == 0 and "[executed]" in out, out
+    quotas = api.get("/v1/quotas", "frank").json()["quotas"]
+    assert [q["gpus"] for q in quotas if q["project"] == "vision"] == [16], quotas
+
+
+@SQLITE
+def test_a_token_cut_to_the_end_of_the_one_that_made_it_says_so(api: Api, url: str) -> None:  # noqa: F811
+    """The README's `token create --for sweep-bot ... --days 30`, run with a demo token (itself 30 days, made
+    earlier), printed an expiry a little short of the 30 days asked for, and nothing said why."""
+    code, out = jobgate(url, api, "alice", "token", "create", "--for", "ci-bot", "--project", "vision",
+                        "--action", "job.submit", "--purpose", "lr sweep", "--days", "30")
+    assert code == 0, out
+    note = next(line for line in out.splitlines() if line.startswith("note: "))
+    assert "its lifetime was cut to that end (asked: --days 30, until " in note, out
+    assert "a token ends no later than the token that made it, and tok-" in note and note.endswith(" expires then")
+    code, out = jobgate(url, api, "alice", "token", "create", "--project", "vision", "--purpose", "a day",
+                        "--days", "1")
+    assert code == 0 and "note: " not in out, out
+
+
 def test_a_skipped_target_reads_as_words() -> None:
     a = {
         "id": "apr-1",

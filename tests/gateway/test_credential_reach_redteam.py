@@ -89,7 +89,7 @@ def test_a_service_account_cannot_acknowledge_its_persons_receipts(api: Api) -> 
 
 
 def test_a_narrowed_token_cannot_create_a_service_account_for_another_project(api: Api) -> None:
-    narrow = mint(api, "alice", projects=["speech"], actions=["job.view"])
+    narrow = mint(api, "alice", projects=["vision"], actions=["job.view"])
     r = api.client.post("/v1/service-accounts", headers=narrow,
                         json={"name": "sneaky-bot", "project": "vision", "description": "made with a view token"})
     assert_problem(r, 403, "forbidden", "job.submit is outside it")
@@ -105,6 +105,21 @@ def test_a_token_mints_none_that_outlives_it_for_a_service_account_either(api: A
     assert r.status_code == 201, r.text
     expires = datetime.fromisoformat(r.json()["expires_at"])
     assert expires <= api.gateway.clock() + timedelta(hours=1)
+    # Said, not silent: the answer and the ledger name the token whose end cut it short, and what was asked.
+    capped = r.json()["lifetime_capped"]
+    minted_with = next(e for e in ledger_entries(api) if e["kind"] == "identity"
+                       and e["body"]["action"] == "token.create" and e["body"]["purpose"] == "narrowed")
+    assert capped["by_token"] == minted_with["body"]["token_id"], capped
+    assert "ends no later than the token that made it" in capped["reason"], capped
+    asked = datetime.fromisoformat(capped["asked_expires_at"])
+    assert asked - expires > timedelta(days=89), capped
+    [entry] = [e["body"] for e in ledger_entries(api) if e["kind"] == "identity"
+               and e["body"]["action"] == "token.create" and e["body"]["purpose"] == "nightly runs"]
+    assert entry["lifetime_capped_by"] == capped["by_token"] and entry["asked_expires_at"] == capped["asked_expires_at"]
+    r = api.client.post("/v1/tokens", headers=hour, json={"principal": "ci-bot", "purpose": "a short one",
+                                                          "projects": ["vision"], "actions": ["job.submit"],
+                                                          "expires_in_days": 1 / 48})
+    assert r.status_code == 201 and r.json()["lifetime_capped"] is None, r.text
 
 
 def test_a_trigger_header_too_long_or_unprintable_is_refused_before_anything_is_decided(api: Api) -> None:
@@ -206,7 +221,7 @@ def test_listing_jobs_with_a_token_that_may_not_view_them_is_refused_not_an_empt
     submit_only = mint(api, "alice", projects=["vision"], actions=["job.submit"])
     r = api.client.get("/v1/jobs", headers=submit_only)
     assert_problem(r, 403, "forbidden", "job.view is outside it")
-    speech_only = mint(api, "alice", projects=["speech"], actions=["job.view"])
+    speech_only = mint(api, "mallory", projects=["speech"], actions=["job.view"])
     assert_problem(api.client.get("/v1/jobs", headers=speech_only, params={"project": "vision"}), 403, "forbidden",
                    "vision is outside it")
     assert api.client.get("/v1/jobs", headers=speech_only).json()["jobs"] == []  # its own project: none there

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gateway_testkit import Api, job_spec, ledger_entries
+import pytest
+from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 
 
 def make_token(api: Api, who: str, **body: object) -> dict:
@@ -52,6 +53,30 @@ def test_a_token_naming_an_action_that_does_not_exist_is_refused_naming_it(api: 
     assert r.status_code == 422, r.text
     assert "unknown action(s): job.stpo" in r.json()["detail"] and "job.stop" in r.json()["detail"]
     assert not [t for t in api.get("/v1/tokens", "alice").json()["tokens"] if t["purpose"] == "ci runs"]
+
+
+@pytest.mark.parametrize(("who", "holder", "projects", "refused"), [
+    ("alice", None, ["speech"], "alice holds no role in project(s) speech"),
+    ("alice", "ci-bot", ["vision", "speech"], "ci-bot holds no role in project(s) speech"),
+    ("erin", "alice", ["speech"], "alice holds no role in project(s) speech"),  # a platform admin minting for her
+    ("dave", None, ["speech"], None),  # on-call holds its role in every project
+    ("alice", None, ["*"], None),  # a person's token for wherever she holds a role
+], ids=["own-token", "service-token", "admin-for-a-person", "global-role", "star"])
+def test_a_token_for_a_project_where_its_holder_has_no_role_is_refused(
+    api: Api, who: str, holder: str | None, projects: list[str], refused: str | None
+) -> None:
+    """Minted as asked, such a token granted nothing, and would have started to act in that project, unseen,
+    the day its holder was given a role there."""
+    body = {"purpose": "roleless", "projects": projects, "actions": ["job.view"], "expires_in_days": 1,
+            **({"principal": holder} if holder else {})}
+    r = api.post("/v1/tokens", who, json=body)
+    if refused is None:
+        assert r.status_code == 201, r.text
+        return
+    assert_problem(r, 422, "invalid-request", refused)
+    assert "ask for the role first" in r.json()["detail"]
+    assert not [t for t in api.get("/v1/tokens", "erin").json()["tokens"] if t["purpose"] == "roleless"]
+    assert not [e for e in ledger_entries(api) if e["kind"] == "identity" and e["body"].get("purpose") == "roleless"]
 
 
 def test_service_tokens_live_at_most_90_days_and_must_name_projects(api: Api) -> None:

@@ -1,8 +1,8 @@
 """Every row A1-A8 of the permission matrix through the HTTP API (not just the engine): allowed, denied
 and — where the row needs a second person — needs-approval cases, each checked against the ledger.
 
-Demo cast: alice, bob researchers (vision); carol queue admin (vision); dave on-call; erin platform
-admin; sam security reviewer; audrey auditor; mallory researcher (speech); ci-bot service (vision).
+Demo cast: alice, bob researchers (vision); carol queue admin (vision); dave on-call; erin, frank platform
+admins; sam security reviewer; audrey auditor; mallory researcher (speech); ci-bot service (vision).
 """
 
 from __future__ import annotations
@@ -171,6 +171,9 @@ def test_a8_stop_of_a_service_account_job(api: Api) -> None:
     job = submit(api, "ci-bot", **CI)
     denied(api.post(f"/v1/jobs/{job}/stop", "carol", json={"reason": "runaway"}), "job.stop.service")
     denied(api.post(f"/v1/jobs/{job}/stop", "mallory", json={"reason": "runaway"}), "job.stop.service")
+    # Its responsible person owns the job but is not on-call: she stopped it alone (A4.own_job) before.
+    refused = denied(api.post(f"/v1/jobs/{job}/stop", "alice", json={"reason": "runaway"}), "only on-call may stop it")
+    assert refused["rules"] == ["A8.oncall_only"], refused
     approval = waiting(api, api.post(f"/v1/jobs/{job}/stop", "dave", json={"reason": "runaway"}), "A8.service_job")
     approve(api, approval, "carol")  # a queue admin of the project is an eligible second person
     assert api.get(f"/v1/jobs/{job}", "alice").json()["state"] == "stopped"

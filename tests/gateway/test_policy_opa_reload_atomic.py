@@ -20,13 +20,13 @@ from gateway.app import create_app
 from gateway.demo import prepare_demo
 from gateway.settings import REPO_POLICIES, Settings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("opa_golib")]
 
 _spec = importlib.util.spec_from_file_location(
-    "opa_standin_for_atomic_reload", Path(__file__).resolve().parents[1] / "policy" / "opa_standin.py")
+    "opa_server_for_atomic_reload", Path(__file__).resolve().parents[1] / "policy" / "opa_server.py")
 assert _spec and _spec.loader
-standin_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(standin_module)
+opa_server = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(opa_server)
 
 # Live submissions (the gateway gives them a job id; the table cases do not, so the set passes its own tests)
 # are frozen while data.freeze.submissions is true.
@@ -44,7 +44,7 @@ denials contains {"rule": "T.freeze", "reason": "submissions are frozen"} if {
 def opa_papi(tmp_path: Path) -> Iterator[tuple[Api, Path]]:
     policies = tmp_path / "policies"
     shutil.copytree(REPO_POLICIES, policies)
-    server = standin_module.StandInProcess()
+    server = opa_server.OpaServerProcess()
     settings = Settings(data_dir=tmp_path / "var", policies_dir=policies, policy_engine="opa", opa_url=server.url,
                         opa_timeout_s=2.0, policy_watch_interval_s=0)
     prepare_demo(settings)
@@ -90,7 +90,7 @@ def test_an_engine_whose_set_is_no_longer_on_the_server_fails_closed(tmp_path: P
     candidate = tmp_path / "candidate"
     shutil.copytree(REPO_POLICIES, candidate)
     (candidate / "guards.rego").write_text((candidate / "guards.rego").read_text() + FREEZE)
-    server = standin_module.StandInProcess()
+    server = opa_server.OpaServerProcess()
     try:
         bindings = [RoleBinding("alice", "researcher", "vision")]
         active = OpaEngine(load_policy_set(REPO_POLICIES), bindings, url=server.url, timeout_s=2.0)

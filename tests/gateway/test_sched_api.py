@@ -4,6 +4,7 @@ marking, reclaim by graceful preemption and requeue, explain/estimate, statistic
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -168,9 +169,10 @@ def test_admission_refuses_a_job_only_borrowing_could_run_when_no_tenant_lends_t
     assert_problem(r, 422, "invalid-request", "other tenants lend at most 4")
 
 
-def test_a_job_a_quota_holds_back_gets_no_start_estimate_and_delays_no_other(api: Api) -> None:
+def test_a_job_a_quota_holds_back_is_estimated_from_when_the_quota_allows_it_and_delays_no_other(api: Api) -> None:
     # The estimate simulates when GPUs are free; a job its quota holds back was told it would start now (GPUs were
-    # idle), and its simulated run pushed the estimates of the jobs behind it back by a day.
+    # idle), and its simulated run pushed the estimates of the jobs behind it back by a day. Then it was told no
+    # estimate at all, though its quota allows it as soon as the tenant's running job ends.
     bring_up_nodes(api)
     set_quota(api, "vision", 2, borrow_limit=0)
     first = api.post("/v1/jobs", "alice", json=job_spec(runtime_limit_seconds=3600)).json()["id"]
@@ -179,14 +181,16 @@ def test_a_job_a_quota_holds_back_gets_no_start_estimate_and_delays_no_other(api
     held = api.post("/v1/jobs", "alice", json=job_spec(name="held")).json()["id"]
     big = api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=7, nodes=2)).json()["id"]
     assert run_once(api.gateway) == 0
+    ends = datetime.fromisoformat(job(api, first)["started_at"]) + timedelta(seconds=3600)
     q = api.get(f"/v1/jobs/{held}/queue", "alice").json()
     assert "tenant quota of vision" in q["blocking_reason"] and q["position"] == 1
-    assert q["estimated_start"] is None
+    assert (f"; the quota allows it from {ends.isoformat(timespec='seconds')}, when job {first} ends"
+            in q["blocking_reason"]), q["blocking_reason"]
+    assert datetime.fromisoformat(q["estimated_start"]) == ends
     q = api.get(f"/v1/jobs/{big}/queue", "mallory").json()
     assert q["position"] == 2 and q["estimated_start"] is not None
-    expected = job(api, first)["started_at"]
-    assert abs((datetime.fromisoformat(q["estimated_start"]) - datetime.fromisoformat(expected)).total_seconds()
-               - 3600) < 5  # when the running job's hour is up, not a day later
+    # when the running job's hour is up, not a day later
+    assert abs((datetime.fromisoformat(q["estimated_start"]) - ends).total_seconds()) < 5
 
 
 def test_borrowed_gpus_are_reclaimed_by_graceful_preemption_and_the_victim_is_requeued(api: Api) -> None:
@@ -325,6 +329,46 @@ def test_urgent_job_preempts_the_lowest_priority_job_and_queue_explains_the_rest
     with api.gateway.db.transaction() as s:
         assert s.scalars(select(PriorityChange).where(PriorityChange.job_id == urgent)).first() is not None
         assert s.get(Job, ids[1]).stop_request["preemption"]["kind"] == "priority"
+
+
+def test_an_urgent_job_waiting_for_its_victims_minimum_runtime_is_told_so_and_when(api: Api) -> None:
+    """Issue 30: another tenant runs 2x8 GPUs on the demo's 16; carol's urgent 6-GPU job was told it starts a day
+    later, "beyond the 1h reservation window", and ran ten minutes later, when a victim passed its unnamed minimum
+    runtime. `why` (API and CLI) and the console now name the rule, its value and when it ends, and the estimate
+    is that time plus the victim's grace window."""
+    from gateway.cli.queue import describe_why
+
+    bring_up_nodes(api)
+    theirs = [api.post("/v1/jobs", "mallory", json=job_spec(project="speech", gpus_per_node=8, name=f"m{i}"))
+              .json()["id"] for i in range(2)]
+    assert run_once(api.gateway) == 2
+    for j in theirs:
+        report(api, job(api, j)["placement"][0]["node"], j, "started", pid=1)
+    urgent = api.post("/v1/jobs", "carol", json=job_spec(gpus_per_node=6, queue="urgent", name="eval")).json()["id"]
+    advance(api, 60)
+    run_once(api.gateway)
+    first = min(datetime.fromisoformat(job(api, j)["started_at"]) for j in theirs)
+    free_from = first + timedelta(seconds=600)  # the normal queue's minimum runtime
+    q = api.get(f"/v1/jobs/{urgent}/queue", "carol").json()
+    said = q["blocking_reason"]
+    assert f"may be preempted from {free_from.isoformat(timespec='seconds')}" in said, said
+    assert "min_runtime_s: normal 10 min" in said and "reservation window" not in said, said
+    assert datetime.fromisoformat(q["estimated_start"]) == free_from + timedelta(seconds=30)  # the 30 s grace
+    cli = describe_why(q)
+    assert f"  waiting because: {said}" in cli.splitlines() and f"  estimated start: {q['estimated_start']}" in cli
+    login = api.client.get("/ui/login")
+    nonce = re.search(r'name="csrf" value="([^"]+)"', login.text)
+    assert nonce, login.text
+    api.client.post("/ui/login", data={"token": api.tokens["carol"], "csrf": nonce.group(1)})
+    page = api.client.get(f"/ui/jobs/{urgent}").text
+    shown = (free_from + timedelta(seconds=30)).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert shown in page and "min_runtime_s: normal 10 min" in page, page
+
+    advance(api, 600)  # past it: the victim is asked to stop, and the start is its grace window away
+    run_once(api.gateway)
+    assert sorted(job(api, j)["state"] for j in theirs) == ["running", "stop_requested"]
+    q = api.get(f"/v1/jobs/{urgent}/queue", "carol").json()
+    assert datetime.fromisoformat(q["estimated_start"]) == api.gateway.clock() + timedelta(seconds=30)
 
 
 def test_a_job_placed_but_not_yet_started_has_run_from_its_placement_not_its_submission(api: Api) -> None:

@@ -7,14 +7,12 @@ from typing import Any
 
 import pytest
 from gateway_testkit import Api
-from stop_helpers import FakeAgent, ledger, notices, running_job, shift_clock, stopped_evidence, transitions
+from stop_helpers import CKPT, FakeAgent, finish_stop, ledger, notices, running_job, shift_clock, transitions
 
 from gateway import lifecycle
 from gateway.decisions.policy.engine import RoleBinding
 from gateway.scheduling import run_once
 from gateway.store.stop_tables import JobDeletion
-
-CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]
 
 
 @pytest.fixture
@@ -24,12 +22,6 @@ def agent(api: Api) -> FakeAgent:
     (rec,) = a.take()
     a.report("", "rejected", rec["nonce"], detail="replayed: nonce already used")
     return a
-
-
-def finish_stop(agent: FakeAgent, job_id: str) -> None:
-    (stop,) = [c for c in agent.take() if c["kind"] == "stop" and c["job_id"] == job_id]
-    agent.report(job_id, "stopping", stop["nonce"])
-    agent.report(job_id, "stopped", stop["nonce"], evidence=stopped_evidence(checkpoints=CKPT))
 
 
 def job(api: Api, job_id: str) -> dict[str, Any]:

@@ -19,8 +19,12 @@ from gateway.settings import Settings
 
 
 @pytest.fixture
-def one_thread_gateway(tmp_path: Path) -> Iterator[tuple[TestClient, Path]]:
-    settings = Settings(data_dir=tmp_path, api_threads=1, policy_watch_interval_s=0)
+def one_thread_gateway(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Path]]:
+    """A gateway with one API thread, on the policy engine given as the indirect parameter (default embedded)."""
+    engine = getattr(request, "param", "embedded")
+    if engine == "opa-inprocess":
+        request.getfixturevalue("opa_golib")
+    settings = Settings(data_dir=tmp_path, api_threads=1, policy_watch_interval_s=0, policy_engine=engine)
     prepare_demo(settings)
     with TestClient(create_app(settings, run_scheduler=False)) as client:
         yield client, tmp_path
@@ -106,9 +110,11 @@ def call_in_thread(client: TestClient, data_dir: Path, answers: dict[str, int], 
     return t
 
 
+@pytest.mark.parametrize("one_thread_gateway", ["embedded", "opa-inprocess"], indirect=True)
 def test_a_submission_runs_on_the_event_loop(one_thread_gateway: tuple[TestClient, Path],
                                              thread_hops: list[str]) -> None:
-    """On the embedded SQLite and policy engine a submission takes no thread hop (gateway.jobs.submit)."""
+    """On the embedded SQLite with a policy engine in-process (regopy, or OPA's evaluator) a submission takes no
+    thread hop (gateway.jobs.submit): nothing it waits on is across a network."""
     client, data_dir = one_thread_gateway
     r = client.post("/v1/jobs", json=SPEC, headers=_token(data_dir, "alice"))
     assert r.status_code == 201, r.text

@@ -168,11 +168,15 @@ def test_tampered_bundle_names_first_bad_seq(
     assert code == 1 and out.startswith("FAIL: ") and out.count("\n") == 1 and problem in out
 
 
-def test_other_key_with_same_name_is_unknown_key(full: Path, tmp_path: Path) -> None:
+def test_other_key_with_same_name_is_untrusted_key_not_tampering(full: Path, tmp_path: Path) -> None:
+    """It read like tampering (`FAIL: unknown_key`, exit 1): a key the bundle was never signed with finds nothing
+    either way."""
     other = tmp_path / "other.vkey"
     other.write_text(NoteSigner.generate(ORIGIN).vkey + "\n")
     code, out, _ = verify(full, other, "--json")
-    assert code == 1 and json.loads(out)["problem"] == "unknown_key"
+    assert code == 3 and json.loads(out)["problem"] == "untrusted_key", out
+    code, out, _ = verify(full, other)
+    assert code == 3 and out.startswith("NOT VERIFIED: untrusted_key: signed by a key not in the history you gave"), out
 
 
 # -- the auditor's saved checkpoint ----------------------------------------------------------------

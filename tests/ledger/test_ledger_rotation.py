@@ -75,6 +75,48 @@ def test_verifier_follows_the_key_history_from_any_key(rotated: tuple[Path, Path
         assert code == 0, out + err
 
 
+def test_the_readme_verify_works_for_bundles_made_before_and_after_a_rotation(tmp_path: Path) -> None:
+    """After rotate-key, `verify --bundle B --public-key var/keys/ledger.vkey --trusted-checkpoint SAVED` said
+    'FAIL: unknown_key' (exit 1, as for tampering) for every bundle made before: the data dir's vkey is the new key,
+    which signed none of it. The key history beside it, or given itself, verifies both."""
+    d = tmp_path / "var"
+    make_data_dir(d, 20)
+    store = open_store(f"sqlite:///{d}/ledger.db", create=False)
+    saved = tmp_path / "saved-checkpoint.txt"
+    saved.write_text(store.checkpoints()[-1][1])
+    store.close()
+    before = export(d, tmp_path / "before.bundle")
+    assert run("rotate-key", "--data-dir", str(d))[0] == 0
+    _append(d, 5, "k1")
+    after = export(d, tmp_path / "after.bundle")
+    new_key_alone = tmp_path / "auditor" / "ledger.vkey"  # the new vkey copied away from its history
+    new_key_alone.parent.mkdir()
+    new_key_alone.write_text((d / "keys/ledger.vkey").read_text())
+    for bundle in (before, after):
+        for key in (d / "keys/ledger.vkey", d / "keys/ledger.vkeys"):
+            code, out, err = verify(bundle, key, "--trusted-checkpoint", str(saved))
+            assert code == 0 and out.startswith("OK: "), (bundle.name, key.name, out + err)
+    assert verify(after, new_key_alone)[0] == 0
+    code, out, err = verify(before, new_key_alone)
+    assert code == 3 and out.startswith("NOT VERIFIED: untrusted_key: signed by a key not in the history you gave"), out
+    assert "Not a finding of tampering" in out and "keys/ledger.vkeys" in out and out.count("\n") == 1, out
+    v = json.loads(verify(before, new_key_alone, "--json")[1])
+    assert (v["ok"], v["problem"], v["first_bad_seq"]) == (False, "untrusted_key", None), v
+
+
+def test_a_key_history_file_that_is_not_one_says_which_line(tmp_path: Path) -> None:
+    d = tmp_path / "var"
+    make_data_dir(d, 3)
+    bad = tmp_path / "history.vkeys"
+    bad.write_text((d / "keys/ledger.vkey").read_text() + "not-a-key\n")
+    code, _, err = verify(export(d, tmp_path / "b.bundle"), bad)
+    assert code == 2 and err.startswith(f"Error: --public-key {bad} is not a verifier key (line 2): "), err
+    other = tmp_path / "other.vkeys"
+    other.write_text((d / "keys/ledger.vkey").read_text() + NoteSigner.generate("elsewhere/ledger").vkey + "\n")
+    code, _, err = verify(tmp_path / "b.bundle", other)
+    assert code == 2 and "holds keys of several ledgers" in err, err
+
+
 def test_forged_key_history_in_a_bundle_fails(rotated: tuple[Path, Path, Path], tmp_path: Path) -> None:
     d, k0, _ = rotated
     b = Bundle.read(export(d, tmp_path / "late.bundle", "--from-seq", "33"))

@@ -151,9 +151,10 @@ def test_checkpoint_with_changed_root_is_bad_signature(db: Path, signer: NoteSig
     check(db, signer, "bad_signature", None)
 
 
-def test_other_key_is_unknown_key(db: Path) -> None:
+def test_other_key_is_untrusted_key_not_tampering(db: Path) -> None:
     v = verify_store(f"sqlite:///{db}", NoteSigner.generate("jobgate.local/ledger").verifier())
-    assert (v.ok, v.problem) == (False, "unknown_key")
+    assert (v.ok, v.problem, v.first_bad_seq) == (False, "untrusted_key", None)
+    assert "signed by a key not in the history you gave" in v.message
 
 
 def test_changed_blob_is_blob_mismatch(db: Path, signer: NoteSigner) -> None:

@@ -21,9 +21,25 @@ def policy_dir(tmp_path: Path) -> Path:
     return target
 
 
+@pytest.fixture(autouse=True)
+def away_from_any_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`policy explain` reads the bindings of the gateway beside it (JOBGATE_DATABASE_URL, or var/ here): run
+    where there is none, so a demo left in the repository's var/ does not decide these cases."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("JOBGATE_DATABASE_URL", raising=False)
+    monkeypatch.delenv("JOBGATE_DATA_DIR", raising=False)
+
+
 def run(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, list(args))
     return result.exit_code, result.output
+
+
+def decision_of(out: str) -> str:
+    """explain's decision line: the one after the first, which names the bindings used."""
+    first, _, rest = out.partition("\n")
+    assert first.startswith("bindings: "), out
+    return rest
 
 
 def test_check_ok_and_broken(policy_dir: Path) -> None:
@@ -94,7 +110,7 @@ def test_explain_shows_rules_reasons_and_where(tmp_path: Path) -> None:
                                    "targets": [{"creator": "alice", "external_rights": True}]}))
     code, out = run("policy", "explain", "--input", str(request))
     assert code == 0, out
-    assert out.startswith("decision: NEEDS_APPROVAL")
+    assert decision_of(out).startswith("decision: NEEDS_APPROVAL")
     assert "A4.second_person" in out and "jobs.rego:" in out
     assert "R3.one_notch_stricter" in out and "approvals.rego:" in out
     assert "2 required, 2 missing" in out
@@ -115,7 +131,7 @@ def test_explain_takes_a_ledger_entry_and_bindings(tmp_path: Path) -> None:
     code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"), "--bindings", str(tmp_path / "b.csv"))
     assert code == 0 and "A4.second_person" in out and "*: " in out, out
     code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"))
-    assert code == 0 and out.startswith("decision: DENY"), out  # zoe holds nothing in the fixture bindings
+    assert code == 0 and decision_of(out).startswith("decision: DENY"), out  # zoe holds nothing in the fixture
 
 
 def test_explain_takes_what_audit_show_json_prints(tmp_path: Path) -> None:
@@ -128,7 +144,7 @@ def test_explain_takes_what_audit_show_json_prints(tmp_path: Path) -> None:
     shown = {"entry": entry, "checkpoint": "jobgate.local/ledger\n1\n...", "checkpoint_signature": "valid"}
     (tmp_path / "shown.json").write_text(json.dumps(shown))
     code, out = run("policy", "explain", "--input", str(tmp_path / "shown.json"))
-    assert code == 0 and out.startswith("decision: DENY") and "A4.no_capability" in out, out
+    assert code == 0 and decision_of(out).startswith("decision: DENY") and "A4.no_capability" in out, out
 
 
 @pytest.mark.parametrize(("text", "needle"), [("{not json", "not JSON"), ('{"x": 1}', "at least `action`")])
@@ -155,12 +171,46 @@ def test_explain_of_a_ledger_entry_sets_the_recorded_decision_beside_todays_and_
                   "approvals": [], "granularity": "job", "now": "2026-11-29T10:00:00Z"}}}
     (tmp_path / "entry.json").write_text(json.dumps(entry))
     code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"))
-    assert code == 0 and out.startswith("decision: DENY"), out
-    assert "the policy tests' fixture, not a gateway's" in out
+    assert code == 0 and decision_of(out).startswith("decision: DENY"), out
+    no_db = tmp_path / "var" / "jobgate.db"
+    assert out.startswith(f"bindings: {POLICIES / 'tests' / 'bindings.csv'} (the policy tests' fixture, not a"
+                          f" gateway's: no gateway data dir here ({no_db} does not exist)"), out
     assert "recorded then: NEEDS_APPROVAL (A4.second_person); DIFFERS from the answer above" in out
     prepare_demo(Settings(data_dir=tmp_path / "var"))  # carol is a queue admin of vision there
     code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"), "--data-dir", str(tmp_path / "var"))
-    assert code == 0 and out.startswith("decision: NEEDS_APPROVAL"), out
+    assert code == 0 and decision_of(out).startswith("decision: NEEDS_APPROVAL"), out
     assert "recorded then: NEEDS_APPROVAL (A4.second_person); the same as now" in out
     code, out = run("policy", "explain", "--input", str(tmp_path / "entry.json"), "--data-dir", str(tmp_path / "no"))
     assert code == 1 and "no business database at" in out, out
+
+
+@pytest.mark.parametrize("found_by", ["var here", "JOBGATE_DATA_DIR", "JOBGATE_DATABASE_URL"])
+def test_explain_reads_the_bindings_of_the_gateway_beside_it_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found_by: str
+) -> None:
+    """Run beside the demo, explain said DENY for carol stopping alice's job, judged under the policy tests'
+    fixture (where carol is a researcher), while the demo asked a second person; only its last line said so."""
+    from gateway.demo import prepare_demo
+    from gateway.settings import Settings
+
+    data = tmp_path / "var" if found_by == "var here" else tmp_path / "elsewhere"
+    prepare_demo(Settings(data_dir=data))
+    db_url = f"sqlite:///{data.resolve() / 'jobgate.db'}"
+    if found_by == "JOBGATE_DATA_DIR":
+        monkeypatch.setenv("JOBGATE_DATA_DIR", str(data))
+    elif found_by == "JOBGATE_DATABASE_URL":
+        monkeypatch.setenv("JOBGATE_DATABASE_URL", db_url)
+    (tmp_path / "req.json").write_text(json.dumps({"action": "job.stop", "actor": "carol", "reason": "urgent eval",
+                                                   "targets": [{"creator": "alice"}]}))
+    code, out = run("policy", "explain", "--input", str(tmp_path / "req.json"))
+    assert code == 0, out
+    assert out.startswith(f"bindings: current bindings of {db_url} ("), out
+    assert decision_of(out).startswith("decision: NEEDS_APPROVAL"), out
+    body = json.loads(run("policy", "explain", "--input", str(tmp_path / "req.json"), "--json")[1])
+    assert body["decision"]["effect"] == "needs_approval"
+    assert body["bindings"].startswith(f"current bindings of {db_url}")
+    # An explicit snapshot still wins over the gateway beside it.
+    code, out = run("policy", "explain", "--input", str(tmp_path / "req.json"),
+                    "--bindings", str(POLICIES / "tests" / "bindings.csv"))
+    assert out.startswith(f"bindings: {POLICIES / 'tests' / 'bindings.csv'} (14 bindings)"), out
+    assert decision_of(out).startswith("decision: DENY"), out

@@ -111,12 +111,12 @@ def node(node_id: str, gpus: int = 8, *, busy: Iterable[int] = (), alive: bool =
 def running(job_id: str, on: dict[str, Iterable[int]], *, started: datetime = NOW,
             limit_h: float | None = None, queue: str = "normal", project: str = "vision", user: str = "ada",
             priority: float = 0.0, borrowed: bool = False, stop_by: datetime | None = None,
-            stoppable: bool = True) -> RunningJob:
+            stoppable: bool = True, grace_s: float = 0.0) -> RunningJob:
     return RunningJob(id=JobId(job_id), project=ProjectId(project), user=user, queue=queue, priority=priority,
                       started_at=started,
                       placement=tuple(Placement(NodeId(n), tuple(g)) for n, g in on.items()),
                       runtime_limit_s=None if limit_h is None else limit_h * HOUR, borrowed=borrowed,
-                      stop_by=stop_by, stoppable=stoppable)
+                      stop_by=stop_by, stoppable=stoppable, grace_s=grace_s)
 
 
 def snap(nodes: Iterable[NodeState], pending: Iterable[JobBuilder | PendingJob] = (),

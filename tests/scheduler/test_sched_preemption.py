@@ -124,6 +124,10 @@ def test_at_most_one_plan_per_cycle() -> None:
     run = [running("lo1", {"a": range(8)}, started=at(-2)), running("lo2", {"b": range(8)}, started=at(-2))]
     result = run_cycle(snap(TWO, [URGENT, job("u2").gpus(8).queue("urgent")], run), now=NOW)
     assert len(result.preemptions) == 1
+    # The other is told its preemption waits for the next cycle, and why.
+    (waiting,) = [b for b in result.blocked if b.job_id != result.preemptions[0].job_id]
+    assert waiting.reason.endswith("; its preemption is tried next cycle: this cycle already preempts for another"
+                                   " job (one plan a cycle)"), waiting.reason
 
 
 def test_requeued_job_keeps_its_wait_and_gets_compensation() -> None:
@@ -216,3 +220,51 @@ def test_a_job_that_may_not_preempt_still_waits_on_a_full_cluster_quota() -> Non
                        now=NOW)
     assert not result.preemptions and "cluster quota" in reasons(result)["s2"]
     assert result.blocked[0].quota_tier == "cluster"
+
+
+def _later(minutes: float, seconds: float = 0) -> str:
+    return (at(minutes=minutes) + timedelta(seconds=seconds)).isoformat()
+
+
+# P2 meets Q8/Q5: no victim has run its queue's minimum runtime yet. The wait names that rule, its value and when
+# it ends, and the cycle's expected start counts it (plus the victims' grace windows). Issue 30: an urgent job
+# was told "2026-12-02 ... beyond the 1h reservation window" and ran ten minutes later.
+LATER: list[tuple[str, JobBuilder, list[RunningJob], Quotas | None, str, object]] = [
+    ("the issue's case: normal victims within their 10 min", job("u").gpus(6).queue("urgent"),
+     [running("s1", {"a": range(8)}, project="speech", priority=500, grace_s=30),
+      running("s2", {"b": range(8)}, project="speech", started=at(minutes=-2), priority=500, grace_s=30)], None,
+     f"urgent: lower-priority job s2 may be preempted from {_later(8)}, once it has run the minimum runtime before a "
+     f"preemption (min_runtime_s: normal 10 min); expected to start at about {_later(8, 30)}, after its grace window",
+     at(minutes=8) + timedelta(seconds=30)),
+    ("batch victims: their 5 min", URGENT,
+     [running("b1", {"a": range(8)}, queue="batch", started=at(minutes=-1)),
+      running("b2", {"b": range(8)}, queue="batch", started=at(minutes=-1), priority=50)], None,
+     f"lower-priority job b1 may be preempted from {_later(4)}", at(minutes=4)),
+    ("a gang that needs two victims waits for the later one", job("u").gpus(8).nodes(2).queue("urgent"),
+     [running("early", {"a": range(8)}, started=at(minutes=-8), grace_s=10),
+      running("late", {"b": range(8)}, started=at(minutes=-3), grace_s=60)], None,
+     f"lower-priority jobs late, early may be preempted from {_later(7)}, once they have run", at(minutes=8)),
+    ("a reclaim waits for the borrowed job's minimum runtime", job("v").gpus(8),
+     [running("s-own", {"a": range(8)}, project="speech", started=at(-2)),
+      running("s-brw", {"b": range(8)}, project="speech", started=at(minutes=-5), borrowed=True)],
+     Quotas(tenants={V: TenantQuota(8), S: TenantQuota(8, borrow_limit=8)}),
+     f"reclaiming its tenant's quota: borrowed job s-brw may be preempted from {_later(5)}", at(minutes=5)),
+    ("never: victims of higher priority", URGENT,
+     [running("u1", {"a": range(8)}, queue="urgent", priority=5000),
+      running("u2", {"b": range(8)}, queue="urgent", priority=5000)], None, "beyond the 1h reservation window", None),
+    ("a plan now: started once the victims' grace windows end", URGENT,
+     [running("old", {"a": range(8)}, started=at(-2), grace_s=45),
+      running("busy", {"b": range(8)}, started=at(-2), priority=900)], None,
+     f"urgent: gracefully preempting lower-priority job old; starts when they have stopped, at about {_later(0, 45)}"
+     " (their grace windows)", at(minutes=0.75)),
+]
+
+
+@pytest.mark.parametrize(("preemptor", "run", "q", "said", "start"), [c[1:] for c in LATER],
+                         ids=[c[0] for c in LATER])
+def test_a_wait_for_the_minimum_runtime_is_named_with_its_end_and_counted(
+        preemptor: JobBuilder, run: list[RunningJob], q: Quotas | None, said: str, start: object) -> None:
+    result = run_cycle(snap(TWO, [preemptor], run, quotas=q), now=NOW)
+    (blocked,) = result.blocked
+    assert said in blocked.reason, blocked.reason
+    assert blocked.expected_start == start

@@ -4,7 +4,8 @@ and every gang is whole (Q4, Q5, Q6); the incremental victim plan equals the nai
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta
 from itertools import pairwise
 
 from hypothesis import given, settings
@@ -25,7 +26,9 @@ from scheduler.model import (
     Snapshot,
     TenantQuota,
 )
-from scheduler.preemption import candidates, plan_victims, plan_victims_naive
+from scheduler.occupancy import frees_at
+from scheduler.preemption import Victim, candidates, first_plan, may_preempt_from, plan_victims, plan_victims_naive
+from scheduler.quota import QuotaTimeline, usage_of
 
 TENANTS = [ProjectId("t0"), ProjectId("t1"), ProjectId("t2")]
 USERS = ["u0", "u1", "u2", "u3"]
@@ -146,3 +149,69 @@ def test_victim_plan_matches_the_naive_full_scan(case: tuple[list[NodeState], li
     ordered = candidates(run, now=NOW, config=SchedulerConfig(), preemptor_priority=100.0,
                          preemptor_project="t9", reclaim=False)
     assert plan_victims(nodes, ordered, g, n) == plan_victims_naive(nodes, ordered, g, n)
+
+
+@settings(max_examples=200, deadline=None)
+@given(worlds(), st.lists(st.integers(1, 12), min_size=30, max_size=30))
+def test_the_quota_timeline_lets_a_job_in_when_replaying_every_end_would(
+        world: tuple[list[NodeState], Quotas, list[list[PendingJob]]], hours: list[int]) -> None:
+    """scheduler.estimate rule 5: QuotaTimeline's bisections give the first instant at which QuotaUsage.check
+    passes, as replaying the running jobs' ends one instant after another and checking after each does."""
+    nodes, quotas, waves = world
+    pending = [j for wave in waves for j in wave]
+    first = run_cycle(Snapshot(tuple(nodes), tuple(pending), quotas=quotas), now=NOW)
+    by_id = {j.id: j for j in pending}
+    run = [RunningJob(a.job_id, by_id[a.job_id].project, by_id[a.job_id].user, by_id[a.job_id].queue, 0.0, NOW,
+                      a.placement, runtime_limit_s=hours[i % len(hours)] * 3600.0, borrowed=a.borrowed)
+           for i, a in enumerate(first.admits)]
+    admitted = {a.job_id for a in first.admits}
+    used: dict[str, set[int]] = defaultdict(set)
+    for r in run:
+        for p in r.placement:
+            used[p.node] |= set(p.gpus)
+    snapshot = Snapshot(tuple(NodeState(n.id, n.gpus, n.free - used[n.id]) for n in nodes),
+                        tuple(j for j in pending if j.id not in admitted), tuple(run), quotas=quotas)
+    grouped: dict[object, list[RunningJob]] = defaultdict(list)
+    for r in run:
+        grouped[frees_at(r).at].append(r)
+    ends = [grouped[t] for t in sorted(grouped)]  # type: ignore[type-var]
+    sizes = sorted(n.gpus for n in nodes)
+
+    def placeable(j: PendingJob) -> bool:
+        return sum(1 for s in sizes if s >= j.gpus_per_node) >= j.nodes
+
+    timeline = QuotaTimeline(usage_of(snapshot, placeable), ends)  # type: ignore[arg-type]
+    for job in snapshot.pending:
+        replay = usage_of(snapshot, placeable)
+        assert replay is not None
+        expected = 0 if replay.check(job.project, job.user, job.gpus, may_borrow=job.stoppable).ok else None
+        for step, jobs in enumerate(ends, start=1):
+            if expected is not None:
+                break
+            for r in jobs:
+                replay.remove(r.project, r.user, r.gpus, r.borrowed)
+            if replay.check(job.project, job.user, job.gpus, may_borrow=job.stoppable).ok:
+                expected = step
+        assert timeline.first_step(job.project, job.user, job.gpus, may_borrow=job.stoppable) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(victim_cases(), st.lists(st.integers(-20, 0), min_size=24, max_size=24))
+def test_the_first_plan_comes_when_checking_every_later_instant_would_find_one(
+        case: tuple[list[NodeState], list[RunningJob], int, int], minutes: list[int]) -> None:
+    """Rule 6 with P2: first_plan's time is the first instant a victim passes its minimum runtime at which a
+    plan exists, as trying plan_victims at each of those instants finds, with the same victims."""
+    nodes, run, g, n = case
+    run = [replace(r, started_at=NOW + timedelta(minutes=minutes[i % len(minutes)])) for i, r in enumerate(run)]
+    config = SchedulerConfig()
+
+    def plan_at(t: datetime) -> tuple[Victim, ...] | None:
+        return plan_victims(nodes, candidates(run, now=t, config=config, preemptor_priority=100.0,
+                                              preemptor_project="t9", reclaim=False), g, n)
+
+    if plan_at(NOW) is not None:
+        return  # a plan now: first_plan is asked only when there is none
+    later = sorted({t for r in run if (t := may_preempt_from(r, config)) > NOW})
+    expected = next(((t, plan_at(t)) for t in later if plan_at(t)), None)
+    assert first_plan(nodes, run, g, n, now=NOW, config=config, preemptor_priority=100.0, preemptor_project="t9",
+                      reclaim=False) == expected

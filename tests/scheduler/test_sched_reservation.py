@@ -12,9 +12,9 @@ from scheduler.sim import SimCluster, TraceJob, simulate
 
 # Nodes a and b, 8 GPUs each. `r1` holds all of a until NOW+1h. The urgent head wants both whole nodes,
 # so it is blocked now and expected to start at NOW+1h on a and b; b's free GPUs are held for it.
-# r1 is itself urgent and within its minimum runtime, so the head cannot preempt it (rule 6).
+# r1 is itself urgent and of higher priority, so the head can never preempt it (rule 6).
 NODES = [node("a"), node("b")]
-R1 = running("r1", {"a": range(8)}, started=at(-0.5), limit_h=1.5, queue="urgent")
+R1 = running("r1", {"a": range(8)}, started=at(-0.5), limit_h=1.5, queue="urgent", priority=5000)
 HEAD = job("head").gpus(8).nodes(2).queue("urgent")
 
 
@@ -111,13 +111,16 @@ def test_this_cycles_admits_count_as_releases() -> None:
 
 
 def test_beyond_window_holds_nothing_and_others_run() -> None:
-    far = [running("r1", {"a": range(8)}, started=at(-0.5), limit_h=2.5, queue="urgent")]
+    far = [running("r1", {"a": range(8)}, started=at(-0.5), limit_h=2.5, queue="urgent", priority=5000)]
     result = run_cycle(cluster(job("open").gpus(4), run=far), now=NOW)
     assert result.reservations == ()
     assert admitted(result) == {"open": {"b": (0, 1, 2, 3)}}
+    # The rule named with its value, and when it stops holding the job back: an hour before its start.
     assert reasons(result)["head"] == (
         "needs 2 nodes with 8 free GPUs each; 1 node has them now; expected to start at "
-        "2026-03-02T14:00:00+00:00, beyond the 1h reservation window, so no GPUs are held for it yet")
+        "2026-03-02T14:00:00+00:00, beyond the 1h reservation window (reservation_window_s), so no GPUs are held "
+        "for it yet; they are from 2026-03-02T13:00:00+00:00, when its start is within the window or it has waited "
+        "that long")
 
 
 def test_wider_window_reserves_the_same_case() -> None:
@@ -128,26 +131,29 @@ def test_wider_window_reserves_the_same_case() -> None:
     assert admitted(result) == {}
 
 
-GUESS = " (a guess: some of those GPUs are held by jobs without a runtime limit, taken to run 24h)"
+GUESS = (" (a guess: some of those GPUs are held by jobs without a runtime limit, taken to run 24h"
+         " (default_runtime_s))")
+HELD_FROM = "; they are from 2026-03-02T13:00:00+00:00, when its start is within the window or it has waited that long"
 
 
 def test_gpus_held_by_an_unlimited_job_are_expected_back_after_the_default_run_time() -> None:
-    """r1 (urgent, within its minimum runtime: not preemptible) declared no limit: it is taken to run
-    default_runtime_s (24 h), which is past the window, so nothing is held yet and `open` runs on b; the reason
-    says the start is a guess."""
-    unlimited = [running("r1", {"a": range(8)}, started=at(-0.5), queue="urgent")]
+    """r1 (urgent, of higher priority: not preemptible) declared no limit: it is taken to run default_runtime_s
+    (24 h), which is past the window, so nothing is held yet and `open` runs on b; the reason says the start is a
+    guess."""
+    unlimited = [running("r1", {"a": range(8)}, started=at(-0.5), queue="urgent", priority=5000)]
     result = run_cycle(cluster(job("open").gpus(4), run=unlimited), now=NOW)
     assert result.reservations == ()
     assert admitted(result) == {"open": {"b": (0, 1, 2, 3)}}
     assert reasons(result)["head"] == (
         "needs 2 nodes with 8 free GPUs each; 1 node has them now; expected to start at 2026-03-03T11:30:00+00:00,"
-        " beyond the 1h reservation window, so no GPUs are held for it yet" + GUESS)
+        " beyond the 1h reservation window (reservation_window_s), so no GPUs are held for it yet" + HELD_FROM
+        + GUESS)
 
 
 def test_a_head_that_waited_a_window_behind_an_unlimited_job_gets_its_hold() -> None:
     """Before, a job whose GPUs an unlimited job held had no start time and so never a hold: every GPU that came
     free went to whoever came next. Having waited a window, it is now held for like any other head."""
-    unlimited = [running("r1", {"a": range(8)}, started=at(-0.5), queue="urgent")]
+    unlimited = [running("r1", {"a": range(8)}, started=at(-0.5), queue="urgent", priority=5000)]
     head = job("head").gpus(8).nodes(2).queue("urgent").waited(1)
     result = run_cycle(snap(NODES, [head, job("open").gpus(4)], unlimited), now=NOW)
     assert result.reservations == (Reserve(JobId("head"), at(23.5), (NodeId("a"), NodeId("b"))),)

@@ -1,4 +1,4 @@
-"""Build the configured policy engine (embedded regopy by default, or an OPA server)."""
+"""Build the configured policy engine (embedded regopy by default, an OPA server, or OPA in-process)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from gateway.decisions.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.decisions.policy.errors import PolicyLoadError, PolicyProblem
 from gateway.decisions.policy.loader import PolicySet
 
-ENGINES = ("embedded", "opa")
+ENGINES = ("embedded", "opa", "opa-inprocess")
 
 
 def make_engine(
@@ -21,10 +21,15 @@ def make_engine(
 ) -> EmbeddedEngine:
     """An engine for `policy_set`; for "opa" the set is pushed to the server first.
 
-    Raises PolicyLoadError for an unknown kind, a missing URL, or a server that refuses the set.
+    Raises PolicyLoadError for an unknown kind, a missing URL, a server (or OPA in-process) that refuses the set,
+    or OPA's library missing for "opa-inprocess".
     """
     if kind == "embedded":
         return EmbeddedEngine(policy_set, bindings)
+    if kind == "opa-inprocess":
+        from gateway.decisions.policy.opa_inprocess import OpaInProcessEngine
+
+        return OpaInProcessEngine(policy_set, bindings)
     if kind == "opa":
         if not opa_url:
             raise PolicyLoadError([PolicyProblem("opa", 0, "policy engine opa needs an OPA URL (--opa-url)")])

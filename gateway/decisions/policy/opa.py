@@ -16,6 +16,11 @@ an answer under its own hash. A push first marks the server as changing (no deci
 hash last, so a decision taken mid-push or after a failed push is a fail-closed deny, never a decision of a
 mixture recorded under either set's hash. A reload that fails pushes the previous set back.
 
+Decisions are asked with OPA's strict builtin errors (`?strict-builtin-errors=true`): a builtin called with a
+value it cannot take (trim_space(null)) fails the decision instead of leaving that expression undefined, where a
+deny rule could silently not fire. That is also how OPA's evaluator decides in-process
+(gateway.policy.opa_inprocess) and in the test server (tests/policy/opa_server.py), so the three answer alike.
+
 Fail closed: an unreachable server, a timeout, an error or an undefined decision is a deny with rule
 `fail_closed` and reason "policy unavailable: ...", recorded in the ledger like any decision.
 """
@@ -41,6 +46,8 @@ DEFAULT_TIMEOUT_S = 1.0
 ANSWER_ID = "jobgate-gateway/answer"
 ANSWER_ENTRYPOINT = "jobgate_gateway/answer"
 CHANGING = "changing"
+# A builtin error fails the decision (closed) rather than making its expression undefined: see the module doc.
+STRICT = {"strict-builtin-errors": True}
 
 _PACKAGE = re.compile(r"^package\s+([\w.]+)\s*$", re.MULTILINE)
 _IMPORT = re.compile(r"^import\s+[^\n]+$", re.MULTILINE)
@@ -65,6 +72,27 @@ def answer_module(policy_hash: str | None) -> str:
         return f'package jobgate_gateway\n\nanswer := {{"policy_hash": "{CHANGING}"}}\n'
     return (f'package jobgate_gateway\n\nanswer := {{"policy_hash": "{policy_hash}",'
             f' "decision": data.{DECISION_ENTRYPOINT.replace("/", ".")}}}\n')
+
+
+def opa_said(response: requests.Response | None) -> str:
+    """An error answer in OPA's words: its status, code and first error ("500 internal_error: ... trim_space:
+    operand 1 must be string but got null"), so a fail-closed deny in the ledger says what OPA refused."""
+    if response is None:
+        return "no answer"
+    try:
+        body = response.json()
+    except ValueError:
+        return f"{response.status_code} {response.text[:200]}"
+    if not isinstance(body, dict):
+        return f"{response.status_code} {str(body)[:200]}"
+    said = f"{response.status_code} {body.get('code')}: {body.get('message')}"
+    errors = body.get("errors")
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        first = errors[0]
+        where = first.get("location") if isinstance(first.get("location"), dict) else {}
+        at = f"{where.get('file')}:{where.get('row')}: " if where else ""
+        said += f" ({at}{first.get('code')}: {first.get('message')})"
+    return said[:500]
 
 
 def bundle_modules(modules: Mapping[str, str]) -> dict[str, str]:
@@ -161,15 +189,18 @@ class OpaEngine(EmbeddedEngine):
             raise ValueError(f"PUT /v1/data/{key} answered {response.status_code}: {response.text[:200]}")
 
     def evaluate(self, doc: Mapping[str, Any]) -> Any:
-        """POST /v1/data/jobgate_gateway/answer {"input": doc} → the decision, if given under this set's hash.
+        """POST /v1/data/jobgate_gateway/answer?strict-builtin-errors=true {"input": doc} → the decision, if given
+        under this set's hash.
 
         Raises PolicyUnavailable on any transport or server error, a timeout, an undefined decision, or an
         answer under another set's hash (a push under way, or one that failed part-way).
         """
         try:
-            body = self._client.query_rule(dict(doc), ANSWER_ENTRYPOINT)
+            body = self._client.query_rule(dict(doc), ANSWER_ENTRYPOINT, query_params=STRICT)
         except requests.Timeout as e:
             raise PolicyUnavailable(f"the OPA server at {self.url} did not answer within {self.timeout_s} s") from e
+        except requests.HTTPError as e:
+            raise PolicyUnavailable(f"the OPA server at {self.url} failed: {opa_said(e.response)}") from e
         except _CLIENT_ERRORS as e:
             raise PolicyUnavailable(f"the OPA server at {self.url} failed: {type(e).__name__}: {e}") from e
         answer = body.get("result") if isinstance(body, dict) else None
