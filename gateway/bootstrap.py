@@ -7,7 +7,8 @@ from functools import partial
 
 from sqlalchemy.orm import Session
 
-from gateway import breakglass, emergency, figures, jobs, lifecycle, priority, quotas
+from gateway import emergency, figures, jobs, lifecycle, priority, quotas
+from gateway.access import breakglass
 from gateway.context import Gateway
 from gateway.decisions import approvals, obligations, reconcile
 from gateway.decisions.policy.factory import make_engine

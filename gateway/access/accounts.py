@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.context import Gateway
+from gateway.access.deps import Access
 from gateway.decisions.approvals import withdraw_made_with
 from gateway.decisions.pipeline import record_outcome
 from gateway.decisions.policy.engine import RoleBinding as EngineBinding
@@ -28,21 +28,21 @@ SERVICE_NAME = re.compile(r"^[a-z][a-z0-9-]{1,62}$")
 NODE_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
 
 
-def is_node_name(gw: Gateway, name: str) -> bool:
+def is_node_name(gw: Access, name: str) -> bool:
     """Whether `name` is of the kind kept for nodes (JOBGATE_NODE_NAMES)."""
     patterns = [p.strip() for p in gw.settings.node_names.split(",") if p.strip()]
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def _is_platform_admin(gw: Gateway, caller: Caller) -> bool:
+def _is_platform_admin(gw: Access, caller: Caller) -> bool:
     return "role.manage" in gw.policy.capabilities(caller.real_identity, "*")
 
 
-def _ledger(gw: Gateway, caller: Caller, action: str, **body: Any) -> None:
+def _ledger(gw: Access, caller: Caller, action: str, **body: Any) -> None:
     record_outcome(gw, "identity", {"action": action, "actor": caller.to_json(), **body})
 
 
-def may_manage(gw: Gateway, caller: Caller, principal: Principal) -> bool:
+def may_manage(gw: Access, caller: Caller, principal: Principal) -> bool:
     """People manage their own tokens and those of service accounts they answer for; admins manage all."""
     if caller.kind == "service":
         return False  # an automation identity never mints or revokes credentials
@@ -51,7 +51,7 @@ def may_manage(gw: Gateway, caller: Caller, principal: Principal) -> bool:
     return _is_platform_admin(gw, caller)
 
 
-def create_service_account(gw: Gateway, session: Session, caller: Caller, name: str, project: str,
+def create_service_account(gw: Access, session: Session, caller: Caller, name: str, project: str,
                            description: str) -> Principal:
     """Create a service account answered for by the caller. Raises Invalid, Forbidden, Conflict."""
     if caller.kind != "person":
@@ -83,7 +83,7 @@ def create_service_account(gw: Gateway, session: Session, caller: Caller, name: 
     return account
 
 
-def _grant_live(gw: Gateway, binding: EngineBinding) -> None:
+def _grant_live(gw: Access, binding: EngineBinding) -> None:
     """Bind in the engine that decides, under the policy lock: a reload holds it from reading the bindings to
     swapping its engine in, so a binding committed in between waits and lands in the new engine, instead of in
     the old one the swap then drops."""
@@ -91,7 +91,7 @@ def _grant_live(gw: Gateway, binding: EngineBinding) -> None:
         gw.policy.grant(binding)
 
 
-def enrol_node(gw: Gateway, session: Session, caller: Caller, name: str, gpus: int) -> IssuedToken:
+def enrol_node(gw: Access, session: Session, caller: Caller, name: str, gpus: int) -> IssuedToken:
     """A node and its agent's token (shown once), by a platform admin; ledgered. Raises Forbidden, Invalid,
     Conflict."""
     if caller.kind != "person" or not _is_platform_admin(gw, caller) or caller.breakglass:
@@ -112,7 +112,7 @@ def enrol_node(gw: Gateway, session: Session, caller: Caller, name: str, gpus: i
     return issued
 
 
-def list_service_accounts(gw: Gateway, session: Session, caller: Caller) -> list[dict[str, Any]]:
+def list_service_accounts(gw: Access, session: Session, caller: Caller) -> list[dict[str, Any]]:
     stmt = select(Principal).where(Principal.kind == "service").order_by(Principal.id)
     accounts = session.scalars(stmt).all()
     if not _is_platform_admin(gw, caller):
@@ -132,7 +132,7 @@ class Minted:
     asked_expires_at: datetime | None = None
 
 
-def create_token(gw: Gateway, session: Session, caller: Caller, *, principal_id: str, purpose: str,
+def create_token(gw: Access, session: Session, caller: Caller, *, principal_id: str, purpose: str,
                  projects: list[str], actions: list[str], expires_in_days: float) -> Minted:
     """Mint a token; the secret is returned once. Raises Invalid, Forbidden, NotFound."""
     principal = session.get(Principal, principal_id)
@@ -184,13 +184,13 @@ def _check_within_caller_scope(caller: Caller, projects: list[str], actions: lis
     caller.check_hands_on("a token it creates", projects, actions)
 
 
-def list_tokens(gw: Gateway, session: Session, caller: Caller) -> list[Token]:
+def list_tokens(gw: Access, session: Session, caller: Caller) -> list[Token]:
     rows = session.execute(select(Token, Principal).join(Principal, Principal.id == Token.principal_id)
                            .order_by(Token.created_at.desc())).all()
     return [t for t, p in rows if may_manage(gw, caller, p)]
 
 
-def revoke_token(gw: Gateway, session: Session, caller: Caller, token_id: str, reason: str) -> Token:
+def revoke_token(gw: Access, session: Session, caller: Caller, token_id: str, reason: str) -> Token:
     token = session.get(Token, token_id)
     principal = session.get(Principal, token.principal_id) if token else None
     if token is None or principal is None or not may_manage(gw, caller, principal):

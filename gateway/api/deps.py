@@ -10,7 +10,7 @@ import anyio.to_thread
 from fastapi import Depends, Header, Path, Request
 from sqlalchemy.orm import Session
 
-from gateway import breakglass
+from gateway.access import breakglass
 from gateway.api.storable_text import refuse_unstorable_text
 from gateway.context import Gateway
 from gateway.identity.auth import TRIGGER_HEADER, Caller, authenticate, bearer_secret

@@ -97,7 +97,7 @@ def test_an_expired_credential_gets_401_and_a_revocation_entry(api: Api) -> None
 
 
 def test_expiry_is_revoked_by_the_sweep_even_if_never_used_again(api: Api) -> None:
-    from gateway.breakglass import sweep_expired
+    from gateway.access.breakglass import sweep_expired
 
     g = grant(api)
     with api.gateway.db.transaction() as s:

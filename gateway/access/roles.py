@@ -9,14 +9,14 @@ gw.policy_lock so a concurrent policy reload cannot read the table half-way.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.api.deps import RequestContext
-from gateway.context import Gateway
+from gateway.access.deps import Access
 from gateway.decisions.pipeline import decide, record_outcome
 from gateway.decisions.policy.engine import RoleBinding
 from gateway.decisions.verdict import refuse_unless_allowed
@@ -44,12 +44,12 @@ class BindingChange:
                 "decision_seq": self.decision_seq, "outcome_seq": self.outcome_seq, "request_id": self.request_id}
 
 
-def known_roles(gw: Gateway) -> set[str]:
+def known_roles(gw: Access) -> set[str]:
     """Roles the active matrix defines."""
     return {row.role for row in gw.policy_set.matrix}
 
 
-def validate(gw: Gateway, session: Session, b: RoleBinding) -> None:
+def validate(gw: Access, session: Session, b: RoleBinding) -> None:
     """Raises Invalid naming the unknown principal, role or project."""
     problems = []
     principal = session.get(Principal, b.principal)
@@ -66,7 +66,7 @@ def validate(gw: Gateway, session: Session, b: RoleBinding) -> None:
         raise Invalid("; ".join(problems), problems=problems)
 
 
-def _decide(gw: Gateway, session: Session, caller: Caller, verb: str, b: RoleBinding, reason: str | None) -> Any:
+def _decide(gw: Access, session: Session, caller: Caller, verb: str, b: RoleBinding, reason: str | None) -> Any:
     rec = decide(gw, session, caller, "role.manage", project=b.project,
                  params={"change": verb, "principal": b.principal, "role": b.role, "project": b.project},
                  reason=reason)
@@ -80,19 +80,19 @@ def _find(session: Session, b: RoleBinding) -> RoleBindingRow | None:
         RoleBindingRow.project == b.project)).first()
 
 
-def change(ctx: RequestContext, verb: str, b: RoleBinding, reason: str | None) -> BindingChange:
+def change(gw: Access, authenticate: Callable[[Session], Caller], verb: str, b: RoleBinding,
+           reason: str | None) -> BindingChange:
     """Grant (verb "grant") or revoke a binding in one transaction with the engine.
 
     Raises Invalid (unknown principal/role/project), PolicyDenied, Conflict (already bound),
-    NotFound (no such binding to revoke), LedgerUnavailable.
+    NotFound (no such binding to revoke), LedgerUnavailable. The caller is authenticated inside the transaction.
     """
-    gw = ctx.gw
     applied = False
     with gw.policy_lock:
         engine = gw.policy
         try:
             with gw.transaction() as session:
-                caller = ctx.caller(session)
+                caller = authenticate(session)
                 validate(gw, session, b)
                 rec = _decide(gw, session, caller, verb, b, reason)
                 row = _find(session, b)
@@ -120,11 +120,11 @@ def change(ctx: RequestContext, verb: str, b: RoleBinding, reason: str | None) -
     return BindingChange(b, result, rec.seq, outcome, rec.request_id)
 
 
-def list_bindings(ctx: RequestContext, principal: str | None, project: str | None) -> list[dict[str, Any]]:
+def list_bindings(gw: Access, authenticate: Callable[[Session], Caller], principal: str | None,
+                  project: str | None) -> list[dict[str, Any]]:
     """Bindings, filtered. Needs role.manage (read decisions are not recorded). Raises PolicyDenied."""
-    gw = ctx.gw
     with gw.transaction() as session:
-        caller = ctx.caller(session)
+        caller = authenticate(session)
         refuse_unless_allowed(decide(gw, session, caller, "role.manage", project=project or GLOBAL, record=False))
         stmt = select(RoleBindingRow).order_by(RoleBindingRow.principal_id, RoleBindingRow.project,
                                                RoleBindingRow.role)

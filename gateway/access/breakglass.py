@@ -23,7 +23,7 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.context import Gateway
+from gateway.access.deps import Access
 from gateway.decisions.approvals import open_request
 from gateway.decisions.pipeline import decide, record_outcome
 from gateway.decisions.verdict import refuse_if_denied
@@ -51,7 +51,7 @@ def grant_json(g: BreakGlassGrant) -> dict[str, Any]:
             "revoked_because": g.revoked_because, "approval_id": g.approval_id}
 
 
-def request_grant(gw: Gateway, session: Session, caller: Caller, *, projects: list[str], actions: list[str],
+def request_grant(gw: Access, session: Session, caller: Caller, *, projects: list[str], actions: list[str],
                   duration: timedelta, max_uses: int, reason: str, ticket: str) -> tuple[BreakGlassGrant, str]:
     """Ask for a grant; returns it with its one-time credential (shown once). Raises Invalid, PolicyDenied."""
     if caller.kind != "person" or caller.token_id.startswith("bg-"):
@@ -88,14 +88,14 @@ def request_grant(gw: Gateway, session: Session, caller: Caller, *, projects: li
     return grant, secret
 
 
-def _activate(gw: Gateway, grant: BreakGlassGrant) -> None:
+def _activate(gw: Access, grant: BreakGlassGrant) -> None:
     now = gw.clock()
     grant.state = "active"
     grant.activated_at = now
     grant.expires_at = now + timedelta(seconds=grant.duration_s)
 
 
-def _activate_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+def _activate_after_approval(gw: Access, session: Session, approval: Approval, targets: list[Job],
                              approver: Caller) -> dict[str, Any]:
     grant = session.get(BreakGlassGrant, approval.params["grant_id"])
     if grant is None or grant.state != "pending":
@@ -106,7 +106,7 @@ def _activate_after_approval(gw: Gateway, session: Session, approval: Approval, 
     return {"grant_id": grant.id, "expires_at": grant.expires_at.isoformat() if grant.expires_at else None}
 
 
-def _revoke(gw: Gateway, grant: BreakGlassGrant, because: str, by: str) -> None:
+def _revoke(gw: Access, grant: BreakGlassGrant, because: str, by: str) -> None:
     """Close a grant and record the revocation (expiry included) in the ledger."""
     grant.state = "revoked"
     grant.revoked_at = gw.clock()
@@ -123,7 +123,7 @@ def _spent(grant: BreakGlassGrant, now: datetime) -> str | None:
     return None
 
 
-def settle_credential(gw: Gateway, secret: str, *, source: dict[str, Any]) -> str:
+def settle_credential(gw: Access, secret: str, *, source: dict[str, Any]) -> str:
     """Before a break-glass call: count it as one use of its grant, ledger the use and raise the alert (F3);
     or, if the grant has run out, record the revocation and refuse (401).
 
@@ -159,7 +159,7 @@ def settle_credential(gw: Gateway, secret: str, *, source: dict[str, Any]) -> st
     return grant.id
 
 
-def caller_for(gw: Gateway, session: Session, grant_id: str, *, source: dict[str, Any]) -> Caller:
+def caller_for(gw: Access, session: Session, grant_id: str, *, source: dict[str, Any]) -> Caller:
     """The caller of a break-glass call whose use settle_credential counted. Raises Unauthenticated."""
     grant = session.get(BreakGlassGrant, grant_id)
     # Only a revocation by a person since then refuses the call: its use was counted while the grant was good,
@@ -173,7 +173,7 @@ def caller_for(gw: Gateway, session: Session, grant_id: str, *, source: dict[str
                   token_actions=tuple(grant.actions), source=source, breakglass=grant.id)
 
 
-def alert(gw: Gateway, event: dict[str, Any]) -> None:
+def alert(gw: Access, event: dict[str, Any]) -> None:
     """F3: a bypass is never silent — structured log line, counter, and the webhook if configured."""
     log.warning(json.dumps(event, sort_keys=True))
     BREAK_GLASS_USES.labels(event.get("holder", "?")).inc()
@@ -188,7 +188,7 @@ def alert(gw: Gateway, event: dict[str, Any]) -> None:
         threading.Thread(target=post, name="jobgate-alert", daemon=True).start()
 
 
-def revoke(gw: Gateway, session: Session, caller: Caller, grant_id: str) -> BreakGlassGrant:
+def revoke(gw: Access, session: Session, caller: Caller, grant_id: str) -> BreakGlassGrant:
     """The holder or a security reviewer ends a grant early. Raises NotFound, Conflict."""
     grant = session.get(BreakGlassGrant, grant_id)
     reviewer = "policy.reload" in gw.policy.capabilities(caller.real_identity, "*")
@@ -200,7 +200,7 @@ def revoke(gw: Gateway, session: Session, caller: Caller, grant_id: str) -> Brea
     return grant
 
 
-def sweep_expired(gw: Gateway, session: Session) -> int:
+def sweep_expired(gw: Access, session: Session) -> int:
     """Housekeeping: grants that ran out are revoked and the revocation ledgered, even if never used again."""
     now = gw.clock()
     spent = [(g, b) for g in session.scalars(select(BreakGlassGrant).where(BreakGlassGrant.state == "active")).all()
@@ -210,7 +210,7 @@ def sweep_expired(gw: Gateway, session: Session) -> int:
     return len(spent)
 
 
-def visible(gw: Gateway, session: Session, caller: Caller) -> list[BreakGlassGrant]:
+def visible(gw: Access, session: Session, caller: Caller) -> list[BreakGlassGrant]:
     rows = list(session.scalars(select(BreakGlassGrant).order_by(BreakGlassGrant.created_at.desc())).all())
     if "ledger.read" in gw.policy.capabilities(caller.real_identity, "*"):
         return rows
