@@ -17,6 +17,7 @@ from gateway.api import docs_pages, openapi_doc
 from gateway.api.routes import ROUTERS
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.bootstrap import open_gateway
+from gateway.console.routes import ROUTERS as CONSOLE_ROUTERS
 from gateway.console.web import ConsoleHeadersMiddleware
 from gateway.context import Gateway
 from gateway.decisions.policy_reload import PolicyReloader
@@ -24,7 +25,7 @@ from gateway.decisions.reconcile import reconcile_at_startup
 from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
-from gateway.scheduling import SchedulerLoop
+from gateway.native.scheduler_loop import SchedulerLoop
 from gateway.settings import Settings
 
 LONG_POLL_THREADS = 500  # node agents waiting at once per gateway replica
@@ -107,7 +108,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
     app.openapi = partial(openapi_doc.document, app)  # type: ignore[method-assign]
     docs_pages.install(app)
     install_error_handlers(app)
-    for router in ROUTERS:
+    for router in (*ROUTERS, *CONSOLE_ROUTERS):  # the console's pages after the API's routes
         app.include_router(router)
     logging.getLogger("jobgate").setLevel(logging.INFO)
     configure_json_logging()

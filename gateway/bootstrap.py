@@ -7,7 +7,6 @@ from functools import partial
 
 from sqlalchemy.orm import Session
 
-from gateway import emergency, figures, jobs, lifecycle, priority, quotas
 from gateway.access import breakglass
 from gateway.context import Gateway
 from gateway.decisions import approvals, obligations, reconcile
@@ -16,7 +15,9 @@ from gateway.decisions.policy.testing import load_tested_set
 from gateway.decisions.policy_reload import load_bindings
 from gateway.decisions.ratelimit import RateLimiter
 from gateway.identity.token_cache import TokenCache
-from gateway.keys import load_or_create_command_key
+from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
+from gateway.native.command_key import load_or_create_command_key
+from gateway.native.execution import NativeExecution
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.schema import create_schema
@@ -53,6 +54,7 @@ def open_gateway(settings: Settings) -> Gateway:
                             timeout_s=settings.rate_limit_timeout_s),
         token_cache=TokenCache(settings.auth_cache_s),
     )
+    gateway.execution = NativeExecution(gateway)
     register_executors(gateway)
     register_chores(gateway)
     gateway.figures.extend([approvals.figures, figures.figures])  # /metrics, in this order
@@ -61,7 +63,7 @@ def open_gateway(settings: Settings) -> Gateway:
 
 def register_executors(gateway: Gateway) -> None:
     """Each room's executors of approved actions (M2), bound to this gateway: approvals know only the registry."""
-    for room in (jobs, lifecycle, priority, quotas, emergency, breakglass):
+    for room in (stops, lifecycle, priority, quotas, emergency, breakglass):
         for action, carry_out in room.EXECUTORS.items():
             gateway.executors[action] = partial(carry_out, gateway)
 

@@ -11,18 +11,20 @@ from datetime import UTC, datetime
 import nacl.signing
 from sqlalchemy.orm import Session
 
-from gateway.bus import CommandBus
 from gateway.decisions.deps import Executor
 from gateway.decisions.policy.engine import EmbeddedEngine
 from gateway.decisions.policy.loader import PolicySet
 from gateway.decisions.ratelimit import RateLimiter
 from gateway.decisions.transaction import after_commit, business_transaction
+from gateway.execution.port import Execution
 from gateway.housekeeping import Chore
 from gateway.identity.token_cache import TokenCache
 from gateway.metrics import Figures
+from gateway.native.bus import CommandBus
 from gateway.settings import Settings
 from gateway.store.db import Database
 from ledger.service import Ledger
+from scheduler.model import SchedulerConfig
 
 
 def utcnow() -> datetime:
@@ -37,6 +39,8 @@ class Gateway:
     policy_set: PolicySet
     policy: EmbeddedEngine
     command_key: nacl.signing.SigningKey
+    # Whatever runs the jobs, behind its port: jobgate's own (gateway/native/) unless open_gateway was given another.
+    execution: Execution = field(init=False)
     bus: CommandBus = field(default_factory=CommandBus)
     clock: Callable[[], datetime] = utcnow
     scheduler_kick: threading.Event = field(default_factory=threading.Event)
@@ -44,6 +48,8 @@ class Gateway:
     policy_lock: threading.RLock = field(default_factory=threading.RLock)
     limiter: RateLimiter | None = None
     token_cache: TokenCache = field(default_factory=lambda: TokenCache(0))
+    # The scheduler's numbers when set here (tests); otherwise read once from JOBGATE_SCHEDULER_CONFIG.
+    scheduler_config: SchedulerConfig | None = None
     # Who carries out each action once a second person approved it (M2); filled at app start (bootstrap.py).
     executors: dict[str, Executor] = field(default_factory=dict)
     # Periodic chores by name, each bound to this gateway; registered at app start (bootstrap.py).
@@ -57,13 +63,10 @@ class Gateway:
 
     @contextmanager
     def transaction(self, *, immediate: bool = True) -> Iterator[Session]:
-        """One business transaction (gateway/decisions/transaction.py); node agents are woken only after it
-        commits. Immediate (the write lock up front on SQLite) unless the caller only reads."""
+        """One business transaction (gateway/decisions/transaction.py): what it asked of whatever runs the jobs
+        goes out once it commits. Immediate (the write lock up front on SQLite) unless the caller only reads."""
         with business_transaction(self.db, self.ledger, immediate=immediate) as session:
-            session.info["notify_nodes"] = set()
             yield session
-            notify = session.info["notify_nodes"]
-            after_commit(session, lambda: self.bus.notify(notify))
 
     def close(self) -> None:
         self.ledger.close()

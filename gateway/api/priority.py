@@ -24,8 +24,8 @@ from gateway.decisions.approvals import open_request
 from gateway.decisions.pipeline import decide
 from gateway.decisions.verdict import decision_out, refuse_if_denied
 from gateway.identity.auth import Caller
-from gateway.jobs import load_job, refuse_in_state
-from gateway.priority import apply_priority
+from gateway.jobs.priority import apply_priority
+from gateway.jobs.records import load_job, refuse_in_state
 from gateway.schemas import DecisionOut
 from gateway.store.states import PAST_STATES
 

@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
 
-from gateway import quotas
 from gateway.api.deps import Ctx, path_id
 from gateway.decisions import verdict
+from gateway.jobs import quotas
 from gateway.schemas import Name, Timestamp
 from gateway.store.scheduler_tables import MountRow
 

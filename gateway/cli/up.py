@@ -133,7 +133,7 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
     from gateway.decisions.policy.errors import PolicyError, PolicyLoadError
     from gateway.demo import prepare_demo
     from gateway.errors import GatewayError
-    from gateway.keys import load_or_create_command_key
+    from gateway.native.command_key import load_or_create_command_key
     from ledger.errors import LedgerError
 
     try:

@@ -18,7 +18,6 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from gateway import lifecycle, retention
 from gateway.api.lifecycle import Reasoned, ResumeBody
 from gateway.api.priority import PriorityRequest, change_priority
 from gateway.console.web import need_view, page
@@ -27,7 +26,8 @@ from gateway.decisions import facts
 from gateway.decisions.pipeline import decide
 from gateway.errors import Invalid, NotFound
 from gateway.identity.auth import Caller
-from gateway.jobs import not_stoppable
+from gateway.jobs import lifecycle, retention
+from gateway.jobs.stops import not_stoppable
 from gateway.store.models import Job
 from gateway.store.scheduler_tables import SchedJob
 from gateway.store.states import PAST_STATES, STOPPABLE_STATES

@@ -12,14 +12,14 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from sqlalchemy import select
 from starlette.background import BackgroundTask
 
-from gateway import emergency, preemption
-from gateway.console import figures, insights, ledger_view
+from gateway.console import figures, ledger_view
 from gateway.console.access import emergency_viewer, ledger_reader, may, operator
 from gateway.console.web import need_view, page
 from gateway.decisions.policy import whatif
 from gateway.decisions.policy.errors import PolicyLoadError
 from gateway.decisions.policy_reload import load_bindings
 from gateway.errors import Invalid
+from gateway.jobs import emergency, insights, preemption
 from gateway.store.models import Allocation, Node
 from gateway.store.stop_tables import AgentSession
 

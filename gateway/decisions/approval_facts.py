@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.commands import nodes_with_files
 from gateway.decisions import approval_summary
 from gateway.decisions.deps import Decider
 from gateway.decisions.facts import priority_standing, recovery_window
@@ -38,7 +37,7 @@ def _checkpoints(job: Job) -> list[str]:
     return out
 
 
-def _target_facts(session: Session, action: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def _target_facts(gw: Decider, session: Session, action: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     jobs = list(session.scalars(select(Job).where(Job.id.in_(list(ids)))).all()) if ids else []
     standing = priority_standing(session, [j.id for j in jobs]) if action == "job.priority" else {}
     out: dict[str, dict[str, Any]] = {}
@@ -50,7 +49,7 @@ def _target_facts(session: Session, action: str, ids: Sequence[str]) -> dict[str
             facts["priority"] = standing[job.id][0]
         if action == "job.delete":
             facts["checkpoints"] = _checkpoints(job)
-            facts["file_nodes"] = nodes_with_files(session, job.id, job.placement)
+            facts["file_nodes"] = gw.execution.holders(session, job)
         out[job.id] = facts
     return out
 
@@ -74,7 +73,7 @@ def _quota(session: Session, project: str | None) -> dict[str, Any] | None:
 def current(gw: Decider, session: Session, approval: Approval) -> dict[str, Any]:
     """The facts a summary compares against now: each target's state (and priority for a priority change), a
     deleted job's recovery window, the quota row a quota change would replace. Raises nothing of its own."""
-    facts: dict[str, Any] = {"targets": _target_facts(session, approval.action, approval.target_ids)}
+    facts: dict[str, Any] = {"targets": _target_facts(gw, session, approval.action, approval.target_ids)}
     if approval.action == "job.delete":
         facts["recovery_window_days"] = recovery_window(gw).days
     if approval.action == "job.undelete":

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from gateway.decisions.policy.engine import EmbeddedEngine
 from gateway.decisions.policy.loader import PolicySet
 from gateway.decisions.ratelimit import RateLimiter
+from gateway.execution.port import Execution
 from gateway.identity.auth import Caller
 from gateway.settings import Settings
 from gateway.store.db import Database
@@ -30,13 +31,15 @@ Executor = Callable[[Session, Approval, list[Job], Caller], dict[str, Any]]
 
 class Decider(Protocol):
     """Deciding and recording: the clock, the ledger, the policy engine and set, the rate limiter, transactions,
-    and the executors of approved actions."""
+    the executors of approved actions, and the execution port (where a job's files are, for an approval's
+    summary; gateway/execution/port.py)."""
 
     ledger: Ledger
     policy: EmbeddedEngine
     policy_set: PolicySet
     limiter: RateLimiter | None
     executors: dict[str, Executor]
+    execution: Execution
 
     @property
     def clock(self) -> Callable[[], datetime]: ...  # injected: tests move it, nothing here reads the wall clock

@@ -45,6 +45,7 @@ from gateway.decisions.deps import Reconciler
 from gateway.errors import LedgerUnavailable
 from gateway.store.models import Job
 from gateway.store.models import RoleBinding as RoleBindingRow
+from gateway.store.scheduler_tables import QuotaRow, quota_json
 from gateway.store.service_tables import ReconcileMark
 from ledger.errors import LedgerError
 
@@ -167,9 +168,6 @@ def _job_ids(d: Decided) -> list[str]:
 def state_now(gw: Reconciler, session: Session, d: Decided) -> dict[str, Any]:
     """What holds now for the decision's targets: each job's state (None: no such job), the project's quota,
     whether the role binding is held, the active policy set."""
-    from gateway.quotas import quota_json  # late: quotas imports the approval machinery
-    from gateway.store.scheduler_tables import QuotaRow
-
     given = d.body.get("input") or {}
     params = given.get("params") or {}
     out: dict[str, Any] = {}

@@ -103,6 +103,11 @@ class Caller:
                                 f" {', '.join(outside)}, which is outside it", scope={kind: list(held)})
 
 
+
+# The gateway itself, acting on its own (R4 auto-offline, Q6 runtime limits, a gang member's failure): decided
+# and ledgered like anyone's call.
+SYSTEM = Caller(id="system", kind="system", token_id="", token_projects=("*",), token_actions=("*",))
+
 def bearer_secret(authorization: str | None) -> str:
     """The token of an `Authorization: Bearer jg_...` header; raises Unauthenticated when there is none, or
     it is not shaped like one (checked before the request's body is, so that a caller without a credential

@@ -145,3 +145,14 @@ class TenantUsage(Base):
     project: Mapped[str] = mapped_column(String(64), primary_key=True)
     gpu_hours: Mapped[float] = mapped_column(Float, default=0.0)
     updated_at: Mapped[datetime]
+
+
+def quota_json(row: QuotaRow | None) -> dict[str, Any] | None:
+    """A quota row as the API, the ledger (A7 before/after) and reconciliation show it; None for no row."""
+    if row is None:
+        return None
+    return {"project": row.project, "gpus": row.gpus, "borrow_limit": row.borrow_limit,
+            "lend_limit": row.lend_limit, "users": dict(row.users or {}),
+            "effective_from": row.effective_from.isoformat() if row.effective_from else None,
+            "effective_until": row.effective_until.isoformat() if row.effective_until else None,
+            "updated_at": row.updated_at.isoformat(), "updated_by": row.updated_by}

@@ -8,7 +8,7 @@ import pytest
 from console_testkit import Console, ran, submit
 from sqlalchemy import update
 
-from gateway.console import insights
+from gateway.jobs import insights
 from gateway.store.models import Job, Node
 from gateway.store.scheduler_tables import QuotaRow, SchedJob
 

@@ -29,7 +29,7 @@ from job_host import searchable_by_jobs
 from gateway.app import create_app
 from gateway.demo import seed_demo, write_secret_text
 from gateway.identity.tokens import issue_token
-from gateway.keys import load_or_create_command_key
+from gateway.native.command_key import load_or_create_command_key
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.models import Node, Principal

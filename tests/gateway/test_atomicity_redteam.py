@@ -22,9 +22,9 @@ from test_sched_api import advance, bring_up_nodes, job, report
 
 from gateway.decisions.reconcile import SETTLE_S
 from gateway.housekeeping import run_all
-from gateway.jobs import lock_jobs
-from gateway.scheduling import run_once
-from gateway.stops import STOP_CONFIRM_MARGIN_S
+from gateway.jobs.records import lock_jobs
+from gateway.jobs.stops import STOP_CONFIRM_MARGIN_S
+from gateway.native.scheduler_loop import run_once
 from gateway.store.models import Allocation, NodeCommand
 from gateway.store.scheduler_tables import PreemptionRow
 from gateway.store.service_tables import Approval

@@ -39,7 +39,7 @@ def test_a_pause_records_the_checkpoint_retention_and_the_resume_priority_rule(a
     """A5: the entry of a pause must state how long the checkpoint it keeps is retained and which version of the
     resume-priority algorithm the job will come back under. The pause decision carried neither: the retention
     was ledgered only once the node's evidence came back (never, if it did not), and the rule only at resume."""
-    from gateway import lifecycle
+    from gateway.jobs import lifecycle
 
     job_id = api.post("/v1/jobs", "alice", json=job_spec(labels={"retention": "important"})).json()["id"]
     with api.gateway.db.transaction() as s:

@@ -18,7 +18,7 @@ from test_cli_paths_redteam import jobgate, url  # noqa: F401  (url is the fixtu
 from gateway.cli.approvals import _summary
 from gateway.cli.emergency import _print
 from gateway.cli.main import cli
-from gateway.scheduling import run_once
+from gateway.native.scheduler_loop import run_once
 
 SQLITE = pytest.mark.parametrize("settings", ["sqlite"], indirect=True)  # the CLI only speaks HTTP
 

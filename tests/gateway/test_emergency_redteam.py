@@ -9,8 +9,8 @@ from sqlalchemy import Engine, event
 from stop_helpers import FakeAgent, ledger, running_job, stopped_evidence
 from test_sched_api import advance, bring_up_nodes, job, report
 
-from gateway.scheduling import run_once
-from gateway.stops import STOP_CONFIRM_MARGIN_S
+from gateway.jobs.stops import STOP_CONFIRM_MARGIN_S
+from gateway.native.scheduler_loop import run_once
 from scheduler.model import SchedulerConfig
 
 DONE = {"exit_code": 0, "process_group_gone": True}

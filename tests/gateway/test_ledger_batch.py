@@ -11,7 +11,7 @@ from gateway.decisions.pipeline import decide, ledger_batch, record
 from gateway.decisions.transaction import QUEUED_ENTRIES
 from gateway.errors import LedgerUnavailable
 from gateway.identity.auth import Caller, authenticate
-from gateway.jobs import load_job
+from gateway.jobs.records import load_job
 from ledger.errors import StoreError
 
 

@@ -12,9 +12,9 @@ import pytest
 from gateway_testkit import Api
 from stop_helpers import FakeAgent, gpus_used, ledger, notices, running_job, shift_clock, transitions
 
-from gateway import agents
-from gateway.scheduling import run_once
-from gateway.stops import STOP_CONFIRM_MARGIN_S
+from gateway.jobs.stops import STOP_CONFIRM_MARGIN_S
+from gateway.native import agents
+from gateway.native.scheduler_loop import run_once
 
 # The checks are the gateway's own logic over either store: once is enough.
 pytestmark = pytest.mark.parametrize("settings", ["sqlite"], indirect=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from gateway_testkit import Api, start_api
 
-from gateway.quotas import contribution_of
+from gateway.jobs.quotas import contribution_of
 from gateway.settings import REPO_POLICIES, Settings
 
 

@@ -79,7 +79,7 @@ def test_an_emergency_stop_is_not_refused_because_others_used_up_the_projects_ca
 def test_the_systems_auto_offline_reclaim_is_not_rate_limited(papi: Api, policy_dir: Path) -> None:
     from datetime import timedelta
 
-    from gateway import retention
+    from gateway.jobs import runtime_limits
     from gateway.store.models import Job
 
     set_limit(policy_dir, "calls_per_minute_per_principal", 2)
@@ -90,7 +90,7 @@ def test_the_systems_auto_offline_reclaim_is_not_rate_limited(papi: Api, policy_
         for job_id in ids:
             s.get(Job, job_id).valid_until = gw.clock() - timedelta(seconds=1)
     with gw.transaction() as s:
-        assert sorted(retention.auto_offline(gw, s, gw.clock())) == sorted(ids)
+        assert sorted(runtime_limits.auto_offline(gw, s, gw.clock())) == sorted(ids)
 
 
 # -- break-glass ------------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ DIES_AFTER_DECIDING = textwrap.dedent("""
     import os, sys
     from gateway.identity.auth import Caller
     from gateway.bootstrap import open_gateway
-    from gateway.jobs import load_job
+    from gateway.jobs.records import load_job
     from gateway.decisions.pipeline import decide
     from gateway.settings import Settings
 

@@ -18,8 +18,8 @@ import pytest
 from gateway_testkit import Api, job_spec, start_api
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
-from gateway import lifecycle
 from gateway.decisions.policy.engine import RoleBinding
+from gateway.jobs import lifecycle
 from gateway.settings import REPO_POLICIES, Settings
 from gateway.store.models import Job
 

@@ -7,9 +7,9 @@ from typing import Any
 from gateway_testkit import Api, job_spec, ledger_entries
 from stop_helpers import FakeAgent, ledger, running_job, shift_clock, stopped_evidence
 
-from gateway import lifecycle
 from gateway.decisions.policy.engine import RoleBinding
-from gateway.scheduling import run_once
+from gateway.jobs import lifecycle
+from gateway.native.scheduler_loop import run_once
 from gateway.store.stop_tables import CheckpointRetention, JobDeletion
 
 CKPT = [{"path": "checkpoints/step-9.ckpt", "size": 7, "mtime": 1.0, "sha256": "ab" * 32}]

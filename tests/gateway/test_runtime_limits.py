@@ -12,7 +12,7 @@ from sqlalchemy import select
 from test_sched_api import bring_up_nodes, job, report
 from test_sched_degraded_node import beat
 
-from gateway.scheduling import run_once
+from gateway.native.scheduler_loop import run_once
 from gateway.store.service_tables import Notification
 
 

@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from gateway.decisions.policy.engine import RoleBinding as PolicyBinding
 from gateway.identity.tokens import issue_token
-from gateway.quotas import apply_change
-from gateway.scheduling import run_once
+from gateway.jobs.quotas import apply_change
+from gateway.native.scheduler_loop import run_once
 from gateway.store.models import Allocation, Job, NodeCommand, Principal, RoleBinding
 from gateway.store.scheduler_tables import PreemptionRow, PriorityChange, SchedJob
 from gateway.store.service_tables import Notification

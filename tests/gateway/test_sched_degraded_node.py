@@ -11,7 +11,7 @@ from gateway_testkit import Api, job_spec
 from sqlalchemy import select
 from test_sched_api import bring_up_nodes, job, node_headers, report
 
-from gateway.scheduling import run_once
+from gateway.native.scheduler_loop import run_once
 from gateway.store.models import Allocation, Job
 from gateway.store.service_tables import Notification
 

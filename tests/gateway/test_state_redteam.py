@@ -9,7 +9,7 @@ from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import select
 from test_sched_api import advance, bring_up_nodes, job, node_headers, report, set_quota
 
-from gateway.scheduling import run_once
+from gateway.native.scheduler_loop import run_once
 from gateway.store.models import Allocation, NodeCommand
 from gateway.store.scheduler_tables import PreemptionRow, SchedJob
 from scheduler.model import SchedulerConfig

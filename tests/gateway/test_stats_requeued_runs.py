@@ -10,7 +10,7 @@ import pytest
 from gateway_testkit import Api, job_spec
 from test_sched_api import advance, bring_up_nodes, full_cluster_an_hour_on, job, report
 
-from gateway.scheduling import run_once
+from gateway.native.scheduler_loop import run_once
 
 
 def vision_gpu_hours(api: Api) -> float:

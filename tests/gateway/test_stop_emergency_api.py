@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway_testkit import Api
 from stop_helpers import FakeAgent, ledger, running_job, stopped_evidence
 
-from gateway.scheduling import run_once
+from gateway.native.scheduler_loop import run_once
 
 
 def body(kind: str, value: object, **extra: object) -> dict[str, object]:

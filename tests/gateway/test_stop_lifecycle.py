@@ -9,9 +9,9 @@ import pytest
 from gateway_testkit import Api
 from stop_helpers import CKPT, FakeAgent, finish_stop, ledger, notices, running_job, shift_clock, transitions
 
-from gateway import lifecycle
 from gateway.decisions.policy.engine import RoleBinding
-from gateway.scheduling import run_once
+from gateway.jobs import lifecycle
+from gateway.native.scheduler_loop import run_once
 from gateway.store.stop_tables import JobDeletion
 
 

@@ -7,8 +7,8 @@ import pytest
 from gateway_testkit import Api
 from stop_helpers import FakeAgent, gpus_used, ledger, notices, running_job, shift_clock, stopped_evidence, transitions
 
-from gateway import agents
-from gateway.scheduling import run_once
+from gateway.native import agents
+from gateway.native.scheduler_loop import run_once
 from nodeagent.protocol import verify_command
 
 

@@ -20,14 +20,14 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from gateway import stops
-from gateway.context import Gateway
 from gateway.decisions.approvals import open_request
 from gateway.decisions.facts import in_scope
 from gateway.decisions.pipeline import Recorded, decide, ledger_batch, record_outcome
 from gateway.decisions.verdict import refuse_if_denied, refuse_unless_allowed
 from gateway.errors import Conflict, Forbidden, Invalid, NotFound
 from gateway.identity.auth import Caller
+from gateway.jobs import stops
+from gateway.jobs.deps import Jobs
 from gateway.store.models import Job, Node
 from gateway.store.service_tables import Approval
 from gateway.store.states import STOPPABLE_STATES
@@ -80,7 +80,7 @@ def resolve_scope(session: Session, kind: str, value: Any) -> tuple[list[Job], l
     return targets, blind
 
 
-def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: Any, trigger: str, reason: str,
+def create(gw: Jobs, session: Session, caller: Caller, *, kind: str, value: Any, trigger: str, reason: str,
            grace_seconds: float, ticket: str | None, hold: bool = True) -> tuple[EmergencyStop, Recorded]:
     """Decide and record an emergency stop; execute it now if policy allows, else open an approval.
     `hold`: a workload or scope stop keeps its scope closed to new jobs until lifted (see the module's doc).
@@ -125,7 +125,7 @@ def create(gw: Gateway, session: Session, caller: Caller, *, kind: str, value: A
     return row, rec
 
 
-def _after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+def _after_approval(gw: Jobs, session: Session, approval: Approval, targets: list[Job],
                     approver: Caller) -> dict[str, Any]:
     row = session.scalars(select(EmergencyStop).where(EmergencyStop.approval_id == approval.id)).first()
     if row is None:
@@ -135,7 +135,7 @@ def _after_approval(gw: Gateway, session: Session, approval: Approval, targets: 
     return {"emergency_id": row.id, "stopping": [j.id for j in targets]}
 
 
-def execute(gw: Gateway, session: Session, row: EmergencyStop, targets: list[Job], *, deciders: list[str],
+def execute(gw: Jobs, session: Session, row: EmergencyStop, targets: list[Job], *, deciders: list[str],
             decision_seq: int) -> None:
     """Send every target its stop command in this one transaction (the agents then stop them in parallel)."""
     now = gw.clock()
@@ -163,7 +163,7 @@ def execute(gw: Gateway, session: Session, row: EmergencyStop, targets: list[Job
                                      "hold": held})
 
 
-def lift(gw: Gateway, session: Session, caller: Caller, emergency_id: str, reason: str
+def lift(gw: Jobs, session: Session, caller: Caller, emergency_id: str, reason: str
          ) -> tuple[EmergencyHold, Recorded]:
     """Lift the hold an emergency stop keeps on its scope, so new jobs may be submitted there again.
 
@@ -196,7 +196,7 @@ def lift(gw: Gateway, session: Session, caller: Caller, emergency_id: str, reaso
     return hold, rec
 
 
-def load(gw: Gateway, session: Session, caller: Caller, emergency_id: str) -> EmergencyStop:
+def load(gw: Jobs, session: Session, caller: Caller, emergency_id: str) -> EmergencyStop:
     """Raises NotFound, Forbidden (only on-call, security reviewers, auditors and the deciders may look)."""
     row = session.get(EmergencyStop, emergency_id)
     if row is None:
@@ -205,7 +205,7 @@ def load(gw: Gateway, session: Session, caller: Caller, emergency_id: str) -> Em
     return row
 
 
-def may_view(gw: Gateway, caller: Caller, row: EmergencyStop | None) -> None:
+def may_view(gw: Jobs, caller: Caller, row: EmergencyStop | None) -> None:
     who = caller.real_identity
     if row is not None and who in row.deciders:
         return
@@ -324,7 +324,7 @@ def settle(session: Session, rows: list[EmergencyStop], shown: list[dict[str, An
                             .values(state=out["state"], finished_at=datetime.fromisoformat(out["finished_at"])))
 
 
-def settle_after_read(gw: Gateway, rows: list[EmergencyStop], shown: list[dict[str, Any]]) -> None:
+def settle_after_read(gw: Jobs, rows: list[EmergencyStop], shown: list[dict[str, Any]]) -> None:
     """`settle` in a short write transaction of its own, after reports read without the write lock; only when
     one of them found its stop ended, which happens once per stop."""
     if any(out["state"] != row.state for row, out in zip(rows, shown, strict=True)):

@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from gateway.console import insights
+from gateway.jobs import insights
 from gateway.metrics import histogram
 from gateway.store.models import Job
 from gateway.store.scheduler_tables import PreemptionRow

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.quotas import alive_capacity, usage_by_tenant
+from gateway.jobs.quotas import alive_capacity, usage_by_tenant
 from gateway.store.models import Allocation, Job, Node, Project
 from gateway.store.scheduler_tables import PastRun, QuotaRow, SchedJob
 from scheduler.model import QUEUES

@@ -13,7 +13,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.context import Gateway
+from gateway.jobs.deps import Jobs
+from gateway.jobs.quotas import contribution_of
+from gateway.jobs.scheduler_config import scheduler_config
 from gateway.store.models import Job
 from gateway.store.scheduler_tables import PastRun, PriorityChange, SchedJob
 
@@ -21,13 +23,10 @@ from gateway.store.scheduler_tables import PastRun, PriorityChange, SchedJob
 AGING_STEP = 1.0
 
 
-def on_submit(gw: Gateway, job: Job, *, submitter: str, mounts: list[str],
+def on_submit(gw: Jobs, job: Job, *, submitter: str, mounts: list[str],
               datasets: list[str]) -> tuple[SchedJob, PriorityChange]:
     """The new job's scheduling row and its first priority entry (baseline + contribution), to insert. The
     contribution is the owner's, or the submitter's if lower: naming an owner lends the job no one's standing."""
-    from gateway.quotas import contribution_of
-    from gateway.scheduling import scheduler_config
-
     now = gw.clock()
     config = scheduler_config(gw)
     whose = min({job.owner, submitter}, key=lambda user: (contribution_of(gw, user), user != job.owner))

@@ -4,37 +4,34 @@ preemption commands, and the per-job explanation (position, priority parts, reas
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import yaml
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway import preemption, priority_history
-from gateway.commands import enqueue
-from gateway.context import Gateway
 from gateway.decisions.notifications import notify
 from gateway.decisions.pipeline import record_outcome
-from gateway.jobs import lock_jobs, run_began, transition
-from gateway.quotas import load_quotas
+from gateway.jobs import preemption, priority_history
+from gateway.jobs.quotas import load_quotas
+from gateway.jobs.records import lock_jobs, run_began, transition
+from gateway.jobs.runtime_limits import stop_overrunning
+from gateway.jobs.scheduler_config import scheduler_config
+from gateway.jobs.stops import escalate_unconfirmed_stops, ledger_transition
+from gateway.native.commands import enqueue
+from gateway.native.deps import Native
+from gateway.native.node_health import mark_lost_nodes
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
-from gateway.stops import housekeeping
 from gateway.store.models import Allocation, Job, Node, NodeCommand
 from gateway.store.scheduler_tables import SchedJob, TenantUsage
 from gateway.store.states import ACTIVE_STATES, ENDED_STATES, WITHHELD_STATES
 from scheduler import reasons
-from scheduler.config import config_from_mapping
 from scheduler.cycle import CycleResult, run_cycle
-from scheduler.errors import InvalidConfig
 from scheduler.estimate import after_admits, estimate_starts, quota_starts
 from scheduler.model import (
-    DEFAULT_CONFIG,
     JobId,
     NodeId,
     NodeState,
@@ -47,25 +44,6 @@ from scheduler.model import (
 )
 
 log = logging.getLogger("jobgate.scheduler")
-
-
-
-def scheduler_config(gw: Gateway) -> SchedulerConfig:
-    """The scheduler's numbers: `gw.scheduler_config` if set, else the YAML file named by
-    JOBGATE_SCHEDULER_CONFIG (read once), else the defaults. Raises InvalidConfig for a bad file."""
-    config = getattr(gw, "scheduler_config", None)
-    if isinstance(config, SchedulerConfig):
-        return config
-    path = os.environ.get("JOBGATE_SCHEDULER_CONFIG")
-    config = DEFAULT_CONFIG
-    if path:
-        try:
-            data = yaml.safe_load(Path(path).read_text())
-        except (OSError, yaml.YAMLError) as e:
-            raise InvalidConfig("JOBGATE_SCHEDULER_CONFIG", f"cannot read {path}: {e}") from e
-        config = config_from_mapping(data)
-    gw.scheduler_config = config  # type: ignore[attr-defined]
-    return config
 
 
 def _stop_by(job: Job) -> datetime | None:
@@ -162,8 +140,6 @@ def _node_state(node: Node, used: set[int]) -> NodeState:
                      alive=node.state == "alive", degraded=gpus > node.gpus, isolated=node.isolation != "none")
 
 
-
-
 def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
     """Q3: usage(t) = usage × 2^(-dt / half-life) + GPUs held × dt, per tenant."""
     held: dict[str, int] = defaultdict(int)
@@ -182,7 +158,7 @@ def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
         row.updated_at = now
 
 
-def run_once(gw: Gateway) -> int:
+def run_once(gw: Native) -> int:
     """One scheduling cycle in one transaction. Returns the number of jobs admitted."""
     with gw.transaction() as session:
         if not gw.db.is_sqlite:
@@ -192,7 +168,7 @@ def run_once(gw: Gateway) -> int:
             # lock already serialises the cycle with every request.
             lock_jobs(session, session.scalars(select(Job.id).where(Job.state.not_in(ENDED_STATES))).all())
         now = gw.clock()
-        housekeeping(gw, session, now)  # node health, stop escalation, retention, R4 (gateway/stops.py)
+        cycle_chores(gw, session, now)  # node health, stop escalation, runtime limits
         break_partial_holds(gw, session)  # Q7
         requeue_undelivered_starts(gw, session, now)
         config = scheduler_config(gw)
@@ -212,7 +188,7 @@ def run_once(gw: Gateway) -> int:
         return len(result.admits)
 
 
-def break_partial_holds(gw: Gateway, session: Session) -> list[str]:
+def break_partial_holds(gw: Native, session: Session) -> list[str]:
     """Q7, detect and break: a waiting job holds no GPUs. A gang's allocations are written in the transaction
     that starts it and removed in the one that requeues it, so none should exist; one found anyway (a manual
     repair, a half-restored backup) could join a circular wait with another gang waiting for what it holds.
@@ -238,7 +214,7 @@ def break_partial_holds(gw: Gateway, session: Session) -> list[str]:
 NEVER_STARTED = ("starting", "lost")
 
 
-def requeue_undelivered_starts(gw: Gateway, session: Session, now: datetime) -> list[str]:
+def requeue_undelivered_starts(gw: Native, session: Session, now: datetime) -> list[str]:
     """A starting job none of whose nodes ever fetched its start command before the command expired goes back to
     the queue. An expired command is never handed out again, so such a job stayed `starting` for ever, holding its
     GPUs and its quota, and its owner read only where it had been placed. Never delivered means no agent saw it,
@@ -247,8 +223,6 @@ def requeue_undelivered_starts(gw: Gateway, session: Session, now: datetime) -> 
 
     So does one marked `lost` before any node fetched its start (its node died first): it withheld GPUs that hold
     nothing, and when the node came back the job was reported `failed` though it never ran."""
-    from gateway.stops import ledger_transition  # late: stops imports this module's neighbours
-
     latest: dict[tuple[str, str], NodeCommand] = {}
     for cmd in session.scalars(select(NodeCommand).join(Job, Job.id == NodeCommand.job_id)
                                .where(Job.state.in_(NEVER_STARTED), NodeCommand.kind == "start")
@@ -281,7 +255,7 @@ def requeue_undelivered_starts(gw: Gateway, session: Session, now: datetime) -> 
     return requeued
 
 
-def _admit(gw: Gateway, session: Session, result: CycleResult, now: datetime) -> None:
+def _admit(gw: Native, session: Session, result: CycleResult, now: datetime) -> None:
     for admit in result.admits:
         job = session.get(Job, admit.job_id)
         if job is None or job.state != "pending":
@@ -365,7 +339,7 @@ def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: dat
 class SchedulerLoop(threading.Thread):
     """Runs a cycle every interval, or sooner when something changed (submit, release, new node)."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Native) -> None:
         super().__init__(name="jobgate-scheduler", daemon=True)
         self.gw = gw
         self._stop_event = threading.Event()
@@ -385,3 +359,12 @@ class SchedulerLoop(threading.Thread):
         self._stop_event.set()
         self.gw.scheduler_kick.set()
         self.join(timeout=10)
+
+
+def cycle_chores(gw: Native, session: Session, now: datetime) -> None:
+    """Called once per scheduler cycle, in its transaction: node health, stop escalation and runtime limits
+    (seconds matter).
+    Retention, R4 auto-offline and purges run in the slower housekeeping loop (gateway/lifecycle.py)."""
+    mark_lost_nodes(gw, session, now)
+    escalate_unconfirmed_stops(gw, session, now)
+    stop_overrunning(gw, session, now)  # Q6: a reservation counts on declared runtime limits being kept

@@ -25,12 +25,12 @@ import rfc8785
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.context import Gateway
 from gateway.decisions.pipeline import decide, record_outcome
 from gateway.decisions.queue_snapshot import queue_snapshot
 from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Invalid, NotFound
 from gateway.identity.auth import Caller
+from gateway.jobs.deps import Jobs
 from gateway.store.models import Allocation, Job, Node, NodeCommand
 from gateway.store.stop_tables import CheckpointRetention, CommandAck, JobDeletion
 from ledger.bundle import export_bundle
@@ -50,7 +50,7 @@ def _mentions(entry: dict[str, Any], job_ids: set[str]) -> bool:
     return any(isinstance(t, str) and t in job_ids for t in listed)
 
 
-def _scan(gw: Gateway, job_ids: set[str] | None, since: datetime | None) -> tuple[int, set[str]]:
+def _scan(gw: Jobs, job_ids: set[str] | None, since: datetime | None) -> tuple[int, set[str]]:
     """First seq of the range, and (for --since) the jobs the range touches."""
     ledger = gw.ledger
     size = ledger.size()
@@ -76,7 +76,7 @@ def _scan(gw: Gateway, job_ids: set[str] | None, since: datetime | None) -> tupl
     return start, touched
 
 
-def _section(gw: Gateway, name: str, data: Any, job_ids: list[str]) -> int:
+def _section(gw: Jobs, name: str, data: Any, job_ids: list[str]) -> int:
     blob = rfc8785.dumps(data)
     body = {"section": name, "jobs": job_ids, "sha256": hashlib.sha256(blob).hexdigest()}
     return record_outcome(gw, "forensics", body, blobs={name: blob})
@@ -152,7 +152,7 @@ class _Ledgered:
                                                                                      "ledger_seq": seq})
 
 
-def _read_ledgered(gw: Gateway, ids: set[str]) -> _Ledgered:
+def _read_ledgered(gw: Jobs, ids: set[str]) -> _Ledgered:
     ledger, out = gw.ledger, _Ledgered()
     seq, size = 0, gw.ledger.size()
     while seq < size:
@@ -193,7 +193,7 @@ def _db_runs(job: Job) -> list[tuple[str, dict[str, Any]]]:
             for node, part in source.items() if isinstance(part, dict) and part]
 
 
-def _integrity(gw: Gateway, session: Session, jobs: list[Job]) -> dict[str, Any]:
+def _integrity(gw: Jobs, session: Session, jobs: list[Job]) -> dict[str, Any]:
     """Checkpoint write times and integrity (F4): every checkpoint the ledger or the business DB records for each
     job, oldest write first, and whether the DB's evidence is what the ledger recorded. The DB's evidence may
     legitimately be newer than the last ledgered blob (a stop while queued, a confirmation by on-call), so each
@@ -231,7 +231,7 @@ def _integrity(gw: Gateway, session: Session, jobs: list[Job]) -> dict[str, Any]
     return out
 
 
-def export(gw: Gateway, session: Session, caller: Caller, *, job_id: str | None, since: datetime | None,
+def export(gw: Jobs, session: Session, caller: Caller, *, job_id: str | None, since: datetime | None,
            exported_at: str) -> tuple[bytes, dict[str, Any]]:
     """Freeze the sections, export the bundle; returns (file bytes, summary).
 

@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.context import Gateway
+from gateway.decisions.pipeline import visible_projects
 from gateway.identity.auth import Caller
-from gateway.jobs import visible_projects
+from gateway.jobs.deps import Jobs
 from gateway.store.models import Job, Node, Project
 
 LIVE_STATES = ("pending", "starting", "running", "lost", "stop_requested", "stopping", "stop_failed", "paused")
@@ -29,7 +29,7 @@ def _launcher(job: Job) -> dict[str, Any]:
     return out
 
 
-def workloads(gw: Gateway, session: Session, caller: Caller, *, environment: str | None = None,
+def workloads(gw: Jobs, session: Session, caller: Caller, *, environment: str | None = None,
               labels: dict[str, str] | None = None, include_ended: bool = False) -> dict[str, Any]:
     """Workloads of the projects the caller may view, filtered by scope; with blind spots and totals."""
     projects = list(session.scalars(select(Project.id)).all())

@@ -1,4 +1,4 @@
-"""Checkpoint retention by tier (P1) and auto-offline of expired jobs (R4); both ledgered, both through agents.
+"""Checkpoint retention by tier (P1), ledgered, and carried out by whatever runs the jobs (the execution port).
 
 Tiers (the job's `retention` label, or `external` for external-rights data):
   normal     kept until the next job on the same quota (project) starts;
@@ -17,17 +17,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.commands import enqueue, nodes_with_files
-from gateway.context import Gateway
-from gateway.decisions.notifications import notify
-from gateway.decisions.pipeline import decide, record, record_outcome
-from gateway.identity.auth import Caller
+from gateway.decisions.pipeline import record, record_outcome
+from gateway.jobs.deps import Jobs
 from gateway.store.models import Job
 from gateway.store.stop_tables import CheckpointRetention, RetentionCleanupNode
 
 DEFAULT_IMPORTANT_DAYS = 14
 TIERS = ("normal", "important", "external")
-SYSTEM = Caller(id="system", kind="system", token_id="", token_projects=("*",), token_actions=("*",))
 
 
 def tier_of(job: Job) -> str:
@@ -37,7 +33,7 @@ def tier_of(job: Job) -> str:
     return tier if tier in TIERS else "normal"
 
 
-def important_days(gw: Gateway) -> int:
+def important_days(gw: Jobs) -> int:
     """The important tier's retention in days, from the active policy set (P1: explicit configuration, checked
     at load by gateway/policy/loader.py), so a reload changes it for every checkpoint kept from then on."""
     return int(gw.policy_set.data.get("retention", {}).get("important_days", DEFAULT_IMPORTANT_DAYS))
@@ -88,7 +84,7 @@ def retention_out(session: Session, job_id: str) -> dict[str, Any] | None:
             "cleaned_at": row.cleaned_at.isoformat() if row.cleaned_at else None}
 
 
-def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
+def keep_checkpoints(gw: Jobs, job: Job, now: datetime) -> None:
     """Put a stopped or paused job's checkpoints under its tier's retention (ledgered)."""
     from sqlalchemy.orm import object_session
 
@@ -108,7 +104,7 @@ def keep_checkpoints(gw: Gateway, job: Job, now: datetime) -> None:
                                       + job.project + " starts"})
 
 
-def release(gw: Gateway, job: Job, now: datetime) -> None:
+def release(gw: Jobs, job: Job, now: datetime) -> None:
     """A resumed job's run is over, or ended before it began: it no longer reads the checkpoint its pause kept,
     which goes back under the tier's retention from now. Left `in_use`, no tier would ever clean it (P1)."""
     from sqlalchemy.orm import object_session
@@ -135,7 +131,7 @@ def expired(session: Session, row: CheckpointRetention, now: datetime) -> str | 
     return f"job {successor} started on quota {row.quota}" if successor else None
 
 
-def cleanup(gw: Gateway, session: Session, now: datetime) -> list[str]:
+def cleanup(gw: Jobs, session: Session, now: datetime) -> list[str]:
     """Send `delete_artifacts` for every expired retention; returns the job ids being cleaned."""
     cleaning = []
     for row in session.scalars(select(CheckpointRetention).where(CheckpointRetention.state == "kept")).all():
@@ -145,9 +141,9 @@ def cleanup(gw: Gateway, session: Session, now: datetime) -> list[str]:
             continue
         row.state = "cleaning"
         nonces = []
-        for node in nodes_with_files(session, job.id, job.placement):
-            nonces.append(enqueue(gw, session, node, job.id, "delete_artifacts",
-                                  {"what": "checkpoints", "reason": f"retention: {why}"}))
+        for node in gw.execution.holders(session, job):
+            nonces.append(gw.execution.delete_artifacts(session, job, node, what="checkpoints",
+                                                        reason=f"retention: {why}"))
             _sent_to(session, job.id, node, now)
         record_outcome(gw, "retention", {"job_id": job.id, "action": "cleanup", "tier": row.tier, "why": why,
                                          "nonces": nonces, "at": now.isoformat()})
@@ -163,7 +159,7 @@ def _sent_to(session: Session, job_id: str, node: str, now: datetime) -> None:
         part.state, part.sent_at, part.reported_at = "sent", now, None
 
 
-def record_deleted(gw: Gateway, session: Session, node: str, job_id: str, objects: list[dict[str, Any]],
+def record_deleted(gw: Jobs, session: Session, node: str, job_id: str, objects: list[dict[str, Any]],
                    reason: str, now: datetime, *, complete: bool = True) -> None:
     """Ledger every object a node deleted (one entry per object). The retention row is cleaned once every node
     the cleanup went to has reported removing everything: a gang job's checkpoints are on each of its nodes, and
@@ -184,24 +180,3 @@ def record_deleted(gw: Gateway, session: Session, node: str, job_id: str, object
         # P1 asks for the cleanup itself to be audited: its start and each object removed are, and so is its end.
         record_outcome(gw, "retention", {"job_id": job_id, "action": "cleaned", "tier": row.tier,
                                          "nodes": sorted(p.node for p in parts) or [node], "at": now.isoformat()})
-
-
-def auto_offline(gw: Gateway, session: Session, now: datetime) -> list[str]:
-    """R4: the system reclaims running or queued jobs past valid_until that asked for auto-offline."""
-    from gateway import stops  # late: stops runs this from its housekeeping
-
-    done = []
-    for job in session.scalars(select(Job).where(
-            Job.auto_offline.is_(True), Job.valid_until.is_not(None), Job.valid_until <= now,
-            Job.state.in_(("pending", "starting", "running")))).all():
-        rec = decide(gw, session, SYSTEM, "job.stop", targets=[job], project=job.project,
-                     reason="validity period ended; auto-offline (R4)")
-        if rec.decision.effect != "allow":
-            continue
-        stops.request_stop(gw, session, job, now, by="system", reason="validity period ended; auto-offline (R4)",
-                           request_id=rec.request_id, decision_seq=rec.seq, auto_offline=True)
-        notify(session, job.owner, "job_auto_offline", {"job_id": job.id,
-                                                        "valid_until": job.valid_until.isoformat()
-                                                        if job.valid_until else None}, now)
-        done.append(job.id)
-    return done

@@ -16,20 +16,21 @@ ledgered as a node anomaly and on-call is alerted, as for a bypass.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-import rfc8785
 from sqlalchemy import and_, or_, select
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
-from gateway import stops
-from gateway.context import Gateway
-from gateway.decisions.notifications import notify
-from gateway.decisions.pipeline import decide, ledger_batch, record, record_outcome
+from gateway.decisions.notifications import alert
+from gateway.decisions.pipeline import ledger_batch, record_outcome
 from gateway.errors import Forbidden, NotFound
 from gateway.identity.auth import Caller
-from gateway.jobs import lock_jobs
+from gateway.jobs import reports, stops
+from gateway.jobs.records import lock_jobs
+from gateway.jobs.reports import STOP_FINISHABLE
+from gateway.native import node_health
+from gateway.native.deps import Native
 from gateway.schemas import AgentReport, Heartbeat
 from gateway.store.models import Allocation, Job, Node, NodeCommand
 from gateway.store.stop_tables import CommandAck
@@ -39,8 +40,6 @@ RESEND_AFTER_S = 3.0
 # Commands that stop jobs: a "rejected" answer to one is never its acknowledgement.
 STOP_KINDS = ("stop", "reconcile")
 MAX_REJECTIONS_KEPT = 20
-# States a node's `stopped` evidence may still finish: the stop path, and a stop a person is waiting on.
-_STOP_FINISHABLE = ("stop_requested", "stopping", "stop_failed", "lost")
 
 
 def require_node(caller: Caller, node_id: str) -> None:
@@ -49,7 +48,7 @@ def require_node(caller: Caller, node_id: str) -> None:
         raise Forbidden(f"only the agent of node {node_id!r} may use this endpoint")
 
 
-def heartbeat(gw: Gateway, session: Session, node_id: str, beat: Heartbeat, instance: str = "") -> None:
+def heartbeat(gw: Native, session: Session, node_id: str, beat: Heartbeat, instance: str = "") -> None:
     """Record the beat; a node coming back (or an agent restarted) gets a `reconcile` command."""
     now = gw.clock()
     node = session.get(Node, node_id)
@@ -64,7 +63,7 @@ def heartbeat(gw: Gateway, session: Session, node_id: str, beat: Heartbeat, inst
         _alert_if_short(gw, session, node_id, beat.gpus, now)
     if beat.isolation != node.isolation:
         if beat.isolation == "none":
-            stops.alert(gw, session, now, "node_not_isolated", {
+            alert(session, now, "node_not_isolated", {
                 "node": node_id, "isolation": "none",
                 "effect": "its jobs run as the agent's own user: any of them could read the node's token and act "
                           "as the node"})
@@ -77,10 +76,10 @@ def heartbeat(gw: Gateway, session: Session, node_id: str, beat: Heartbeat, inst
     node.last_heartbeat = now
     node.running = beat.running
     _contradicted_by_beat(gw, session, node_id, beat.running, now, beat.at)
-    stops.on_heartbeat(gw, session, node, was, instance, beat.running, now)
+    node_health.on_heartbeat(gw, session, node, was, instance, beat.running, now)
 
 
-def _alert_if_short(gw: Gateway, session: Session, node_id: str, reported: int, now: datetime) -> None:
+def _alert_if_short(gw: Native, session: Session, node_id: str, reported: int, now: datetime) -> None:
     """A node now reporting fewer GPUs than its jobs hold takes no new work until they fit (the scheduler marks
     it degraded, gateway/scheduling.py); its jobs are not touched. Told once per change of count, not per beat."""
     beyond: set[int] = set()
@@ -92,12 +91,12 @@ def _alert_if_short(gw: Gateway, session: Session, node_id: str, reported: int, 
             beyond |= missing
             jobs.add(job_id)
     if beyond:
-        stops.alert(gw, session, now, "node_gpus_missing", {
+        alert(session, now, "node_gpus_missing", {
             "node": node_id, "reported_gpus": reported, "allocated_beyond": sorted(beyond), "jobs": sorted(jobs),
             "effect": "no new work is placed on this node until its jobs fit the GPUs it reports"})
 
 
-def take_commands(gw: Gateway, session: Session, node_id: str) -> list[dict[str, Any]]:
+def take_commands(gw: Native, session: Session, node_id: str) -> list[dict[str, Any]]:
     """Hand out the node's unacknowledged, unexpired commands in issue order (new ones, and old ones due again)."""
     now = gw.clock()
     due = now - timedelta(seconds=RESEND_AFTER_S)
@@ -113,7 +112,7 @@ def take_commands(gw: Gateway, session: Session, node_id: str) -> list[dict[str,
     return [row.envelope for row in rows]
 
 
-def has_unacked(gw: Gateway, session: Session, node_id: str) -> bool:
+def has_unacked(gw: Native, session: Session, node_id: str) -> bool:
     """Whether some delivered command still waits for its acknowledgement (the long poll then wakes to resend)."""
     now = gw.clock()
     found = session.scalars(
@@ -145,7 +144,7 @@ class _Batch:
                 self.parts.setdefault(part.job_id, []).append(part)
 
 
-def apply_reports(gw: Gateway, session: Session, node_id: str, reports: list[AgentReport]) -> None:
+def apply_reports(gw: Native, session: Session, node_id: str, reports: list[AgentReport]) -> None:
     """Fold a batch of reports in order, in the caller's transaction; ledger appends go out together."""
     with session.no_autoflush, ledger_batch(gw, session):
         batch = _Batch(session, reports)
@@ -187,7 +186,7 @@ def _acknowledge(session: Session, node_id: str, report: AgentReport, now: datet
                            detail=report.detail[:500]))
 
 
-def anomaly(gw: Gateway, session: Session, node_id: str, report: AgentReport | None, why: str, now: datetime,
+def anomaly(gw: Native, session: Session, node_id: str, report: AgentReport | None, why: str, now: datetime,
             **body: Any) -> None:
     """A node said something it cannot know or that contradicts the gateway's record: not applied, ledgered and
     alerted as a node anomaly (F3). Either its agent is broken, or something on the node speaks as the agent."""
@@ -195,7 +194,7 @@ def anomaly(gw: Gateway, session: Session, node_id: str, report: AgentReport | N
                                         "pid": report.pid, "detail": report.detail[:500]}
     entry = {"node": node_id, "anomaly": why, **about, **body, "at": now.isoformat()}
     record_outcome(gw, "agent_report", entry)
-    stops.alert(gw, session, now, "node_anomaly", {**entry, "effect": "the report was not applied"})
+    alert(session, now, "node_anomaly", {**entry, "effect": "the report was not applied"})
 
 
 def _contradiction(session: Session, job: Job, part: Allocation, report: AgentReport, batch: _Batch | None
@@ -226,7 +225,7 @@ def _answers_stop(session: Session, job: Job, part: Allocation, report: AgentRep
     return sent.kind == "reconcile" and job.id in (sent.envelope_params().get("stop") or [])
 
 
-def _contradicted_by_beat(gw: Gateway, session: Session, node_id: str, running: list[dict[str, Any]],
+def _contradicted_by_beat(gw: Native, session: Session, node_id: str, running: list[dict[str, Any]],
                           now: datetime, at: float | None) -> None:
     """A heartbeat taken after the node said a run ended, still listing that very process: the GPUs it freed
     are still held (or the end was false). Alerted once per run."""
@@ -243,22 +242,7 @@ def _contradicted_by_beat(gw: Gateway, session: Session, node_id: str, running: 
                 " are not free", now, job_id=part.job_id, pid=part.pid, state=part.state, gpus=list(part.gpus))
 
 
-def _job_state_from_parts(parts: list[Allocation]) -> str | None:
-    states = {p.state for p in parts}
-    if states <= {"running"}:
-        return "running"
-    if states <= {"stopped"}:
-        return "stopped"
-    if states <= {"stopped", "exited", "failed"} and "stopped" in states:
-        return "stopped"
-    if states <= {"exited"}:
-        return "exited"
-    if states <= {"exited", "failed"}:
-        return "failed"
-    return None
-
-
-def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentReport,
+def apply_report(gw: Native, session: Session, node_id: str, report: AgentReport,
                  batch: _Batch | None = None) -> None:
     """Fold one agent report into allocation and job state; ledger every transition it causes (C3).
 
@@ -278,7 +262,7 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
         return
     if report.event == "deleted":
         if _asked_to_delete(session, node_id, report, batch):
-            _deleted(gw, session, node_id, report, now)
+            _deleted(gw, session, node_id, report)
         else:
             _unknown(gw, session, node_id, report, session.get(Job, report.job_id), now)
         return
@@ -300,96 +284,17 @@ def apply_report(gw: Gateway, session: Session, node_id: str, report: AgentRepor
         anomaly(gw, session, node_id, report, contradiction, now, job_state=job.state, part_state=part.state)
         return
     _acknowledge(session, node_id, report, now, batch)
-    stale = stops.stale_report(session, job, part, report.event, report.pid, report.nonce)
+    stale = node_health.stale_report(session, job, part, report.event, report.pid, report.nonce)
     if stale is not None:
         record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
                                             "detail": report.detail, "nonce": report.nonce, "pid": report.pid,
                                             "stale": stale, "job_state": job.state})
         return
-    before = job.state
-    group_survived = False
-    if report.event == "started":
-        part.state, part.pid = "running", report.pid
-    elif report.event == "stopping":
-        if part.state not in stops.PART_DONE:
-            part.state = "stopping"
-    elif report.event in ("stopped", "exited"):
-        ev = dict(report.evidence or {})
-        if report.evidence is None:
-            # The agent has no such process (it keeps a record of every group it runs): nothing left there.
-            ev = {"process_group_gone": True, "note": report.detail or "not running on this node",
-                  "exit_code": None}
-        # Which observed end it was: a resend of it (delivery is at-least-once) is told from a second end. A
-        # report without evidence ("not running here", "already exited") saw no end, and a later one may fill in.
-        part.evidence = ev if report.evidence is None else {**ev, "reported_at": report.at,
-                                                            "reported_event": report.event}
-        part.exit_code = ev.get("exit_code")
-        if ev.get("process_group_gone") is False:
-            group_survived = True
-            part.state = "stopping"
-        else:
-            part.released = True
-            if report.event == "stopped":
-                part.state = "stopped"
-            else:
-                part.state = "exited" if ev.get("exit_code") == 0 else "failed"
-    if group_survived:
-        record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
-                                            "alert": "process group survived SIGKILL; GPUs withheld"},
-                       blobs={"evidence": rfc8785.dumps(part.evidence)})
-        if job.state in _STOP_FINISHABLE and job.state != "stop_failed":
-            stops.escalate(gw, session, job, now, f"process group on {node_id} is still alive after SIGKILL",
-                           unreachable=False)
-        return
-    if report.event == "stopping" and job.state == "stop_requested":
-        stops.ledger_transition(gw, job, "stopping", now, by=f"node:{node_id}", reason="prepare signal delivered",
-                                node=node_id, nonce=report.nonce, evidence=report.evidence or {})
-    target = _job_state_from_parts(parts)
-    if part.state == "failed" and target is None and job.state in ("starting", "running"):
-        _stop_gang(gw, session, job, part, parts, now)
-    elif target == "running" and job.state == "starting":
-        job.started_at = datetime.fromtimestamp(report.at, UTC)
-        stops.ledger_transition(gw, job, "running", now, by=f"node:{node_id}", reason="all gang members started",
-                                node=node_id)
-    elif target in ("stopped", "exited", "failed") and _may_finish(job, target):
-        _finish(gw, job, parts, target, now, node_id)
-    elif report.event in ("stopped", "exited") and job.state == before and job.state not in _STOP_FINISHABLE \
-            and job.state not in ("starting", "running"):
-        # Evidence for a job that already ended (e.g. confirmed by on-call while its node was lost).
-        record_outcome(gw, "agent_report", {"node": node_id, "job_id": job.id, "event": report.event,
-                                            "late_evidence": True, "job_state": job.state},
-                       blobs={"evidence": rfc8785.dumps(part.evidence)})
-    if part.released:
-        gw.scheduler_kick.set()
+    reports.fold(gw, session, job, part, parts, node_id, report.event, at=report.at, pid=report.pid,
+                 evidence=report.evidence, reference=report.nonce, detail=report.detail)
 
 
-def _stop_gang(gw: Gateway, session: Session, job: Job, failed: Allocation, parts: list[Allocation],
-               now: datetime) -> None:
-    """Q6: one member of a gang failed, and the others cannot go on without it: a distributed run waits for
-    its peers, often until a collective operation times out, holding every GPU. The system stops the members
-    still running (decided and ledgered like any stop); the job then ends `failed`, not `stopped`."""
-    from gateway.retention import SYSTEM  # late: retention imports this module's neighbours
-
-    status = f"exit code {failed.exit_code}" if failed.exit_code is not None else "its node reported no exit status"
-    why = f"gang member on {failed.node} failed ({status}); the other members are stopped"
-    rec = decide(gw, session, SYSTEM, "job.stop", targets=[job], project=job.project, reason=why)
-    if rec.decision.effect != "allow":  # the policy keeps this to people: tell on-call the GPUs are held
-        stops.alert(gw, session, now, "gang_member_failed",
-                    {"job_id": job.id, "node": failed.node, "exit_code": failed.exit_code, "decision_seq": rec.seq})
-        return
-    live = {p.node for p in parts if p.state not in stops.PART_DONE}
-    stops.request_stop(gw, session, job, now, by="system", reason=why, request_id=rec.request_id,
-                       decision_seq=rec.seq, nodes=live,
-                       gang_failure={"node": failed.node, "exit_code": failed.exit_code})
-    notify(session, job.owner, "job_gang_member_failed",
-           {"job_id": job.id, "node": failed.node, "exit_code": failed.exit_code, "stopping": sorted(live)}, now)
-
-
-def _may_finish(job: Job, target: str) -> bool:
-    return job.state in ("starting", "running") or job.state in _STOP_FINISHABLE
-
-
-def _rejected(gw: Gateway, session: Session, node_id: str, report: AgentReport, now: datetime,
+def _rejected(gw: Native, session: Session, node_id: str, report: AgentReport, now: datetime,
               batch: _Batch | None) -> None:
     sent = _sent(session, report.nonce, batch) if report.nonce else None
     stop = sent is not None and sent.kind in STOP_KINDS
@@ -403,7 +308,7 @@ def _rejected(gw: Gateway, session: Session, node_id: str, report: AgentReport, 
     if stop and sent is not None and not replay:
         _note_stop_rejection(session, sent, node_id, report, now)
     if not replay:
-        stops.alert(gw, session, now, "command_rejected",
+        alert(session, now, "command_rejected",
                     {"node": node_id, "job_id": report.job_id or None, "nonce": report.nonce,
                      "detail": report.detail})
 
@@ -414,7 +319,7 @@ def _note_stop_rejection(session: Session, sent: NodeCommand, node_id: str, repo
     jobs = [sent.job_id] if sent.kind == "stop" else list(sent.envelope_params().get("stop") or [])
     for job_id in jobs:
         job = session.get(Job, job_id)
-        if job is None or job.state not in _STOP_FINISHABLE:
+        if job is None or job.state not in STOP_FINISHABLE:
             continue
         seen = list(job.stop_request.get("rejections") or [])[-(MAX_REJECTIONS_KEPT - 1):]
         job.stop_request = {**job.stop_request, "rejections": [
@@ -431,90 +336,30 @@ def _asked_to_delete(session: Session, node_id: str, report: AgentReport, batch:
         and sent.job_id == report.job_id
 
 
-def _deleted(gw: Gateway, session: Session, node_id: str, report: AgentReport, now: datetime) -> None:
-    """The node removed artifacts (retention cleanup or a job delete): ledger every object."""
-    from gateway import lifecycle, retention  # late: both import this module's neighbours
-
+def _deleted(gw: Native, session: Session, node_id: str, report: AgentReport) -> None:
+    """The node removed artifacts it was asked to: its report's list, read as the agent writes it."""
     ev = report.evidence or {}
     objects = [dict(o) for o in ev.get("deleted") or [] if isinstance(o, dict)]
-    reason = str(ev.get("reason") or "")
     left = [str(p) for p in ev.get("left") or []]
     truncated = ev.get("truncated") if isinstance(ev.get("truncated"), dict) else {}
     unlisted = max(0, int(truncated.get("deleted") or 0) - len(objects)) if truncated else 0
-    if unlisted:  # removed, but past what one report may carry: counted, not listed one by one
-        record_outcome(gw, "deletion", {"job_id": report.job_id, "node": node_id, "action": "deleted_unlisted",
-                                        "count": unlisted, "reason": reason, "at": now.isoformat()})
-    if left:  # the node could not remove everything: the cleanup is not over, and a person must look
-        record_outcome(gw, "deletion", {"job_id": report.job_id, "node": node_id, "action": "incomplete",
-                                        "left_count": len(left), "left": left[:100], "reason": reason,
-                                        "at": now.isoformat()})
-        stops.alert(gw, session, now, "deletion_incomplete",
-                    {"node": node_id, "job_id": report.job_id, "left_count": len(left), "left": left[:20]})
-    retention.record_deleted(gw, session, node_id, report.job_id, objects, reason, now, complete=not left)
-    lifecycle.purge_reported(gw, session, report.job_id, node_id, objects, now, complete=not left)
+    reports.deleted(gw, session, report.job_id, node_id, objects=objects, reason=str(ev.get("reason") or ""),
+                    left=left, unlisted=unlisted)
 
 
-def _unknown(gw: Gateway, session: Session, node_id: str, report: AgentReport, job: Job | None,
+def _unknown(gw: Native, session: Session, node_id: str, report: AgentReport, job: Job | None,
              now: datetime) -> None:
     """A process the gateway does not expect on that node: reported and alerted, never stopped unasked (H1)."""
     record_outcome(gw, "agent_report", {"node": node_id, "job_id": report.job_id or None, "event": report.event,
                                         "detail": report.detail, "nonce": report.nonce, "known_job": job is not None,
                                         "job_state": job.state if job else None, "pid": report.pid})
     if report.event == "deleted":
-        stops.alert(gw, session, now, "unsolicited_deletion",
+        alert(session, now, "unsolicited_deletion",
                     {"node": node_id, "job_id": report.job_id, "nonce": report.nonce, "detail": report.detail})
     if report.event == "unknown":
-        stops.alert(gw, session, now, "unknown_process",
+        alert(session, now, "unknown_process",
                     {"node": node_id, "job_id": report.job_id, "pid": report.pid,
                      "known_job": job is not None, "detail": report.detail})
-
-
-def _finish(gw: Gateway, job: Job, parts: list[Allocation], target: str, now: datetime, node_id: str) -> None:
-    preempted = bool(job.stop_request.get("preemption"))
-    if preempted and target == "stopped":  # P2: a preempted job goes back to the queue (gateway/preemption.py)
-        from gateway.preemption import requeue
-
-        requeue(gw, job, parts, now, f"node:{node_id}")
-        return
-    if preempted:  # it ended on its own before the prepare signal: finished, not preempted, so never rerun
-        from gateway.preemption import ended_before_stop
-
-        ended_before_stop(job)
-    evidence = {p.node: p.evidence for p in parts}
-    outcomes = {str(p.evidence.get("outcome")) for p in parts if p.evidence.get("outcome")}
-    paused = bool(job.stop_request.get("pause"))
-    # Stopped because a member failed (_stop_gang): the run failed, with that member's code; unless a final stop
-    # (an emergency's) took the stop over, which ends it `stopped` like any other it takes over.
-    gang_failure = None if "taken_over" in job.stop_request else job.stop_request.get("gang_failure")
-    codes = [p.exit_code for p in parts if p.exit_code is not None]
-    job.exit_code = max(codes, key=abs) if codes else None
-    if gang_failure:
-        job.outcome = None
-        state = "failed"
-        job.exit_code = gang_failure.get("exit_code")
-    elif target == "stopped" or (job.state in ("stop_requested", "stopping", "stop_failed") and not preempted):
-        job.outcome = "forced" if "forced" in outcomes else "graceful" if "graceful" in outcomes else "exited"
-        state = "paused" if paused else "stopped"
-    else:
-        job.outcome = None
-        state = "succeeded" if target == "exited" else "failed"
-    job.ended_at = now
-    job.evidence = {"nodes": evidence, "gpus_released": all(p.released for p in parts),
-                    "process_groups_gone": all(p.evidence.get("process_group_gone") is not False for p in parts)}
-    action = "job.pause" if paused else "job.stop" if state == "stopped" else "job.exit"
-    stops.ledger_transition(gw, job, state, now, by=f"node:{node_id}",
-                            reason=job.outcome or (f"exit code {job.exit_code}" if job.exit_code is not None
-                                                   else "its node reported no exit status"), node=node_id)
-    blob = rfc8785.dumps(job.evidence)
-    record(gw, object_session(job), "outcome",
-                 {"action": action, "job_id": job.id, "result": state, "outcome": job.outcome,
-                  "exit_code": job.exit_code, "stop_request": job.stop_request}, blobs={"evidence": blob})
-    from gateway import retention  # imported late: retention imports the agent channel's helpers
-
-    if state in ("stopped", "paused"):
-        retention.keep_checkpoints(gw, job, now)
-    else:
-        retention.release(gw, job, now)
 
 
 def node_or_404(session: Session, node_id: str) -> Node:

@@ -12,20 +12,20 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from gateway import priority_history
-from gateway.context import Gateway
 from gateway.decisions import facts
 from gateway.decisions.obligations import notify_owners
 from gateway.decisions.pipeline import record_outcome
 from gateway.decisions.queue_snapshot import snapshot_blob
 from gateway.errors import Conflict
 from gateway.identity.auth import Caller
+from gateway.jobs import priority_history
+from gateway.jobs.deps import Jobs
 from gateway.store.models import Job
 from gateway.store.service_tables import Approval
 from gateway.store.states import PAST_STATES
 
 
-def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by: str, request_id: str,
+def apply_priority(gw: Jobs, session: Session, job: Job, value: float, *, by: str, request_id: str,
                    decision_seq: int, reason: str | None, approved_by: list[str],
                    obligations: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Set the job's effective priority; record before/after, basis, a queue snapshot and the owners told (the
@@ -51,11 +51,11 @@ def apply_priority(gw: Gateway, session: Session, job: Job, value: float, *, by:
         "result": "changed", "priority_before": before, "priority_after": value, "operator": by,
         "affected_owner": job.owner, "approved_by": approved_by, "reason": reason, "owner_notified": notified,
     }, blobs={"queue_snapshot": snapshot})
-    gw.scheduler_kick.set()
+    gw.execution.reprioritised(job, value)
     return {"job_id": job.id, "priority_before": before, "priority_after": value, "outcome_seq": seq}
 
 
-def _priority_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+def _priority_after_approval(gw: Jobs, session: Session, approval: Approval, targets: list[Job],
                              approver: Caller) -> dict[str, Any]:
     value = float(approval.params["priority"])
     return {"changed": [apply_priority(gw, session, job, value, by=approval.requester, request_id=approval.id,

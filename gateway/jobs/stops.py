@@ -12,39 +12,40 @@ Nothing here retries on its own: a stop that did not take effect waits for a per
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from gateway import preemption, retention
-from gateway.commands import enqueue
-from gateway.context import Gateway
-from gateway.decisions.notifications import notify
-from gateway.decisions.pipeline import record, record_outcome
+from gateway.decisions.approvals import open_request
+from gateway.decisions.notifications import alert
+from gateway.decisions.obligations import notify_owners
+from gateway.decisions.pipeline import Recorded, decide, ledger_batch, record
+from gateway.decisions.verdict import refuse_if_denied
 from gateway.errors import Conflict
-from gateway.jobs import lock_jobs, transition
-from gateway.runtime_limits import stop_overrunning
-from gateway.store.models import Allocation, Job, Node, NodeCommand, RoleBinding
-from gateway.store.stop_tables import AgentSession, CommandAck
+from gateway.identity.auth import Caller
+from gateway.jobs import preemption, retention
+from gateway.jobs.deps import Jobs
+from gateway.jobs.records import load_job, lock_jobs, refuse_in_state, transition
+from gateway.schemas import StopRequest
+from gateway.store.models import Allocation, Job, Node
+from gateway.store.service_tables import Approval
+from gateway.store.states import ENDED_STATES, STOPPABLE_STATES, STOPPING_STATES
 
 log = logging.getLogger("jobgate.stops")
 
 # A stop not confirmed within the job's grace window plus this margin is escalated (C3).
 STOP_CONFIRM_MARGIN_S = 30.0
-STOPPING_STATES = ("stop_requested", "stopping")
 # States in which a job still holds (or may hold) processes and GPUs on its nodes.
 HOLDING_STATES = ("starting", "running", "lost", "stop_requested", "stopping", "stop_failed")
 # Allocation states the node itself confirmed as over; anything else may still have a process.
 PART_DONE = ("stopped", "exited", "failed")
-ONCALL_ROLE = "oncall"
 
 
-def ledger_transition(gw: Gateway, job: Job, state: str, now: datetime, *, by: str, reason: str,
+def ledger_transition(gw: Jobs, job: Job, state: str, now: datetime, *, by: str, reason: str,
                       **extra: Any) -> int:
     """Move `job` to `state`, keep the step in its history and append it to the ledger. Raises LedgerUnavailable."""
     before = job.state
@@ -54,19 +55,7 @@ def ledger_transition(gw: Gateway, job: Job, state: str, now: datetime, *, by: s
                    "at": now.isoformat(), **extra})
 
 
-def oncall_people(session: Session) -> list[str]:
-    return sorted(set(session.scalars(select(RoleBinding.principal_id).where(RoleBinding.role == ONCALL_ROLE))))
-
-
-def alert(gw: Gateway, session: Session, now: datetime, kind: str, body: dict[str, Any],
-          *, also: Iterable[str] = ()) -> None:
-    """Escalate to people: one structured log line, a notification per on-call engineer (and `also`)."""
-    log.warning(json.dumps({"alert": kind, "at": now.isoformat(), **body}, sort_keys=True, default=str))
-    for who in sorted(set(oncall_people(session)) | set(also)):
-        notify(session, who, kind, body, now)
-
-
-def escalate(gw: Gateway, session: Session, job: Job, now: datetime, why: str, *, unreachable: bool) -> None:
+def escalate(gw: Jobs, session: Session, job: Job, now: datetime, why: str, *, unreachable: bool) -> None:
     """stop_failed: ledgered, alerted, and left for a person (`POST /v1/jobs/{id}/confirm-stopped`)."""
     reason = f"{why}; waiting for on-call to confirm"
     # A node that answered the stop with "rejected": its words are the evidence of why the stop did not take.
@@ -79,12 +68,12 @@ def escalate(gw: Gateway, session: Session, job: Job, now: datetime, why: str, *
                       alert="stop_failed", unreachable=unreachable, **evidence)
     job.stop_request = {**job.stop_request, "failed_at": now.isoformat(), "unreachable": unreachable,
                         "failure": why}
-    alert(gw, session, now, "stop_failed",
+    alert(session, now, "stop_failed",
           {"job_id": job.id, "why": why, "unreachable": unreachable, "nodes": [p["node"] for p in job.placement],
            "action": f"POST /v1/jobs/{job.id}/confirm-stopped", **evidence}, also=[job.owner])
 
 
-def escalate_unconfirmed_stops(gw: Gateway, session: Session, now: datetime) -> int:
+def escalate_unconfirmed_stops(gw: Jobs, session: Session, now: datetime) -> int:
     """Escalate stops not confirmed within grace + margin, or whose node is unreachable. Returns how many.
 
     Runs every scheduler cycle while thousands of jobs may be stopping, so it costs two queries, not one
@@ -134,7 +123,7 @@ def grace_of(job: Job) -> float:
     return float(job.stop_request.get("grace_seconds", job.grace_seconds))
 
 
-def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: str, reason: str,
+def request_stop(gw: Jobs, session: Session, job: Job, now: datetime, *, by: str, reason: str,
                  request_id: str, decision_seq: int, ticket: str | None = None, grace_seconds: float | None = None,
                  approved_by: list[str] | None = None, pause: bool = False, lost_nodes: set[str] | None = None,
                  nodes: Collection[str] | None = None, **extra: Any) -> None:
@@ -164,8 +153,7 @@ def request_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: 
         session.scalars(select(Node.id).where(Node.state == "lost")).all())
     targets = [p["node"] for p in job.placement if nodes is None or p["node"] in nodes]
     for node in targets:
-        enqueue(gw, session, node, job.id, "stop", {"grace_seconds": grace, "stop_signal": job.stop_signal,
-                                                     "reason": reason})
+        gw.execution.stop(session, job, node, grace_seconds=grace, reason=reason)
     unreachable = sorted(set(targets) & lost)
     if unreachable:
         escalate(gw, session, job, now, f"node {', '.join(unreachable)} is unreachable", unreachable=True)
@@ -177,7 +165,7 @@ TAKEOVER_STATES = ("stop_requested", "stopping", "stop_failed")
 SOFT_ENDINGS = ("preemption", "pause")
 
 
-def take_over_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by: str, reason: str,
+def take_over_stop(gw: Jobs, session: Session, job: Job, now: datetime, *, by: str, reason: str,
                    request_id: str, decision_seq: int, approved_by: list[str] | None = None,
                    grace_seconds: float | None = None, **extra: Any) -> None:
     """A stop already under way (or failed) becomes part of a later, final stop: it now ends `stopped`, never
@@ -207,8 +195,7 @@ def take_over_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by
             stop_request["grace_seconds"] = window
             cut = {"grace_cut_to": grace_seconds}
             for node in sorted(unconfirmed_nodes(session, job)):
-                enqueue(gw, session, node, job.id, "stop",
-                        {"grace_seconds": grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
+                gw.execution.stop(session, job, node, grace_seconds=grace_seconds, reason=reason)
     job.stop_request = stop_request
     record(gw, session, "transition", {"job_id": job.id, "state_before": job.state, "state_after": job.state,
                                        "by": by, "reason": reason, "request_id": request_id,
@@ -216,128 +203,12 @@ def take_over_stop(gw: Gateway, session: Session, job: Job, now: datetime, *, by
                                        "at": now.isoformat(), **cut, **extra})
 
 
-def stale_report(session: Session, job: Job, part: Allocation, event: str, pid: int | None,
-                 nonce: str | None) -> str | None:
-    """Why a node's report is about an earlier run or an earlier stop of this job (so it must not touch the
-    current part), or None. Reports are delivered at least once and a requeued or resumed job may run again on
-    the same node, so a resent `stopped` would otherwise end the new run and release GPUs it is about to use."""
-    if event == "started":
-        if part.released:
-            return "the part already ended; a start report cannot revive it"
-        # Before this run's own report the part knows no pid, so the start command it answers tells them apart.
-        latest = session.scalars(select(NodeCommand.nonce).where(
-            NodeCommand.job_id == job.id, NodeCommand.node == part.node, NodeCommand.kind == "start")
-            .order_by(NodeCommand.created_at.desc()).limit(1)).first()
-        return "answers an earlier start of this job" if nonce and latest and nonce != latest else None
-    if pid is not None and part.pid is not None and pid != part.pid:
-        return f"about process {pid}; this run's process is {part.pid}"
-    if event not in ("stopping", "stopped"):
-        return None
-    if job.state in ("starting", "running"):
-        return "no stop of this run was requested"
-    command = session.get(NodeCommand, nonce) if nonce else None
-    asked = job.stop_request.get("at")
-    if command is not None and command.kind == "stop" and command.job_id == job.id and asked \
-            and command.created_at < datetime.fromisoformat(asked):
-        return "answers a stop sent before the current one"
-    return None
-
-
 def unconfirmed_nodes(session: Session, job: Job) -> set[str]:
     return set(session.scalars(select(Allocation.node).where(
         Allocation.job_id == job.id, Allocation.state.not_in(PART_DONE))).all())
 
 
-def mark_lost_nodes(gw: Gateway, session: Session, now: datetime) -> list[str]:
-    """Nodes silent past the heartbeat timeout become `lost`; their running jobs become `lost` with GPUs
-    withheld, their stopping jobs `stop_failed` (unreachable). Returns the node ids marked now."""
-    cutoff = now - timedelta(seconds=gw.settings.node_heartbeat_timeout_s)
-    marked = []
-    for node in session.scalars(select(Node).where(Node.state == "alive")).all():
-        if node.last_heartbeat is not None and node.last_heartbeat >= cutoff:
-            continue
-        node.state = "lost"
-        marked.append(node.id)
-        seen = node.last_heartbeat.isoformat() if node.last_heartbeat else None
-        record_outcome(gw, "node", {"node": node.id, "state_before": "alive", "state_after": "lost",
-                                    "last_heartbeat": seen, "at": now.isoformat()})
-        # Locked and read again (PostgreSQL): a stop committed since jobs_on_node read them must not be undone.
-        jobs = list(lock_jobs(session, [j.id for j in jobs_on_node(session, node.id)]).values())
-        alert(gw, session, now, "node_lost", {"node": node.id, "last_heartbeat": seen,
-                                              "jobs": [j.id for j in jobs]})
-        for job in jobs:
-            if job.state in ("starting", "running"):
-                ledger_transition(gw, job, "lost", now, by="system",
-                                  reason=f"node {node.id} missed heartbeats; GPUs withheld until it returns "
-                                         "or on-call confirms", node=node.id)
-            elif job.state in STOPPING_STATES:
-                escalate(gw, session, job, now, f"node {node.id} is unreachable", unreachable=True)
-    return marked
-
-
-def jobs_on_node(session: Session, node_id: str) -> list[Job]:
-    """Jobs with a part on the node that the node has not confirmed as over."""
-    ids = session.scalars(select(Allocation.job_id).where(
-        Allocation.node == node_id, Allocation.state.not_in(PART_DONE))).all()
-    if not ids:
-        return []
-    return list(session.scalars(select(Job).where(Job.id.in_(sorted(set(ids)))).order_by(Job.id)).all())
-
-
-def reconcile_params(session: Session, node_id: str, now: datetime) -> dict[str, list[str]]:
-    """What the node should run (`expected`) and what it must stop (`stop`): every job with an unconfirmed part
-    there that the gateway no longer wants running; and the nonces of the commands still in flight to it
-    (`pending`), the only ones issued before this reconcile that a restarted agent may still obey."""
-    expected: list[str] = []
-    stop: list[str] = []
-    for job in jobs_on_node(session, node_id):
-        (expected if job.state in ("starting", "running", "lost") else stop).append(job.id)
-    pending = sorted(session.scalars(
-        select(NodeCommand.nonce).outerjoin(CommandAck, CommandAck.nonce == NodeCommand.nonce)
-        .where(NodeCommand.node == node_id, NodeCommand.expires_at > now, CommandAck.nonce.is_(None))).all())
-    return {"expected": expected, "stop": stop, "pending": pending}
-
-
-def send_reconcile(gw: Gateway, session: Session, node_id: str, now: datetime, why: str) -> str:
-    params = reconcile_params(session, node_id, now)
-    nonce = enqueue(gw, session, node_id, "", "reconcile", params)
-    row = session.get(AgentSession, node_id)
-    if row is not None:
-        row.last_reconcile_nonce = nonce
-    record_outcome(gw, "node", {"node": node_id, "action": "reconcile", "why": why, "nonce": nonce,
-                                "at": now.isoformat(), **params})
-    return nonce
-
-
-def on_heartbeat(gw: Gateway, session: Session, node: Node, was: str, instance: str,
-                 running: list[dict[str, Any]], now: datetime) -> None:
-    """A heartbeat from a node that was lost, new, or whose agent restarted: fold and reconcile."""
-    row = session.get(AgentSession, node.id)
-    restarted = row is not None and bool(instance) and row.instance != instance
-    if row is None:
-        row = AgentSession(node=node.id, instance=instance, since=now)
-        session.add(row)
-        session.flush()
-    elif restarted:
-        row.instance, row.since = instance, now
-    if was == "alive" and not restarted:
-        return
-    if was == "lost":
-        record_outcome(gw, "node", {"node": node.id, "state_before": "lost", "state_after": "alive",
-                                    "at": now.isoformat()})
-        here = {str(r.get("job_id")) for r in running}
-        alive = set(session.scalars(select(Node.id).where(Node.state == "alive")).all()) | {node.id}
-        for job in jobs_on_node(session, node.id):
-            if job.state == "lost" and job.id in here and {p["node"] for p in job.placement} <= alive:
-                ledger_transition(gw, job, "running", now, by=f"node:{node.id}",
-                                  reason=f"node {node.id} returned and the process still runs")
-    why = {"lost": "node returned", "registered": "agent started"}.get(was, "agent restarted")
-    if was == "alive" and restarted:
-        why = "agent restarted"
-    send_reconcile(gw, session, node.id, now, why)
-
-
-def mark_confirmed_stopped(gw: Gateway, session: Session, job: Job, *, by: str, reason: str, request_id: str,
+def mark_confirmed_stopped(gw: Jobs, session: Session, job: Job, *, by: str, reason: str, request_id: str,
                            decision_seq: int) -> None:
     """A person vouches that a stop_failed or lost job no longer runs: stopped (a preemption victim: requeued, as
     its node's own evidence would have), GPUs released, ledgered.
@@ -367,13 +238,98 @@ def mark_confirmed_stopped(gw: Gateway, session: Session, job: Job, *, by: str, 
     ledger_transition(gw, job, "stopped", now, by=by, reason=f"confirmed by on-call: {reason}",
                       request_id=request_id, decision_seq=decision_seq, gpus_released=withheld)
     retention.release(gw, job, now)
-    gw.scheduler_kick.set()
+    gw.execution.changed()
 
 
-def housekeeping(gw: Gateway, session: Session, now: datetime) -> None:
-    """Called once per scheduler cycle, in its transaction: node health, stop escalation and runtime limits
-    (seconds matter).
-    Retention, R4 auto-offline and purges run in the slower housekeeping loop (gateway/lifecycle.py)."""
-    mark_lost_nodes(gw, session, now)
-    escalate_unconfirmed_stops(gw, session, now)
-    stop_overrunning(gw, session, now)  # Q6: a reservation counts on declared runtime limits being kept
+def stop(gw: Jobs, session: Session, caller: Caller, job_id: str,
+         req: StopRequest) -> tuple[Job, Recorded, Approval | None]:
+    """Decide and, if allowed, start stopping a job (C3); if a second person is needed, open an approval.
+
+    Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable.
+    """
+    job = load_job(session, job_id, for_update=True)
+    why = not_stoppable(job)
+    if why:
+        refuse_in_state(gw, session, caller, job, why)
+    rec = decide(gw, session, caller, "job.stop", targets=[job], project=job.project,
+                 reason=req.reason, ticket=req.ticket, durable_by_commit=True)
+    refuse_if_denied(rec)
+    if rec.decision.effect == "needs_approval":
+        approval = open_request(gw, session, caller, rec, action="job.stop", target_ids=[job.id],
+                                project=job.project, reason=req.reason, ticket=req.ticket)
+        return job, rec, approval
+    with ledger_batch(gw, session):
+        execute_stop(gw, session, job, by=caller.id, request_id=rec.request_id, decision_seq=rec.seq,
+                     reason=req.reason, ticket=req.ticket, obligations=rec.decision.obligations)
+    return job, rec, None
+
+
+def _stop_after_approval(gw: Jobs, session: Session, approval: Approval, targets: list[Job],
+                         approver: Caller) -> dict[str, Any]:
+    # A target paused or deleted while the request waited is left as it is, like one that ended (approve skips
+    # those); the others are stopped, or keep the stop already in progress.
+    stoppable = [j for j in targets if j.state in STOPPABLE_STATES + STOPPING_STATES]
+    for job in stoppable:
+        execute_stop(gw, session, job, by=approval.requester, request_id=approval.id,
+                     decision_seq=approval.decision_seq, reason=approval.reason or "", ticket=approval.ticket,
+                     approved_by=[a["by"] for a in approval.approvals],
+                     obligations=approval.resolution.get("obligations", ()))
+    return {"stopping": [j.id for j in stoppable],
+            "not_stoppable": [{"id": j.id, "state": j.state} for j in targets if j not in stoppable]}
+
+
+def not_stoppable(job: Job) -> str | None:
+    """Why a stop of this job is refused, None if it may be stopped (a batch stop asks it of each target before
+    deciding, as stop does)."""
+    if job.state in STOPPABLE_STATES + STOPPING_STATES:
+        return None
+    if job.state in ENDED_STATES:
+        return f"job {job.id} already ended ({job.state})"
+    return f"job {job.id} is {job.state}; only queued, running or lost jobs can be stopped"
+
+
+def execute_stop(gw: Jobs, session: Session, job: Job, *, by: str, request_id: str, decision_seq: int,
+                 reason: str, ticket: str | None, approved_by: list[str] | None = None,
+                 obligations: Sequence[Mapping[str, Any]] = ()) -> None:
+    """Carry out an allowed stop: cancel a queued job, or send signed stop commands to its nodes.
+
+    Owners the policy says must be told (notify_owner obligations) get a notice asking for a receipt
+    before the stop goes out; the outcome entry records who was notified. Raises Conflict.
+    """
+    now = gw.clock()
+    why = not_stoppable(job)
+    if why:
+        raise Conflict(why, state=job.state)
+    before = job.state
+    notified = notify_owners(gw, session, obligations, job=job, actor=by, action="job.stop", reason=reason)
+    asked = {"by": by, "reason": reason, "ticket": ticket, "at": now.isoformat(), "request_id": request_id,
+             "decision_seq": decision_seq, "approved_by": approved_by or []}
+    if job.state in STOPPING_STATES:
+        # Already stopping: the stop in progress is taken over, not sent again. A second command and a new `at`
+        # made the node's answer to the first look like one to an earlier stop (stops.stale_report): it was
+        # dropped, the job never left `stopping`, and each repeat pushed escalation out. It now ends `stopped`,
+        # a preemption or pause in progress neither requeued nor paused, as the person asked.
+        take_over_stop(gw, session, job, now, by=by, reason=reason, request_id=request_id,
+                       decision_seq=decision_seq, approved_by=approved_by)
+    elif job.state == "pending":
+        job.stop_request = asked
+        ledger_transition(gw, job, "stopped", now, by=by, reason=reason, request_id=request_id)
+        job.ended_at = now
+        job.outcome = "cancelled"
+        job.evidence = {"note": "stopped while queued; no process had started"}
+        retention.release(gw, job, now)  # a resumed job's kept checkpoint goes back under retention
+    else:
+        job.stop_request = asked
+        ledger_transition(gw, job, "stop_requested", now, by=by, reason=reason, request_id=request_id,
+                          grace_seconds=job.grace_seconds)
+        for part in job.placement:
+            gw.execution.stop(session, job, part["node"], grace_seconds=job.grace_seconds, reason=reason)
+    record(gw, session, "outcome", {"request_id": request_id, "decision_seq": decision_seq, "action": "job.stop",
+                                    "job_id": job.id, "result": job.state, "state_before": before,
+                                    "state_after": job.state, "owner_notified": notified,
+                                    "took_over_stop": before in STOPPING_STATES})
+
+
+# What this module carries out once a second person approved it (M2), bound to the running gateway at app
+# start (gateway/bootstrap.py).
+EXECUTORS = {"job.stop": _stop_after_approval}

@@ -12,13 +12,14 @@ from typing import Any
 from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
-from gateway.context import Gateway
 from gateway.decisions.approvals import open_request
 from gateway.decisions.pipeline import Recorded, decide, record_outcome
+from gateway.decisions.verdict import refuse_if_denied, refuse_unless_allowed
 from gateway.errors import Invalid
 from gateway.identity.auth import Caller
+from gateway.jobs.deps import Jobs
 from gateway.store.models import Allocation, Job, Node, Project
-from gateway.store.scheduler_tables import CLUSTER, MountRow, QuotaChange, QuotaRow
+from gateway.store.scheduler_tables import CLUSTER, MountRow, QuotaChange, QuotaRow, SchedJob, quota_json
 from gateway.store.service_tables import Approval
 from gateway.store.states import ACTIVE_STATES, WITHHELD_STATES
 from scheduler.model import ProjectId, Quotas, TenantQuota
@@ -49,19 +50,8 @@ def load_quotas(session: Session, now: datetime) -> Quotas | None:
     return Quotas(cluster_gpus=cluster.gpus if cluster else None, tenants=tenants, users=users)
 
 
-def quota_json(row: QuotaRow | None) -> dict[str, Any] | None:
-    if row is None:
-        return None
-    return {"project": row.project, "gpus": row.gpus, "borrow_limit": row.borrow_limit,
-            "lend_limit": row.lend_limit, "users": dict(row.users or {}),
-            "effective_from": row.effective_from.isoformat() if row.effective_from else None,
-            "effective_until": row.effective_until.isoformat() if row.effective_until else None,
-            "updated_at": row.updated_at.isoformat(), "updated_by": row.updated_by}
-
-
 def usage_by_tenant(session: Session) -> dict[str, dict[str, int]]:
     """GPUs held now per tenant, split owned / borrowed (Q5 marking of every allocation)."""
-    from gateway.store.scheduler_tables import SchedJob  # local: keeps import order simple for tables.py
     out: dict[str, dict[str, int]] = {}
     rows = session.execute(
         select(Job.project, Job.gpus_per_node, Job.nodes, SchedJob.borrowed)
@@ -96,7 +86,7 @@ def list_quotas(session: Session) -> list[dict[str, Any]]:
     return out
 
 
-def request_change(gw: Gateway, session: Session, caller: Caller, project: str, params: dict[str, Any],
+def request_change(gw: Jobs, session: Session, caller: Caller, project: str, params: dict[str, Any],
                    reason: str, ticket: str | None) -> tuple[Recorded, Approval | None, dict[str, Any] | None]:
     """A7: decide a quota change; open an approval when a second person is needed, else apply it.
 
@@ -107,7 +97,6 @@ def request_change(gw: Gateway, session: Session, caller: Caller, project: str, 
     before = quota_json(session.get(QuotaRow, project))
     rec = decide(gw, session, caller, "quota.change", project=project, params={**params, "before": before},
                  reason=reason, ticket=ticket)
-    from gateway.decisions.verdict import refuse_if_denied
     refuse_if_denied(rec)
     if rec.decision.effect == "needs_approval":
         approval = open_request(gw, session, caller, rec, action="quota.change", target_ids=[], project=project,
@@ -118,7 +107,7 @@ def request_change(gw: Gateway, session: Session, caller: Caller, project: str, 
     return rec, None, result
 
 
-def _change_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+def _change_after_approval(gw: Jobs, session: Session, approval: Approval, targets: list[Job],
                            approver: Caller) -> dict[str, Any]:
     params = {k: v for k, v in approval.params.items() if k != "before"}
     return apply_change(gw, session, approval.project or "", params, by=approval.requester,
@@ -126,7 +115,7 @@ def _change_after_approval(gw: Gateway, session: Session, approval: Approval, ta
                         reason=approval.reason or "", decision_seq=approval.decision_seq)
 
 
-def apply_change(gw: Gateway, session: Session, project: str, params: dict[str, Any], *, by: str,
+def apply_change(gw: Jobs, session: Session, project: str, params: dict[str, Any], *, by: str,
                  approved_by: list[str], reason: str, decision_seq: int) -> dict[str, Any]:
     """Write the new quota, keep before/after in quota_changes and the ledger. Raises LedgerUnavailable."""
     now = gw.clock()
@@ -150,7 +139,7 @@ def apply_change(gw: Gateway, session: Session, project: str, params: dict[str, 
                                    "effective_from": params.get("effective_from"),
                                    "effective_until": params.get("effective_until"),
                                    "requested_by": by, "approved_by": approved_by})
-    gw.scheduler_kick.set()
+    gw.execution.changed()
     return {"project": project, "before": before, "after": after}
 
 
@@ -160,21 +149,20 @@ def _parse_time(value: Any) -> datetime | None:
     return datetime.fromisoformat(str(value))
 
 
-def contribution_of(gw: Gateway, user: str) -> float:
+def contribution_of(gw: Jobs, user: str) -> float:
     """Q3: the user's historical contribution score from policy data (`contribution` in data.json)."""
     scores = gw.policy_set.data.get("contribution", {})
     value = scores.get(user, scores.get("*", 0)) if isinstance(scores, dict) else 0
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
-def add_mount(gw: Gateway, session: Session, caller: Caller, name: str, kind: str, path: str,
+def add_mount(gw: Jobs, session: Session, caller: Caller, name: str, kind: str, path: str,
               projects: list[str], available: bool) -> MountRow:
     """Register or update a mount / data set. Decided by policy as `role.manage` on the whole cluster (platform
     admins hold it; the policy set has no capability of its own for the registry yet) and ledgered.
     Raises PolicyDenied, LedgerUnavailable."""
     rec = decide(gw, session, caller, "role.manage", project=CLUSTER,
                  params={"mount": {"name": name, "kind": kind, "path": path, "projects": projects}})
-    from gateway.decisions.verdict import refuse_unless_allowed
     refuse_unless_allowed(rec)
     now = gw.clock()
     row = session.get(MountRow, name)

@@ -16,14 +16,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from gateway import priority_history
-from gateway.commands import enqueue
-from gateway.context import Gateway
-from gateway.decisions.notifications import notify
+from gateway.decisions.notifications import alert, notify
 from gateway.decisions.pipeline import decide, record_outcome
+from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Conflict, PolicyDenied
 from gateway.identity.auth import Caller
-from gateway.jobs import lock_jobs, run_began, transition
+from gateway.jobs import priority_history
+from gateway.jobs.deps import Jobs
+from gateway.jobs.records import load_job, lock_jobs, run_began, transition
+from gateway.jobs.scheduler_config import scheduler_config
 from gateway.store.models import Allocation, Job
 from gateway.store.scheduler_tables import PreemptionRow, SchedJob
 from scheduler.model import SchedulerConfig, Snapshot
@@ -33,7 +34,7 @@ from scheduler.preemption import Preempt
 RULES = {"reclaim": "Q5.reclaim_borrowed", "priority": "Q8.priority_preemption"}
 
 
-def execute(gw: Gateway, session: Session, plan: Preempt, snapshot: Snapshot, now: datetime) -> int | None:
+def execute(gw: Jobs, session: Session, plan: Preempt, snapshot: Snapshot, now: datetime) -> int | None:
     """Rules 1 and 2. Returns the decision's ledger seq, or None when no victim is still running."""
     victims = [j for v in plan.victims if (j := session.get(Job, v.job_id)) is not None
                and j.state in ("starting", "running")]
@@ -62,7 +63,7 @@ def execute(gw: Gateway, session: Session, plan: Preempt, snapshot: Snapshot, no
     return seq
 
 
-def _stop_and_requeue_later(gw: Gateway, session: Session, job: Job, *, request_id: str, seq: int,
+def _stop_and_requeue_later(gw: Jobs, session: Session, job: Job, *, request_id: str, seq: int,
                             preemptor: str | None, preemptor_project: str | None, kind: str, reason: str,
                             now: datetime) -> None:
     row = priority_history.ensure(session, job)
@@ -74,8 +75,7 @@ def _stop_and_requeue_later(gw: Gateway, session: Session, job: Job, *, request_
                         "preemption": {"preemptor": preemptor, "kind": kind}}
     transition(job, "stop_requested", now, by="scheduler", reason=reason)
     for part in job.placement:
-        enqueue(gw, session, part["node"], job.id, "stop",
-                {"grace_seconds": job.grace_seconds, "stop_signal": job.stop_signal, "reason": reason})
+        gw.execution.stop(session, job, part["node"], grace_seconds=job.grace_seconds, reason=reason)
     session.add(PreemptionRow(victim=job.id, preemptor=preemptor or "", kind=kind, project=job.project,
                               owner=job.owner, gpus=gpus, borrowed=row.borrowed, priority_before=row.priority,
                               gpu_hours_lost=gpus * ran_h, state="stopping", at=now, ledger_seq=seq))
@@ -105,7 +105,7 @@ def occupancy_since(job: Job, row: SchedJob) -> datetime:
     return start
 
 
-def check_occupancy(gw: Gateway, session: Session, now: datetime, config: SchedulerConfig) -> None:
+def check_occupancy(gw: Jobs, session: Session, now: datetime, config: SchedulerConfig) -> None:
     """P3: mark running jobs past their maximum occupancy renewal-due (owner notified); stop and requeue
     those whose renewal window passed without a renewal (ledgered as a system decision)."""
     if config.max_occupancy_s is None:
@@ -153,33 +153,27 @@ EXPIRED_NOT_STOPPABLE = ("occupancy expired, not renewed: declared not stoppable
                          "it; its owner must stop or renew it")
 
 
-def _expired_not_stoppable(gw: Gateway, session: Session, job: Job, now: datetime) -> None:
+def _expired_not_stoppable(gw: Jobs, session: Session, job: Job, now: datetime) -> None:
     """P3 meets R5: a job declared not stoppable is never stopped by the system (no preemption takes it, no
     emergency stop reaches it), so its unrenewed occupancy is made visible instead: ledgered, its state reason
     says so, and its owner and on-call are told, once."""
-    from gateway.stops import alert  # late: stops imports this module
-
     if job.state_reason == EXPIRED_NOT_STOPPABLE:
         return
     job.state_reason = EXPIRED_NOT_STOPPABLE
     record_outcome(gw, "transition", {"job_id": job.id, "occupancy_expired": True, "stoppable": False,
                                       "rule": "P3.occupancy_not_renewed", "result": "left running (R5)"})
     how = f"jobgate job renew {job.id} --progress ... --remaining SECONDS"
-    alert(gw, session, now, "occupancy_expired", {"job_id": job.id, "why": EXPIRED_NOT_STOPPABLE, "how": how},
+    alert(session, now, "occupancy_expired", {"job_id": job.id, "why": EXPIRED_NOT_STOPPABLE, "how": how},
           also=[job.owner])
 
 
-def renew(gw: Gateway, session: Session, caller: Caller, job_id: str, progress: str,
+def renew(gw: Jobs, session: Session, caller: Caller, job_id: str, progress: str,
           remaining_s: float) -> dict[str, Any]:
     """P3: the owner confirms progress and the expected remaining time; a new occupancy period starts.
 
     Decided by policy as a reprioritisation of one's own job and ledgered. Raises NotFound, Conflict,
     PolicyDenied, LedgerUnavailable.
     """
-    from gateway.decisions.verdict import refuse_unless_allowed
-    from gateway.jobs import load_job
-    from gateway.scheduling import scheduler_config
-
     job = load_job(session, job_id, for_update=True)
     if job.state != "running":
         raise Conflict(f"job {job.id} is {job.state}; only a running job can be renewed", state=job.state)
@@ -233,15 +227,13 @@ def superseded(job: Job, by: str) -> None:
         pre.checkpoint = {**(pre.checkpoint or {}), "superseded_by": by}
 
 
-def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, by: str, *,
+def requeue(gw: Jobs, job: Job, parts: list[Allocation], now: datetime, by: str, *,
             confirmed: dict[str, Any] | None = None) -> None:
     """Rule 3: the victim stopped; back to pending with its priority, its wait so far and compensation.
 
     `by` names who ended the stop (`node:ID`, or the on-call person). `confirmed`: a person vouched for the stop
     (its node could not report): no evidence says whether it exited gracefully, so the outcome says `confirmed`.
     """
-    from gateway.scheduling import scheduler_config
-
     session = object_session(job)
     assert session is not None
     config = scheduler_config(gw)
@@ -296,7 +288,7 @@ def requeue(gw: Gateway, job: Job, parts: list[Allocation], now: datetime, by: s
     notify(session, job.owner, "requeued", {
         "job_id": job.id, "outcome": outcome, "checkpoint": checkpoint, "priority": row.priority,
         "expected_restart": f"see GET /v1/jobs/{job.id}/queue (refreshed every scheduling cycle)"}, now)
-    gw.scheduler_kick.set()
+    gw.execution.requeued(job)
 
 
 def stats(session: Session, projects: set[str] | None, period: str) -> list[dict[str, Any]]:

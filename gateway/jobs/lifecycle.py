@@ -15,9 +15,6 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from gateway import priority_history, retention, stops
-from gateway.commands import enqueue, nodes_with_files
-from gateway.context import Gateway
 from gateway.decisions.approvals import open_request
 from gateway.decisions.facts import recovery_window as recovery_window  # a policy number (A6); callers read it here
 from gateway.decisions.notifications import notify
@@ -25,7 +22,9 @@ from gateway.decisions.pipeline import Recorded, decide, record_outcome
 from gateway.decisions.verdict import refuse_if_denied, refuse_unless_allowed
 from gateway.errors import Conflict
 from gateway.identity.auth import Caller
-from gateway.jobs import load_job, refuse_in_state
+from gateway.jobs import priority_history, retention, runtime_limits, stops
+from gateway.jobs.deps import Jobs
+from gateway.jobs.records import load_job, refuse_in_state
 from gateway.store.models import Allocation, Job
 from gateway.store.service_tables import Approval
 from gateway.store.stop_tables import CheckpointRetention, JobDeletion
@@ -49,7 +48,7 @@ def _notify_owner(session: Session, rec: Recorded, job: Job, caller: Caller, wha
     return told
 
 
-def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
+def confirm_stopped(gw: Jobs, session: Session, caller: Caller, job_id: str, reason: str,
                     ticket: str | None) -> tuple[Job, Recorded, Approval | None]:
     """On-call vouches that a stop_failed or lost job no longer runs; or, where the policy asks for a second
     person, opens the approval. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
@@ -69,7 +68,7 @@ def confirm_stopped(gw: Gateway, session: Session, caller: Caller, job_id: str, 
     return job, rec, None
 
 
-def _confirm_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+def _confirm_after_approval(gw: Jobs, session: Session, approval: Approval, targets: list[Job],
                             approver: Caller) -> dict[str, Any]:
     for job in targets:
         stops.mark_confirmed_stopped(gw, session, job, by=approval.requester_real, reason=approval.reason or "",
@@ -77,7 +76,7 @@ def _confirm_after_approval(gw: Gateway, session: Session, approval: Approval, t
     return {"confirmed_stopped": [j.id for j in targets]}
 
 
-def pause(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
+def pause(gw: Jobs, session: Session, caller: Caller, job_id: str, reason: str,
           ticket: str | None) -> tuple[Job, Recorded]:
     """Graceful stop ending in `paused`. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
     job = load_job(session, job_id, for_update=True)
@@ -94,7 +93,7 @@ def pause(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: st
     return job, rec
 
 
-def resume(gw: Gateway, session: Session, caller: Caller, job_id: str,
+def resume(gw: Jobs, session: Session, caller: Caller, job_id: str,
            reason: str | None) -> tuple[Job, Recorded, Approval | None]:
     """paused → pending by the resume-priority rule; or, where the policy asks for a second person, opens the
     approval. Raises NotFound, PolicyDenied, Conflict, LedgerUnavailable."""
@@ -113,7 +112,7 @@ def resume(gw: Gateway, session: Session, caller: Caller, job_id: str,
     return job, rec, None
 
 
-def _resume_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+def _resume_after_approval(gw: Jobs, session: Session, approval: Approval, targets: list[Job],
                            approver: Caller) -> dict[str, Any]:
     for job in targets:
         _resume(gw, session, job, by=approval.requester_real, reason=approval.reason, request_id=approval.id,
@@ -121,7 +120,7 @@ def _resume_after_approval(gw: Gateway, session: Session, approval: Approval, ta
     return {"resumed": [j.id for j in targets]}
 
 
-def _resume(gw: Gateway, session: Session, job: Job, *, by: str, reason: str | None, request_id: str,
+def _resume(gw: Jobs, session: Session, job: Job, *, by: str, reason: str | None, request_id: str,
             decision_seq: int) -> None:
     if job.state != "paused":
         raise Conflict(f"job {job.id} is {job.state}; only a paused job can be resumed", state=job.state)
@@ -144,10 +143,10 @@ def _resume(gw: Gateway, session: Session, job: Job, *, by: str, reason: str | N
                             decision_seq=decision_seq, resume_priority_rule=RESUME_PRIORITY_RULE,
                             priority=job.base_priority, submitted_at=job.submitted_at.isoformat(),
                             previous_placement=previous)
-    gw.scheduler_kick.set()
+    gw.execution.queued(job)
 
 
-def delete_job(gw: Gateway, session: Session, caller: Caller, job_id: str, reason: str,
+def delete_job(gw: Jobs, session: Session, caller: Caller, job_id: str, reason: str,
                ticket: str | None) -> tuple[Job, Recorded, Approval | None]:
     """Decide a delete (A6: the rights holder consents); open the approval or mark the job deleted.
 
@@ -166,7 +165,7 @@ def delete_job(gw: Gateway, session: Session, caller: Caller, job_id: str, reaso
     return job, rec, None
 
 
-def _delete_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+def _delete_after_approval(gw: Jobs, session: Session, approval: Approval, targets: list[Job],
                            approver: Caller) -> dict[str, Any]:
     for job in targets:
         mark_deleted(gw, session, job, by=approval.requester_real, approvers=[a["by"] for a in approval.approvals],
@@ -174,7 +173,7 @@ def _delete_after_approval(gw: Gateway, session: Session, approval: Approval, ta
     return {"deleted": [j.id for j in targets], "recovery_window_s": recovery_window(gw).total_seconds()}
 
 
-def mark_deleted(gw: Gateway, session: Session, job: Job, *, by: str, approvers: list[str], reason: str,
+def mark_deleted(gw: Jobs, session: Session, job: Job, *, by: str, approvers: list[str], reason: str,
                  decision_seq: int) -> JobDeletion:
     """Raises Conflict if the job is not in a deletable state."""
     if job.state not in DELETABLE_STATES:
@@ -196,7 +195,7 @@ def mark_deleted(gw: Gateway, session: Session, job: Job, *, by: str, approvers:
     return row
 
 
-def undelete(gw: Gateway, session: Session, caller: Caller, job_id: str,
+def undelete(gw: Jobs, session: Session, caller: Caller, job_id: str,
              reason: str) -> tuple[Job, Recorded, Approval | None]:
     """Within the recovery window, restore a deleted job to the state it had; or, where the policy asks for a
     second person, open the approval. Raises NotFound, PolicyDenied, Conflict (not deleted, or its files are
@@ -213,7 +212,7 @@ def undelete(gw: Gateway, session: Session, caller: Caller, job_id: str,
     return job, rec, None
 
 
-def _undelete_after_approval(gw: Gateway, session: Session, approval: Approval, targets: list[Job],
+def _undelete_after_approval(gw: Jobs, session: Session, approval: Approval, targets: list[Job],
                              approver: Caller) -> dict[str, Any]:
     for job in targets:
         _restore(gw, session, job, by=approval.requester_real, reason=approval.reason or "", request_id=approval.id,
@@ -221,7 +220,7 @@ def _undelete_after_approval(gw: Gateway, session: Session, approval: Approval, 
     return {"restored": [j.id for j in targets]}
 
 
-def _check_restorable(gw: Gateway, session: Session, job: Job) -> JobDeletion:
+def _check_restorable(gw: Jobs, session: Session, job: Job) -> JobDeletion:
     row = session.get(JobDeletion, job.id)
     if job.state != "deleted" or row is None or row.state != "pending":
         raise Conflict(f"job {job.id} is not deleted within its recovery window", state=job.state)
@@ -230,7 +229,7 @@ def _check_restorable(gw: Gateway, session: Session, job: Job) -> JobDeletion:
     return row
 
 
-def _restore(gw: Gateway, session: Session, job: Job, *, by: str, reason: str, request_id: str,
+def _restore(gw: Jobs, session: Session, job: Job, *, by: str, reason: str, request_id: str,
              decision_seq: int) -> None:
     row = _check_restorable(gw, session, job)
     row.state = "restored"
@@ -238,7 +237,7 @@ def _restore(gw: Gateway, session: Session, job: Job, *, by: str, reason: str, r
                             decision_seq=decision_seq, undeleted=True)
 
 
-def purge_due(gw: Gateway, session: Session, now: datetime) -> list[str]:
+def purge_due(gw: Jobs, session: Session, now: datetime) -> list[str]:
     """After the recovery window, ask each node of a deleted job to remove all its files."""
     done = []
     for row in session.scalars(select(JobDeletion).where(JobDeletion.state == "pending",
@@ -247,9 +246,9 @@ def purge_due(gw: Gateway, session: Session, now: datetime) -> list[str]:
         if job is None:
             continue
         row.state = "purging"
-        nodes = nodes_with_files(session, job.id, job.placement)
+        nodes = gw.execution.holders(session, job)
         for node in nodes:
-            enqueue(gw, session, node, job.id, "delete_artifacts", {"what": "all", "reason": f"delete: {row.reason}"})
+            gw.execution.delete_artifacts(session, job, node, what="all", reason=f"delete: {row.reason}")
         record_outcome(gw, "deletion", {"job_id": job.id, "action": "purge", "nodes": nodes, "at": now.isoformat()})
         if not nodes:
             row.state, row.purged_at = "purged", now
@@ -257,7 +256,7 @@ def purge_due(gw: Gateway, session: Session, now: datetime) -> list[str]:
     return done
 
 
-def purge_reported(gw: Gateway, session: Session, job_id: str, node: str, objects: list[dict[str, Any]],
+def purge_reported(gw: Jobs, session: Session, job_id: str, node: str, objects: list[dict[str, Any]],
                    now: datetime, *, complete: bool = True) -> None:
     """A node removed a deleted job's files: keep the list; purged once every node has removed all of them
     (a node that left some behind keeps the purge open, for a person to finish)."""
@@ -269,25 +268,25 @@ def purge_reported(gw: Gateway, session: Session, job_id: str, node: str, object
         return
     job = session.get(Job, job_id)
     answered = {str(o.get("node")) for o in row.objects if not o.get("incomplete")}
-    if job is None or set(nodes_with_files(session, job.id, job.placement)) <= answered:
+    if job is None or set(gw.execution.holders(session, job)) <= answered:
         row.state, row.purged_at = "purged", now
         record_outcome(gw, "deletion", {"job_id": job_id, "action": "purged", "at": now.isoformat(),
                                         "objects": sum(len(o["files"]) for o in row.objects)})
 
 
-def _retention_task(gw: Gateway, session: Session) -> object:
+def _retention_task(gw: Jobs, session: Session) -> object:
     return retention.cleanup(gw, session, gw.clock())
 
 
-def _auto_offline_task(gw: Gateway, session: Session) -> object:
-    return retention.auto_offline(gw, session, gw.clock())
+def _auto_offline_task(gw: Jobs, session: Session) -> object:
+    return runtime_limits.auto_offline(gw, session, gw.clock())
 
 
-def _purge_task(gw: Gateway, session: Session) -> object:
+def _purge_task(gw: Jobs, session: Session) -> object:
     return purge_due(gw, session, gw.clock())
 
 
-def run_chores(gw: Gateway) -> None:
+def run_chores(gw: Jobs) -> None:
     """Run this area's periodic chores once, each in its own transaction (tests and `jobgate` admin use)."""
     for task in (_auto_offline_task, _retention_task, _purge_task):
         with gw.transaction() as session:

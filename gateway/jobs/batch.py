@@ -15,14 +15,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.context import Gateway
 from gateway.decisions.approvals import open_request
-from gateway.decisions.pipeline import Recorded, decide, ledger_batch
+from gateway.decisions.pipeline import Recorded, decide, ledger_batch, visible_projects
 from gateway.decisions.verdict import decision_out, refuse_if_denied
 from gateway.errors import Forbidden, Invalid
 from gateway.identity.auth import Caller
-from gateway.jobs import execute_stop, not_stoppable, refuse_in_state, visible_projects
-from gateway.priority import apply_priority
+from gateway.jobs.deps import Jobs
+from gateway.jobs.priority import apply_priority
+from gateway.jobs.records import refuse_in_state
+from gateway.jobs.stops import execute_stop, not_stoppable
 from gateway.schemas import BatchPriorityRequest, BatchRequest, Selector
 from gateway.store.models import Job, Project
 from gateway.store.states import ACTIVE_STATES, ENDED_STATES, STOPPABLE_STATES, STOPPING_STATES
@@ -37,7 +38,7 @@ SELECTED_STATES = STOPPABLE_STATES + STOPPING_STATES
 _FRESH = {"populate_existing": True}
 
 
-def resolve(gw: Gateway, session: Session, caller: Caller, ids: Sequence[str] | None,
+def resolve(gw: Jobs, session: Session, caller: Caller, ids: Sequence[str] | None,
             selector: Selector | None) -> list[Job]:
     """Explicit ids (all must exist) or a selector over the projects the caller may see, locked (see _FRESH).
     Raises Invalid."""
@@ -65,7 +66,7 @@ def resolve(gw: Gateway, session: Session, caller: Caller, ids: Sequence[str] | 
     return [j for j in jobs if all(j.labels.get(k) == v for k, v in selector.labels.items())]
 
 
-def _refuse_unseen(gw: Gateway, session: Session, caller: Caller, jobs: Sequence[Job]) -> None:
+def _refuse_unseen(gw: Jobs, session: Session, caller: Caller, jobs: Sequence[Job]) -> None:
     """A dry run answers with its targets' projects, GPUs and running work: named by id, jobs the caller may not
     view would be shown to them that way (A1). A selector only reaches projects they may view. As for a single
     job (jobs.refuse_in_state), seeing is the person's right, whatever actions their token names. Raises
@@ -88,7 +89,7 @@ def blast_radius(jobs: Sequence[Job], now: datetime) -> dict[str, Any]:
             "gpu_hours_at_stake": round(hours, 3), "running": sum(1 for j in jobs if j.state in ACTIVE_STATES)}
 
 
-def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, *, action: str,
+def run_batch(gw: Jobs, session: Session, caller: Caller, req: BatchRequest, *, action: str,
               params: dict[str, Any], apply: Callable[[Job, Recorded], object],
               refusal: Callable[[Job], str | None]) -> dict[str, Any]:
     """Resolve, measure, decide once for the whole selection, then apply to each job or open one approval
@@ -135,7 +136,7 @@ def run_batch(gw: Gateway, session: Session, caller: Caller, req: BatchRequest, 
     return out
 
 
-def stop_many(gw: Gateway, session: Session, caller: Caller, req: BatchRequest) -> dict[str, Any]:
+def stop_many(gw: Jobs, session: Session, caller: Caller, req: BatchRequest) -> dict[str, Any]:
     """Stop every selected job (C3 per job). Raises Invalid, PolicyDenied, LedgerUnavailable."""
 
     def apply(job: Job, rec: Recorded) -> None:
@@ -145,7 +146,7 @@ def stop_many(gw: Gateway, session: Session, caller: Caller, req: BatchRequest) 
     return run_batch(gw, session, caller, req, action="job.stop", params={}, apply=apply, refusal=not_stoppable)
 
 
-def reprioritize_many(gw: Gateway, session: Session, caller: Caller, req: BatchPriorityRequest) -> dict[str, Any]:
+def reprioritize_many(gw: Jobs, session: Session, caller: Caller, req: BatchPriorityRequest) -> dict[str, Any]:
     """Set the priority of every selected job (A2/A3). Raises Invalid, PolicyDenied, LedgerUnavailable."""
     def apply(job: Job, rec: Recorded) -> None:
         apply_priority(gw, session, job, req.priority, by=caller.id, request_id=rec.request_id,
