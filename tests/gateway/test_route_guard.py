@@ -188,7 +188,8 @@ REFUSED: dict[tuple[str, str], Refused | str] = {
                                   "/v1/service-accounts", "/v1/notifications", "/v1/queues", "/v1/stats/preemptions",
                                   "/v1/quotas", "/v1/mounts", "/v1/policy")},
     ("GET", "/v1/inventory"): OPEN + " (a malformed label selector is refused before the token is looked at)",
-    # The console answers refusals as pages; tests/console/test_console_redteam.py checks that they are ledgered.
+    # The console answers refusals as pages: tests/console/test_console_redteam.py
+    # (test_a_console_refusal_is_one_ledger_entry_naming_the_person) checks that they are ledgered alike.
     **{k: "console" for k, c in CASES.items() if c.kind == "console"},
     **{("GET", p): "console" for p in ("/ui/login", "/ui/", "/ui/jobs/{job_id}", "/ui/approvals",
                                        "/ui/approvals/{approval_id}", "/ui/admin", "/ui/emergency",
