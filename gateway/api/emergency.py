@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import emergency
 from gateway.api.deps import Ctx, path_id
+from gateway.api.openapi_doc import SECOND_PERSON
 from gateway.jobs import decision_out
 from gateway.schemas import Entry, Name
 
@@ -50,7 +51,7 @@ class HoldLift(BaseModel):
     reason: str = Field(min_length=3, max_length=2000, description="Written reason, kept in the ledger.")
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, summary="Request an emergency stop")
+@router.post("", status_code=status.HTTP_201_CREATED, summary="Request an emergency stop", responses=SECOND_PERSON)
 def create(body: EmergencyCreate, ctx: Ctx, response: Response) -> dict[str, Any]:
     """The scope is resolved to job ids now and frozen. Policy decides how many people must agree by
     granularity: a job-level stop by on-call or a security reviewer runs at once; a workload or scope stop

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway import jobs, lifecycle
 from gateway.api.deps import Ctx, JobId
+from gateway.api.openapi_doc import SECOND_PERSON
 from gateway.stop_tables import JobDeletion
 
 router = APIRouter(prefix="/v1/jobs", tags=["job life cycle"])
@@ -40,7 +41,8 @@ def _out(job: Any, rec: Any, response: Response | None = None, approval: Any = N
             **extra}
 
 
-@router.post("/{job_id}/confirm-stopped", summary="On-call confirms a stop_failed or lost job no longer runs")
+@router.post("/{job_id}/confirm-stopped", summary="On-call confirms a stop_failed or lost job no longer runs",
+             responses=SECOND_PERSON)
 def confirm_stopped(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> dict[str, Any]:
     """For a job whose stop could not be confirmed by its node (stop_failed) or whose node is lost. The job
     becomes `stopped` with outcome `confirmed`, its withheld GPUs are released, and the person and reason
@@ -63,7 +65,8 @@ def pause(job_id: JobId, body: Reasoned, ctx: Ctx) -> dict[str, Any]:
         return _out(job, rec)
 
 
-@router.post("/{job_id}/resume", summary="Resume a paused job: back in its queue by the resume-priority rule")
+@router.post("/{job_id}/resume", summary="Resume a paused job: back in its queue by the resume-priority rule",
+             responses=SECOND_PERSON)
 def resume(job_id: JobId, ctx: Ctx, response: Response, body: ResumeBody | None = None) -> dict[str, Any]:
     """The job keeps its priority and the wait it accumulated (P2); the ledger records the rule version. Where
     the policy asks for a second person (an external-rights job, R3): HTTP 202 with `approval_id`."""
@@ -73,7 +76,8 @@ def resume(job_id: JobId, ctx: Ctx, response: Response, body: ResumeBody | None 
         return _out(job, rec, response, approval, resume_priority_rule=lifecycle.RESUME_PRIORITY_RULE)
 
 
-@router.delete("/{job_id}", summary="Delete a job and, after the recovery window, its artifacts (A6)")
+@router.delete("/{job_id}", summary="Delete a job and, after the recovery window, its artifacts (A6)",
+               responses=SECOND_PERSON)
 def delete_job(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> dict[str, Any]:
     """Only the owner, with the rights holder's consent (HTTP 202 with `approval_id` until a queue admin of
     the rights-holder project approves). The job becomes `deleted` at once; its files are removed by its
@@ -89,7 +93,8 @@ def delete_job(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> d
                     purge_after=row.purge_after.isoformat() if row else None)
 
 
-@router.post("/{job_id}/undelete", summary="Restore a deleted job within its recovery window")
+@router.post("/{job_id}/undelete", summary="Restore a deleted job within its recovery window",
+             responses=SECOND_PERSON)
 def undelete(job_id: JobId, body: Reasoned, ctx: Ctx, response: Response) -> dict[str, Any]:
     """Decided like the delete (the owner, with the rights holder's consent where the policy asks for it).
     The job returns to the state it was deleted from; nothing was purged yet, so its files are intact. Where a

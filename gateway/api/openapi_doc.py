@@ -42,7 +42,13 @@ _ERRORS = {
     "403": "Refused: by policy (`rules`, `ledger_seq`) or by the token's scope.",
     "422": "Invalid input: `errors` names each field.",
     "4XX": "Other refusals: 404 unknown id, 409 conflicting state, 413 body too large, 429 rate limit.",
+    "503": "The ledger or the business database cannot take the request now (unreachable, or a lock held too"
+           " long): nothing was changed; try again later.",
 }
+# The answer of a route whose action may need a second person first (M2); its body is the route's own.
+SECOND_PERSON: dict[int | str, dict[str, Any]] = {
+    202: {"description": "A second person must approve first: `approval_id` names the request; nothing has changed"
+                         " yet."}}
 
 
 def _problem(description: str) -> dict[str, Any]:
