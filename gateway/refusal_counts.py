@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-MAX_OPEN = 10_000  # windows open at once; past that the oldest are closed early (their counts written)
+MAX_OPEN = 2_000  # windows open at once (each keeps its entry body); past that the oldest close early, counts written
 
 
 @dataclass

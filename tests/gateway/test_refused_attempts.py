@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from gateway_testkit import Api, assert_problem, ledger_entries
 from stop_helpers import shift_clock
 
+from gateway import refusal_counts
 from gateway.housekeeping import run_all
 from ledger.errors import StoreError
 
@@ -90,3 +92,16 @@ def test_calls_without_an_identity_never_reach_the_ledger(api: Api) -> None:
             r = api.client.post("/v1/tokens", json=FOR_ALICE, headers=headers)
             assert_problem(r, 401, "unauthenticated")
     assert api.gateway.ledger.size() == size
+
+
+def test_windows_closed_early_to_make_room_still_have_their_counts_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Open windows are bounded (each keeps its entry's body): past the bound the oldest closes at once, and its
+    repeats are handed back to be written like a window that ran out."""
+    monkeypatch.setattr(refusal_counts, "MAX_OPEN", 2)
+    counts, now = refusal_counts.RefusalCounts(), datetime(2026, 12, 1, tzinfo=UTC)
+    for seq, key in enumerate(("a", "b")):
+        counts.open(key, seq, {"key": key}, now, 60)
+    assert counts.counted("a", now, 60) == 0 and counts.counted("a", now, 60) == 0  # two repeats of "a"
+    closed = counts.take_closed(now, 60, room_for=1)  # a third kind of refusal comes
+    assert [(w.key, w.seq, w.repeats) for w in closed] == [("a", 0, 2)]
+    assert counts.counted("a", now, 60) is None and counts.counted("b", now, 60) == 1  # "a" is written anew
