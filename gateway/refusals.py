@@ -119,11 +119,16 @@ def _queue(gw: Gateway, attempt: Attempt, exc: GatewayError) -> _Queued:
     closed = counts.take_closed(now, window_s, room_for=1)
     entries: list[tuple[str, dict[str, Any], None]] = [(KIND, _count_body(w), None) for w in closed]
     try:
-        tickets = gw.ledger.enqueue_many([*entries, (KIND, body, None)])
-    except InvalidEntry:
-        # A body the ledger cannot encode exactly (a number past 2**53, say): kept by its digest only.
-        body["asked"] = _asked(attempt, keep_body=False)
-        tickets = gw.ledger.enqueue_many([*entries, (KIND, body, None)])
+        try:
+            tickets = gw.ledger.enqueue_many([*entries, (KIND, body, None)])
+        except InvalidEntry:
+            # A body the ledger cannot encode exactly (a number past 2**53, say): kept by its digest only.
+            body["asked"] = _asked(attempt, keep_body=False)
+            tickets = gw.ledger.enqueue_many([*entries, (KIND, body, None)])
+    except LedgerError as e:  # (closed, or refusing writes): the counts taken out go to the log
+        for w in closed:
+            _count_unrecorded(w, e)
+        raise
     ticket = tickets[-1]
     counts.open(key, ticket.seq, body, now, window_s)
     return _Queued(key, ticket.seq, ticket, tuple(closed))
@@ -149,8 +154,9 @@ def refusal_body(attempt: Attempt, exc: GatewayError) -> dict[str, Any]:
         "bypass": caller.breakglass is not None,
     }
     job_id = attempt.path_params.get("job_id")
-    if job_id:
-        body["job_id"] = job_id  # so that a job's history (ledger filter, forensics) lists what was refused on it
+    if job_id and exc.status != 404:
+        # So that a job's history (ledger filter, forensics) lists what was refused on it; a 404 names no job.
+        body["job_id"] = job_id
     return body
 
 
