@@ -24,6 +24,7 @@ from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
 from gateway.policy_reload import PolicyReloader
 from gateway.reconcile import reconcile_at_startup
+from gateway.refusals import flush_counts, on_api_refusal
 from gateway.scheduling import SchedulerLoop
 from gateway.settings import Settings
 
@@ -98,6 +99,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
             for loop in loops:
                 loop.stop()
             reloader.stop()
+            flush_counts(gw, everything=True)  # refusals counted in windows still open
             gw.policy.close()
             gw.close()
 
@@ -106,7 +108,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
                   redoc_url=None)
     app.openapi = partial(openapi_doc.document, app)  # type: ignore[method-assign]
     docs_pages.install(app)
-    install_error_handlers(app)
+    install_error_handlers(app, on_refusal=on_api_refusal)
     for router in ROUTERS:
         app.include_router(router)
     logging.getLogger("jobgate").setLevel(logging.INFO)

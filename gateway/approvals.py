@@ -21,6 +21,7 @@ from sqlalchemy import JSON, ForeignKey, String, Text, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from gateway import approval_facts, approval_summary
+from gateway.attempts import refused_at
 from gateway.auth import Caller
 from gateway.context import Gateway
 from gateway.errors import Conflict, Forbidden, NotFound, PolicyDenied
@@ -280,9 +281,9 @@ def approve(gw: Gateway, session: Session, caller: Caller, approval_id: str, com
     except (Forbidden, Conflict) as e:
         # A confirmation refused (the request closed or altered, the caller no second person) is an attempt on
         # someone else's job like any other: in the ledger (H3).
-        record_outcome(gw, "outcome", {"action": "approval.grant", "approval_id": approval.id, "result": "refused",
-                                       "operator": caller.id, "real_identity": caller.real_identity,
-                                       "reason": e.detail})
+        refused_at(e, record_outcome(gw, "outcome", {
+            "action": "approval.grant", "approval_id": approval.id, "result": "refused", "operator": caller.id,
+            "real_identity": caller.real_identity, "reason": e.detail}))
         raise
     # Never widen: only the approved ids, and of those only the ones still running.
     # Deleting acts on ended jobs; for every other action a job that ended meanwhile is skipped.
@@ -365,9 +366,9 @@ def reject(gw: Gateway, session: Session, caller: Caller, approval_id: str, reas
         if not withdrawn:
             _check_refuser(gw, session, caller, approval)
     except (Forbidden, Conflict) as e:
-        record_outcome(gw, "outcome", {"action": "approval.reject", "approval_id": approval.id,
-                                       "result": "refused", "operator": caller.id,
-                                       "real_identity": caller.real_identity, "reason": e.detail})
+        refused_at(e, record_outcome(gw, "outcome", {
+            "action": "approval.reject", "approval_id": approval.id, "result": "refused", "operator": caller.id,
+            "real_identity": caller.real_identity, "reason": e.detail}))
         raise
     approval.state = "rejected"
     approval.resolved_at = now

@@ -20,6 +20,7 @@ from gateway.models import RoleBinding as RoleBindingRow
 from gateway.policy.engine import EmbeddedEngine, RoleBinding
 from gateway.policy.loader import PolicySet
 from gateway.ratelimit import RateLimiter
+from gateway.refusal_counts import RefusalCounts
 from gateway.settings import Settings
 from gateway.token_cache import TokenCache
 from ledger.errors import LedgerError
@@ -47,6 +48,7 @@ class Gateway:
     policy_lock: threading.RLock = field(default_factory=threading.RLock)
     limiter: RateLimiter | None = None
     token_cache: TokenCache = field(default_factory=lambda: TokenCache(0))
+    refusal_counts: RefusalCounts = field(default_factory=RefusalCounts)  # see gateway/refusals.py
 
     def after_commit(self, session: Session, action: Callable[[], None]) -> None:
         """Run `action` once `session`'s transaction has committed (never if it rolls back)."""

@@ -17,6 +17,7 @@ from gateway.breakglass import sweep_expired
 from gateway.context import Gateway
 from gateway.obligations import sweep_timed_out_receipts
 from gateway.reconcile import reconcile_task
+from gateway.refusals import flush_counts
 
 log = logging.getLogger("jobgate.housekeeping")
 
@@ -26,6 +27,7 @@ TASKS: list[tuple[str, Task]] = [
     ("break-glass expiry", sweep_expired),
     ("approval expiry", expire_due),
     ("decisions without an outcome", reconcile_task),
+    ("counts of repeated refusals", lambda gw, _session: flush_counts(gw)),
 ]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway import priority_history
+from gateway import attempts, priority_history
 from gateway.auth import Caller
 from gateway.context import QUEUED_ENTRIES, REPORTED_ENTRIES, Gateway, settle_queued_entries
 from gateway.emergency_holds import holds_on
@@ -228,11 +228,13 @@ def decide(
     try:
         if tickets is not None or not wait:
             queued = gw.ledger.enqueue("decision", body, blobs=blobs)
+            attempts.ledgered(queued.seq)  # this request's refusal, if it is one, is this entry
             if tickets is not None:
                 tickets.append(queued)
             return Recorded(request_id, decision, queued.seq, decision_input, queued, rate_refusal)
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
+        attempts.ledgered(appended.seq)
         LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
     except InvalidEntry as e:
         # Bad input, not a ledger outage: a parameter canonical JSON cannot carry exactly (an infinity, an
