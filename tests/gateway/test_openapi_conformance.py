@@ -98,7 +98,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     settings = Settings(data_dir=data_dir)
     prepare_demo(settings)
     tokens = json.loads((data_dir / "demo-tokens.json").read_text())
-    tokens["node"] = (data_dir / "agents" / "demo-node-1" / "token").read_text().strip()
+    tokens["node"] = (data_dir / "agents" / "demo-node-1" / "state" / "token").read_text().strip()
     app = create_app(settings, run_scheduler=False)
     try:
         schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=CONFIG)

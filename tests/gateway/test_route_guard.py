@@ -83,6 +83,9 @@ CASES: dict[tuple[str, str], Case] = {
     ("POST", "/ui/login"): Case("console"),
     ("POST", "/ui/logout"): Case("console"),
     ("POST", "/ui/jobs/{job_id}/stop"): Case("console"),
+    ("POST", "/ui/jobs/{job_id}/pause"): Case("console"),
+    ("POST", "/ui/jobs/{job_id}/priority"): Case("console"),
+    ("POST", "/ui/jobs/{job_id}/resume"): Case("console"),
     ("POST", "/ui/notifications/{notification_id}/ack"): Case("console"),
     ("POST", "/ui/approvals/{approval_id}/approve"): Case("console"),
     ("POST", "/ui/approvals/{approval_id}/reject"): Case("console"),
@@ -156,7 +159,7 @@ OPEN = "any caller with a token may call it; it answers with what that caller ma
 PUBLIC = "no token is asked for: no identity to name"
 # Every route of the app: the call that is refused there, or why there is none to a caller with an identity.
 REFUSED: dict[tuple[str, str], Refused | str] = {
-    **{("GET", p): PUBLIC for p in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc", "/healthz",
+    **{("GET", p): PUBLIC for p in ("/openapi.json", "/docs", "/redoc", "/healthz",
                                     "/metrics")},
     **{k: Refused("mallory", 403, c.body, c.params, c.job_state) for k, c in CASES.items() if c.kind == "decision"},
     ("POST", "/v1/jobs:stop"): Refused("mallory", 422, {"selector": {"project": "vision"}, **REASON}),  # no job of hers
@@ -168,6 +171,7 @@ REFUSED: dict[tuple[str, str], Refused | str] = {
                                                      "expires_in_days": 1}),
     ("POST", "/v1/tokens/{token_id}/revoke"): Refused("mallory", 404, REASON),
     ("POST", "/v1/service-accounts"): Refused("mallory", 403, {"name": "guard-bot", "project": "vision"}),
+    ("POST", "/v1/nodes"): Refused("mallory", 403, {"id": "guard-node-2", "gpus": 8}),
     ("POST", "/v1/break-glass/{grant_id}/revoke"): Refused("mallory", 404),
     ("POST", "/v1/notifications/{notification_id}/ack"): Refused("mallory", 404),
     ("POST", "/v1/agents/{node_id}/heartbeat"): Refused("dave", 403, {"gpus": 8}),
