@@ -22,6 +22,7 @@ from gateway.console.web import ConsoleHeadersMiddleware
 from gateway.context import Gateway
 from gateway.decisions.policy_reload import PolicyReloader
 from gateway.decisions.reconcile import reconcile_at_startup
+from gateway.decisions.refusals import flush_counts, on_api_refusal
 from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
@@ -99,6 +100,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
             for loop in loops:
                 loop.stop()
             reloader.stop()
+            flush_counts(gw, everything=True)  # refusals counted in windows still open
             gw.policy.close()
             gw.close()
 
@@ -107,7 +109,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
                   redoc_url=None)
     app.openapi = partial(openapi_doc.document, app)  # type: ignore[method-assign]
     docs_pages.install(app)
-    install_error_handlers(app)
+    install_error_handlers(app, on_refusal=on_api_refusal)
     for router in (*ROUTERS, *CONSOLE_ROUTERS):  # the console's pages after the API's routes
         app.include_router(router)
     logging.getLogger("jobgate").setLevel(logging.INFO)

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from gateway.access import breakglass
 from gateway.context import Gateway
-from gateway.decisions import approvals, obligations, reconcile
+from gateway.decisions import approvals, obligations, reconcile, refusals
 from gateway.decisions.policy.factory import make_engine
 from gateway.decisions.policy.testing import load_tested_set
 from gateway.decisions.policy_reload import load_bindings
@@ -74,5 +74,5 @@ def register_chores(gateway: Gateway) -> None:
     chores: list[tuple[str, Callable[[Gateway, Session], object]]] = [
         ("receipts", obligations.sweep_timed_out_receipts), ("break-glass expiry", breakglass.sweep_expired),
         ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
-        *lifecycle.CHORES]
+        ("counts of repeated refusals", lambda gw, _session: refusals.flush_counts(gw)), *lifecycle.CHORES]
     gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)

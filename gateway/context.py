@@ -15,6 +15,7 @@ from gateway.decisions.deps import Executor
 from gateway.decisions.policy.engine import EmbeddedEngine
 from gateway.decisions.policy.loader import PolicySet
 from gateway.decisions.ratelimit import RateLimiter
+from gateway.decisions.refusal_counts import RefusalCounts
 from gateway.decisions.transaction import after_commit, business_transaction
 from gateway.execution.port import Execution
 from gateway.housekeeping import Chore
@@ -56,6 +57,8 @@ class Gateway:
     chores: list[tuple[str, Chore]] = field(default_factory=list)
     # The /metrics gauges each room reads from the business DB, in the order they are served (bootstrap.py).
     figures: list[Figures] = field(default_factory=list)
+    # Refusals repeated within a window, counted into one later entry (gateway/decisions/refusals.py).
+    refusal_counts: RefusalCounts = field(default_factory=RefusalCounts)
 
     def after_commit(self, session: Session, action: Callable[[], None]) -> None:
         """Run `action` once `session`'s transaction has committed (never if it rolls back)."""

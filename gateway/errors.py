@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -102,9 +102,17 @@ def problem(status: int, kind: str, title: str, detail: str, instance: str, **ex
 _ABORTED_FOR_ANOTHER = frozenset({"40P01", "40001"})
 
 
-def install_error_handlers(app: FastAPI) -> None:
+RefusalHook = Callable[[Request, "GatewayError"], Awaitable[None]]
+
+
+def install_error_handlers(app: FastAPI, *, on_refusal: RefusalHook | None = None) -> None:
+    """Map every error to problem+json. `on_refusal` sees each GatewayError before it is answered (the app
+    ledgers refused attempts there, gateway/refusals.py); it must not raise."""
+
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        if on_refusal is not None:
+            await on_refusal(request, exc)
         response = problem(exc.status, exc.kind, exc.title, exc.detail, request.url.path, **exc.extra)
         response.headers.update(exc.headers)
         return response

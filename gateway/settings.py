@@ -62,6 +62,10 @@ class Settings(BaseSettings):
         30.0, gt=0, description="PostgreSQL: how long a request waits for a row or table lock before it is refused"
         " (503) rather than holding an API thread while another session keeps the lock.",
     )
+    refusal_window_s: float = Field(
+        60.0, ge=0, description="Identical refusals of one caller within this many seconds after one in the ledger"
+        " are counted into one later entry instead of each being written; 0 writes every one.",
+    )
     rate_limit_timeout_s: float = Field(
         1.0, gt=0, description="How long a mutating call waits for the rate-limit storage (Redis) before it is"
         " refused as counts unavailable.",

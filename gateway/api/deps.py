@@ -1,4 +1,7 @@
-"""Request-scoped dependencies: the gateway, and the caller authenticated inside a transaction."""
+"""Request-scoped dependencies: the gateway, and the caller authenticated inside a transaction.
+
+Each request's context begins its attempt (gateway/attempts.py): what it asks, and, once authenticated, who
+asks; a refusal answered to a known caller is ledgered from it (gateway/refusals.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from sqlalchemy.orm import Session
 from gateway.access import breakglass
 from gateway.api.storable_text import refuse_unstorable_text
 from gateway.context import Gateway
+from gateway.decisions import attempts
 from gateway.identity.auth import TRIGGER_HEADER, Caller, authenticate, bearer_secret
 
 
@@ -23,12 +27,17 @@ class RequestContext:
     trigger: str | None
     source: dict[str, str | bool | None]
     breakglass_grant: str | None = None  # the grant whose use this call was counted as
+    attempt: attempts.Attempt | None = None
 
     def caller(self, session: Session) -> Caller:
         if self.breakglass_grant:
-            return breakglass.caller_for(self.gw, session, self.breakglass_grant, source=dict(self.source))
-        return authenticate(session, self.authorization, trigger=self.trigger, source=self.source, now=self.gw.clock(),
-                            cache=self.gw.token_cache)
+            caller = breakglass.caller_for(self.gw, session, self.breakglass_grant, source=dict(self.source))
+        else:
+            caller = authenticate(session, self.authorization, trigger=self.trigger, source=self.source,
+                                  now=self.gw.clock(), cache=self.gw.token_cache)
+        if self.attempt is not None:
+            self.attempt.authenticated(caller)  # from here on, a refusal names this caller in the ledger
+        return caller
 
 
 def break_glass_secret(authorization: str | None) -> str | None:
@@ -61,7 +70,12 @@ async def get_context(
     if secret:
         # The use is counted, ledgered and alerted (or a spent grant revoked) in a transaction of its own.
         grant = await anyio.to_thread.run_sync(partial(breakglass.settle_credential, gw, secret, source=dict(source)))
-    return RequestContext(gw, authorization, x_jobgate_trigger, source, grant)
+    # Begun after the use was ledgered: that entry is not the record of what this request then asks.
+    attempt = attempts.begin(attempts.Attempt(
+        request.method, attempts.route_of(request.scope), dict(request.path_params),
+        request.query_params.multi_items(), await request.body()))
+    request.state.attempt = attempt
+    return RequestContext(gw, authorization, x_jobgate_trigger, source, grant, attempt)
 
 
 Ctx = Annotated[RequestContext, Depends(get_context)]

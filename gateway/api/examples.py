@@ -43,6 +43,7 @@ EXAMPLES: dict[str, Any] = {
     "POST /v1/tokens": {"principal": "sweep-bot", "purpose": "lr sweep", "projects": ["vision"],
                         "actions": ["job.submit"], "expires_in_days": 30},
     "POST /v1/tokens/{token_id}/revoke": {"reason": "the sweep is over"},
+    "POST /v1/nodes": {"id": "gpu-node-17", "gpus": 8},
     "POST /v1/service-accounts": {"name": "sweep-bot", "project": "vision",
                                   "description": "nightly hyper-parameter sweep"},
     "PUT /v1/quotas/{project}": {"gpus": 16, "borrow_limit": 4, "reason": "two more nodes for the vision team",

@@ -20,7 +20,7 @@ router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 class NodeEnrol(BaseModel):
     """A node to add to the pool; its agent authenticates with the token the answer carries (once)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"id": "gpu-node-17", "gpus": 8}]})
+    model_config = ConfigDict(extra="forbid")
     id: str = Field(min_length=1, max_length=63, description="The node's name; must match JOBGATE_NODE_NAMES.")
     gpus: int = Field(ge=0, le=1024, description="GPUs it offers (its agent reports the real count).")
 

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.console import access, wording
 from gateway.console.sessions import COOKIE, ConsoleSession, SessionStore, caller_for, csrf_ok
 from gateway.context import Gateway
+from gateway.decisions import attempts, refusals
 from gateway.errors import Forbidden, GatewayError, Unauthenticated
 from gateway.identity.auth import Caller
 
@@ -141,7 +142,7 @@ def error_page(request: Request, view: View | None, err: GatewayError) -> HTMLRe
 
 def page(fn: Callable[P, Response]) -> Callable[P, Response]:
     """Route decorator: no session → sign-in page; a GatewayError → an HTML page with its status and
-    detail (the same refusal the API gives as problem+json)."""
+    detail (the same refusal the API gives as problem+json), and in the ledger as the API's are."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> Response:
@@ -150,15 +151,31 @@ def page(fn: Callable[P, Response]) -> Callable[P, Response]:
         view = current(request)
         if view is None:
             return to_login(request)
+        # No body: a console form carries its CSRF token. The page's decisions note themselves into it.
+        attempt = attempts.begin(attempts.Attempt(request.method, attempts.route_of(request.scope),
+                                                  dict(request.path_params), request.query_params.multi_items()))
         try:
             return fn(*args, **kwargs)
         except Unauthenticated:
             store(request).drop(view.cs.id)
             return to_login(request)
         except GatewayError as e:
+            _ledger_refusal(view, attempt, e)
             return error_page(request, view, e)
 
     return wrapper
+
+
+def _ledger_refusal(view: View, attempt: attempts.Attempt, e: GatewayError) -> None:
+    """A signed-in person's refusal, named by their session's token (gateway/refusals.py). Raises nothing."""
+    if not refusals.is_refusal(e) or attempt.ledgered:
+        return
+    try:
+        with view.gw.transaction(immediate=False) as session:
+            attempt.authenticated(view.caller(session))
+    except Exception:  # signed out meanwhile, or the database is gone: nobody to name, the page says the rest
+        return
+    refusals.ledger_refusal_sync(view.gw, attempt, e)
 
 
 def need_view(request: Request) -> View:

@@ -22,6 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from gateway.decisions import approval_facts, approval_summary
+from gateway.decisions.attempts import refused_at
 from gateway.decisions.deps import Decider
 from gateway.decisions.notifications import notify
 from gateway.decisions.pipeline import Recorded, decide, ledger_batch, record, record_outcome
@@ -244,9 +245,9 @@ def approve(gw: Decider, session: Session, caller: Caller, approval_id: str, com
     except (Forbidden, Conflict) as e:
         # A confirmation refused (the request closed or altered, the caller no second person) is an attempt on
         # someone else's job like any other: in the ledger (H3).
-        record_outcome(gw, "outcome", {"action": "approval.grant", "approval_id": approval.id, "result": "refused",
-                                       "operator": caller.id, "real_identity": caller.real_identity,
-                                       "reason": e.detail})
+        refused_at(e, record_outcome(gw, "outcome", {
+            "action": "approval.grant", "approval_id": approval.id, "result": "refused", "operator": caller.id,
+            "real_identity": caller.real_identity, "reason": e.detail}))
         raise
     # Never widen: only the approved ids, and of those only the ones still running.
     # Deleting acts on ended jobs; for every other action a job that ended meanwhile is skipped.
@@ -329,9 +330,9 @@ def reject(gw: Decider, session: Session, caller: Caller, approval_id: str, reas
         if not withdrawn:
             _check_refuser(gw, session, caller, approval)
     except (Forbidden, Conflict) as e:
-        record_outcome(gw, "outcome", {"action": "approval.reject", "approval_id": approval.id,
-                                       "result": "refused", "operator": caller.id,
-                                       "real_identity": caller.real_identity, "reason": e.detail})
+        refused_at(e, record_outcome(gw, "outcome", {
+            "action": "approval.reject", "approval_id": approval.id, "result": "refused", "operator": caller.id,
+            "real_identity": caller.real_identity, "reason": e.detail}))
         raise
     approval.state = "rejected"
     approval.resolved_at = now

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from gateway.decisions.policy.engine import EmbeddedEngine
 from gateway.decisions.policy.loader import PolicySet
 from gateway.decisions.ratelimit import RateLimiter
+from gateway.decisions.refusal_counts import RefusalCounts
 from gateway.execution.port import Execution
 from gateway.identity.auth import Caller
 from gateway.settings import Settings
@@ -60,3 +61,15 @@ class PolicyHolder(Decider, Protocol):
     settings: Settings
     db: Database
     policy_lock: threading.RLock
+
+
+class RefusalRecorder(Protocol):
+    """Ledgering refused attempts (gateway/decisions/refusals.py): the ledger, the clock, the window repeats are
+    counted in, and the counts of the windows still open."""
+
+    ledger: Ledger
+    settings: Settings
+    refusal_counts: RefusalCounts
+
+    @property
+    def clock(self) -> Callable[[], datetime]: ...

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from gateway.decisions import attempts
 from gateway.decisions.deps import Decider
 from gateway.decisions.facts import add_gang_facts, add_hold_facts, add_priority_facts, target_facts
 from gateway.decisions.policy.engine import BREAK_GLASS_RULE, Decision
@@ -167,11 +168,13 @@ def decide(
     try:
         if tickets is not None or not wait:
             queued = gw.ledger.enqueue("decision", body, blobs=blobs)
+            attempts.ledgered(queued.seq)  # this request's refusal, if it is one, is this entry
             if tickets is not None:
                 tickets.append(queued)
             return Recorded(request_id, decision, queued.seq, decision_input, queued, rate_refusal)
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
+        attempts.ledgered(appended.seq)
         LEDGER_APPEND_SECONDS.observe(time.perf_counter() - started)
     except InvalidEntry as e:
         # Bad input, not a ledger outage: a parameter canonical JSON cannot carry exactly (an infinity, an

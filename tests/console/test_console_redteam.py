@@ -155,10 +155,46 @@ def test_console_answers_are_bounded_like_the_apis(console: Console) -> None:
     assert r.status_code == 422 and "2000" in r.text
     r = alice.post(f"/ui/approvals/{approval}/reject", data={"csrf": csrf, "reason": huge})
     assert r.status_code == 422 and "2000" in r.text
-    assert console.gateway.ledger.size() == size
+    # Refused attempts in the ledger, without what the forms held (a form carries its CSRF token too).
+    refused = console.gateway.ledger.entries(size, 100)
+    assert [e.value["kind"] for e in refused] == ["refusal", "refusal"]
+    assert not [e for e in refused if huge.encode() in e.raw or csrf.encode() in e.raw]
     assert console.api("GET", f"/v1/approvals/{approval}", "alice").json()["state"] == "pending"
     r = console.api("POST", f"/v1/approvals/{approval}/approve", "alice", json={"comment": huge})
     assert r.status_code == 422  # the same answer as the API's
     r = alice.post(f"/ui/approvals/{approval}/reject", data={"csrf": csrf, "reason": "not now"}, follow_redirects=False)
     assert r.status_code == 303
     assert console.api("GET", f"/v1/approvals/{approval}", "alice").json()["state"] == "rejected"
+
+
+# (who, method, route, form without its CSRF token): refused to a signed-in person; the job is alice's, the approval
+# carol's stop of it. The API's routes are tests/gateway/test_route_guard.py.
+CONSOLE_REFUSALS = [
+    ("alice", "GET", "/ui/admin", None),  # a check outside the policy
+    ("alice", "GET", "/ui/ledger", None),  # the policy, asked without recording
+    ("mallory", "GET", "/ui/jobs/{job_id}", None),
+    ("mallory", "GET", "/ui/approvals/{approval_id}", None),
+    ("mallory", "GET", "/ui/emergency/{emergency_id}", None),
+    ("mallory", "POST", "/ui/jobs/{job_id}/stop", {"reason": "I need the GPUs"}),  # a policy decision
+    ("carol", "POST", "/ui/approvals/{approval_id}/approve", {}),  # her own request: ledgered by approvals
+    ("mallory", "POST", "/ui/notifications/{notification_id}/ack", {}),
+]
+
+
+@pytest.mark.parametrize("case", CONSOLE_REFUSALS, ids=[f"{c[1]} {c[2]} as {c[0]}" for c in CONSOLE_REFUSALS])
+def test_a_console_refusal_is_one_ledger_entry_naming_the_person(console: Console,
+                                                                 case: tuple[str, str, str, Any]) -> None:
+    job = submit(console)
+    approval = console.api("POST", f"/v1/jobs/{job}/stop", "carol", json={"reason": "queue hog"}).json()
+    who, method, route, form = case
+    c, csrf = console.sign_in(who)
+    size = console.gateway.ledger.size()
+    url = route.format(job_id=job, approval_id=approval["approval_id"], emergency_id="es-unknown",
+                       notification_id="n-unknown")
+    r = c.request(method, url, data=None if form is None else {**form, "csrf": csrf}, follow_redirects=False)
+    assert 400 <= r.status_code < 500 and r.status_code != 401, r.text
+    (entry,) = [e.value for e in console.gateway.ledger.entries(size, 100)]
+    body = entry["body"]
+    assert who in ((body.get("actor") or {}).get("id"), body.get("operator")), entry
+    assert f"recorded in the ledger as entry {entry['seq']}" in r.text
+    assert entry["kind"] != "refusal" or (body["asked"]["route"], body["refusal"]["status"]) == (route, r.status_code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 from console_testkit import Console, csrf_of, submit
@@ -59,7 +60,12 @@ def test_post_without_csrf_token_is_refused_and_changes_nothing(console: Console
     for data in ({"reason": "no token"}, {"reason": "wrong token", "csrf": "x" + csrf}):
         r = c.post(f"/ui/jobs/{job}/stop", data=data, follow_redirects=False)
         assert r.status_code == 403 and "CSRF" in r.text
-    assert console.gateway.ledger.size() == size  # nothing was even decided
+    # Nothing was even decided; the refused attempt is in the ledger, the second counted into the first.
+    refused = [json.loads(e.raw) for e in console.gateway.ledger.entries(size, 100)]
+    assert [(e["kind"], e["body"]["actor"]["id"], e["body"]["asked"]["route"]) for e in refused] == [
+        ("refusal", "alice", "/ui/jobs/{job_id}/stop")]
+    assert "CSRF" in refused[0]["body"]["refusal"]["detail"] and "asked" in refused[0]["body"]
+    size = console.gateway.ledger.size()
     assert console.api("GET", f"/v1/jobs/{job}", "alice").json()["state"] == "pending"
     # With the token the same form works, through the decision pipeline (ledgered).
     r = c.post(f"/ui/jobs/{job}/stop", data={"reason": "done for today", "csrf": csrf}, follow_redirects=False)

@@ -453,8 +453,8 @@ REFUSED_RESULTS = {"rejected", "failed"}
 
 def assert_refused_cleanly(sw: Sweep, send_it: Callable[[], httpx.Response], names: tuple[str, ...] = ()) -> None:
     """The request gets a 4xx problem+json that says in words what is wrong (naming one of `names`), and
-    changes nothing: no business row, and no ledger entry but decisions and the outcomes that close them
-    as refused."""
+    changes nothing: no business row, and no ledger entry but decisions, the outcomes that close them as
+    refused, and the refused attempt itself (gateway/refusals.py)."""
     writes, size = sw.writes.count, sw.api.gateway.ledger.size()
     r = send_it()
     assert 400 <= r.status_code < 500, f"{r.status_code}: {r.text[:2000]}"
@@ -471,7 +471,7 @@ def assert_refused_cleanly(sw: Sweep, send_it: Callable[[], httpx.Response], nam
     assert sw.writes.count == writes, "a refused request changed the business database"
     for stored in sw.api.gateway.ledger.entries(size, 1000):
         entry = json.loads(stored.raw)
-        assert entry["kind"] == "decision" or (
+        assert entry["kind"] in ("decision", "refusal") or (
             entry["kind"] == "outcome" and entry["body"].get("result") in REFUSED_RESULTS), stored.raw[:500]
 
 

@@ -3,7 +3,8 @@
 The ids went into the URL as they were: httpx resolves `..` and `.` segments, and a `?` or `#` starts the query or
 fragment, so `jobgate emergency-stop show ../../v1/ledger/entries` read the ledger, and `jobgate job stop
 x/../J` stopped job J. Each command here runs against a real gateway (uvicorn on a socket) and must get the
-404 of the route it names, or the router's own 404, and change nothing.
+404 of the route it names, or the router's own 404, and change nothing (the route's 404 is a refused attempt in
+the ledger, naming the id as typed).
 """
 
 from __future__ import annotations
@@ -64,7 +65,11 @@ def test_an_id_reaches_only_the_route_its_command_names(api: Api, url: str, case
     assert code == 1, out
     assert lines[-1].startswith("Error: 404 "), out
     assert api.get(f"/v1/jobs/{job}", "alice").json()["state"] == state
-    assert ledger_entries(api) == before
+    after = ledger_entries(api)
+    assert after[: len(before)] == before
+    # Nothing but the refusal of the id as typed, on the route the command names (the router's own 404 has none).
+    assert [(e["kind"], e["body"]["actor"]["id"]) for e in after[len(before):]] in ([], [("refusal", who)]), after
+    assert not [e for e in after[len(before):] if job in e["body"]["asked"].get("path_params", {}).values()]
 
 
 def test_an_unknown_id_gets_its_routes_own_404(api: Api, url: str) -> None:

@@ -332,7 +332,8 @@ def test_a_batch_naming_an_ended_job_is_refused_before_it_is_decided_and_claims_
     r = api.post(route, "alice", json={"ids": [pending, ended], "reason": "cleanup", **extra})
     assert r.status_code == 409 and ended in r.json()["detail"], r.text
     after = ledger(api)[before:]
-    assert [e["kind"] for e in after] == [], [(e["kind"], e["body"].get("result")) for e in after]
+    # No decision claiming the batch (an allow without an outcome): only the refused attempt.
+    assert [e["kind"] for e in after] == ["refusal"], [(e["kind"], e["body"].get("result")) for e in after]
     assert api.get(f"/v1/jobs/{pending}", "alice").json()["state"] == "pending"
     dry = api.post(route, "alice", json={"ids": [pending, ended], "reason": "cleanup", "dry_run": True, **extra})
     assert dry.status_code == 409, dry.text  # the dry run says what the real call would
@@ -464,5 +465,6 @@ def test_a_batch_stop_naming_a_paused_job_is_refused_before_it_is_decided(api: A
     r = api.post("/v1/jobs:stop", "alice", json={"ids": [pending, paused], "reason": "cleanup"})
     assert r.status_code == 409 and paused in r.json()["detail"], r.text
     after = ledger(api)[before:]
-    assert [e["kind"] for e in after] == [], [(e["kind"], e["body"].get("result")) for e in after]
+    # No decision claiming the batch (an allow without an outcome): only the refused attempt.
+    assert [e["kind"] for e in after] == ["refusal"], [(e["kind"], e["body"].get("result")) for e in after]
     assert api.get(f"/v1/jobs/{pending}", "alice").json()["state"] == "pending"

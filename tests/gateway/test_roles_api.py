@@ -93,7 +93,10 @@ def test_bad_bindings_are_422_and_change_nothing(api: Api, body: dict[str, str],
     assert r.status_code == 422, r.text
     assert r.headers["content-type"].startswith("application/problem+json")
     assert needle in r.json()["detail"]
-    assert len(ledger_entries(api)) == before
+    # Nothing changed; the refused attempt is in the ledger, once, with what was asked.
+    (refused,) = ledger_entries(api)[before:]
+    assert refused["kind"] == "refusal" and refused["body"]["actor"]["id"] == "erin", refused
+    assert refused["body"]["asked"]["body"] == body and refused["seq"] == r.json()["ledger_seq"]
 
 
 def test_duplicate_grant_and_missing_revoke(api: Api) -> None:
