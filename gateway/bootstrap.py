@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 
 from sqlalchemy.orm import Session
@@ -14,8 +14,11 @@ from gateway.decisions.policy.factory import make_engine
 from gateway.decisions.policy.testing import load_tested_set
 from gateway.decisions.policy_reload import load_bindings
 from gateway.decisions.ratelimit import RateLimiter
+from gateway.execution.inprocess import InProcessExecution
+from gateway.execution.port import Execution
 from gateway.identity.token_cache import TokenCache
 from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
+from gateway.jobs.reports import JobReports
 from gateway.native.command_key import load_or_create_command_key
 from gateway.native.execution import NativeExecution
 from gateway.settings import Settings
@@ -24,8 +27,26 @@ from gateway.store.schema import create_schema
 from ledger.keys import load_or_create_signer
 from ledger.service import Ledger
 
+ExecutionFactory = Callable[[Gateway], Execution]
 
-def open_gateway(settings: Settings) -> Gateway:
+
+def native_execution(gateway: Gateway) -> Execution:
+    """jobgate's own: the scheduler loop and node agents (gateway/native/)."""
+    return NativeExecution(gateway)
+
+
+def in_process_execution(nodes: Mapping[str, int]) -> ExecutionFactory:
+    """An executor in this process with these nodes (name: GPUs), carried out when its run() is called
+    (gateway/execution/inprocess.py); for tests that are not about agents."""
+
+    def make(gateway: Gateway) -> Execution:
+        return InProcessExecution(nodes, transaction=gateway.transaction, clock=lambda: gateway.clock(),
+                                  reports=JobReports(gateway))
+
+    return make
+
+
+def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_execution) -> Gateway:
     """Create the data dir, keys and schema on first start; reuse them after. Raises on a bad policy set,
     DatabaseInUse when another gateway process runs on the business database."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -54,7 +75,7 @@ def open_gateway(settings: Settings) -> Gateway:
                             timeout_s=settings.rate_limit_timeout_s),
         token_cache=TokenCache(settings.auth_cache_s),
     )
-    gateway.execution = NativeExecution(gateway)
+    gateway.execution = execution(gateway)
     register_executors(gateway)
     register_chores(gateway)
     gateway.figures.extend([approvals.figures, figures.figures])  # /metrics, in this order

@@ -11,15 +11,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import rfc8785
+from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from gateway.decisions.notifications import alert, notify
-from gateway.decisions.pipeline import decide, record, record_outcome
-from gateway.execution.port import PartEvent
+from gateway.decisions.pipeline import decide, ledger_batch, record, record_outcome
+from gateway.execution.port import Evidence, PartEvent
 from gateway.identity.auth import SYSTEM
-from gateway.jobs import lifecycle, retention, stops
+from gateway.jobs import lifecycle, placement, retention, stops
 from gateway.jobs.deps import Jobs
 from gateway.jobs.preemption import ended_before_stop, requeue
+from gateway.jobs.records import lock_jobs
 from gateway.jobs.stops import PART_DONE, escalate, ledger_transition
 from gateway.store.models import Allocation, Job
 
@@ -189,3 +191,37 @@ def _finish(gw: Jobs, job: Job, parts: list[Allocation], target: str, now: datet
         retention.keep_checkpoints(gw, job, now)
     else:
         retention.release(gw, job, now)
+
+
+class JobReports:
+    """The execution port's Reports (gateway/execution/port.py) for an executor whose word needs no vouching: one
+    this process runs (gateway/execution/inprocess.py). Node agents' reports are vouched for first and then folded
+    the same way (gateway/native/agents.py)."""
+
+    def __init__(self, gw: Jobs) -> None:
+        self.gw = gw
+
+    def placed(self, session: Session, job_id: str, parts: Sequence[tuple[str, Sequence[int]]], *,
+               borrowed: bool, priority: Mapping[str, float]) -> bool:
+        job = lock_jobs(session, [job_id]).get(job_id)
+        if job is None or job.state != "pending":
+            return False
+        placement.admit(self.gw, session, job, parts, borrowed=borrowed, priority=priority, now=self.gw.clock())
+        return True
+
+    def part_event(self, session: Session, job_id: str, node: str, event: PartEvent, *, at: float,
+                   pid: int | None = None, evidence: Evidence | None = None, reference: str | None = None,
+                   detail: str = "") -> None:
+        """Raises LookupError for a job or a part the gateway does not hold (an executor's bug, never a node's)."""
+        job = lock_jobs(session, [job_id]).get(job_id)
+        parts = list(session.scalars(select(Allocation).where(Allocation.job_id == job_id)))
+        part = next((p for p in parts if p.node == node), None)
+        if job is None or part is None:
+            raise LookupError(f"no part of job {job_id} on {node} to report {event} about")
+        with session.no_autoflush, ledger_batch(self.gw, session):
+            fold(self.gw, session, job, part, parts, node, event, at=at, pid=pid,
+                 evidence=dict(evidence) if evidence is not None else None, reference=reference, detail=detail)
+
+    def deleted(self, session: Session, job_id: str, node: str, *, objects: Sequence[Mapping[str, Any]],
+                reason: str, left: Sequence[str] = (), unlisted: int = 0) -> None:
+        deleted(self.gw, session, job_id, node, objects=objects, reason=reason, left=left, unlisted=unlisted)

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session
 
 from gateway.decisions.notifications import notify
 from gateway.decisions.pipeline import record_outcome
-from gateway.jobs import preemption, priority_history
+from gateway.jobs import placement, preemption, priority_history
 from gateway.jobs.quotas import load_quotas
-from gateway.jobs.records import lock_jobs, run_began, transition
+from gateway.jobs.records import lock_jobs, run_began
 from gateway.jobs.runtime_limits import stop_overrunning
 from gateway.jobs.scheduler_config import scheduler_config
 from gateway.jobs.stops import escalate_unconfirmed_stops, ledger_transition
@@ -256,33 +256,16 @@ def requeue_undelivered_starts(gw: Native, session: Session, now: datetime) -> l
 
 
 def _admit(gw: Native, session: Session, result: CycleResult, now: datetime) -> None:
+    """The cycle's admissions: each job's rows (gateway/jobs/placement.py), then a signed start per part."""
     for admit in result.admits:
         job = session.get(Job, admit.job_id)
         if job is None or job.state != "pending":
             continue
-        mode = "borrowed" if admit.borrowed else "owned"
-        placement = [{"node": p.node, "gpus": list(p.gpus), "quota": mode} for p in admit.placement]
-        record_outcome(gw, "schedule", {"job_id": job.id, "result": "admitted", "placement": placement,
-                                        "priority": admit.priority.total, "quota": mode})
-        job.placement = placement
-        row = priority_history.ensure(session, job)
-        row.borrowed = admit.borrowed
-        row.priority, row.parts = admit.priority.total, admit.priority.as_dict()
-        row.position, row.blocked_reason, row.estimated_start = None, "", None
-        # P3: a new run starts a new occupancy period, owing no renewal yet; left set by an earlier run, the mark
-        # kept the renewal-due notice of this one from ever being sent.
-        row.renewal_due_at = None
-        where = ", ".join(p.node for p in admit.placement)
-        transition(job, "starting", now, by="scheduler", reason=f"placed on {where} ({mode} quota)")
-        if row.restart_notice_pending:  # Q9: a requeued victim placed again before any cycle left it waiting
-            row.restart_notice_pending = False
-            notify(session, job.owner, "expected_restart", {
-                "job_id": job.id, "placed": True, "queue": job.queue, "reason": f"placed on {where}",
-                "expected_restart": now.isoformat()}, now)
-        for p in admit.placement:
-            session.add(Allocation(job_id=job.id, node=p.node, gpus=list(p.gpus), state="starting"))
-            enqueue(gw, session, p.node, job.id, "start", {
-                "argv": list(job.command), "gpus": list(p.gpus), "grace_seconds": job.grace_seconds,
+        parts = [(str(p.node), list(p.gpus)) for p in admit.placement]
+        placement.admit(gw, session, job, parts, borrowed=admit.borrowed, priority=admit.priority.as_dict(), now=now)
+        for node, gpus in parts:
+            enqueue(gw, session, node, job.id, "start", {
+                "argv": list(job.command), "gpus": gpus, "grace_seconds": job.grace_seconds,
                 "stop_signal": job.stop_signal, "env": dict(job.env),
                 # H1: a node that maps people to Unix accounts runs the job as its submitter's account.
                 "run_as": job.creator if job.creator_kind == "person" else None})
