@@ -293,7 +293,12 @@ class Agent:
             if record is not None:
                 self.processes.put(record)
         elif event.event in ("stopped", "exited") and event.evidence is not None:
-            self.processes.remove(event.job_id, event.pid)
+            try:
+                self.processes.remove(event.job_id, event.pid)
+            except OSError as e:
+                # The end is still reported (the outbox is what the gateway hears). The stale record makes a
+                # restarted agent report the run vanished once more, which the gateway ledgers as an anomaly.
+                log.error("process record not removed", extra=_fields(job_id=event.job_id, error=str(e)))
         log.info(
             "job event",
             extra=_fields(job_id=event.job_id, job_event=event.event, pid=event.pid, detail=event.detail),

@@ -139,10 +139,12 @@ def kill(path: Path, timeout: float = 5.0) -> bool:
             signal_all(path, signal.SIGKILL)
             time.sleep(_KILL_POLL_SECONDS)
     deadline = time.monotonic() + timeout
+    pause = 0.001  # a killed process is gone within a millisecond or two: look again soon, then less often
     while populated(path):
         if time.monotonic() >= deadline:
             return False
-        time.sleep(_KILL_POLL_SECONDS)
+        time.sleep(pause)
+        pause = min(pause * 2, _KILL_POLL_SECONDS)
     return True
 
 
