@@ -14,7 +14,8 @@ Measured in the same run, on the same requests:
 - OPA (v1.20.2's Go evaluator, opa-golib-python-bindings) beside the embedded engine on the same requests,
   measured interleaved: the full decision and the Rego alone in-process (`--policy-engine opa-inprocess`), the
   full decision through the OPA server engine (`--policy-engine opa`, HTTP on loopback to
-  tests/policy/opa_server.py: OPA's evaluator behind a Python HTTP front, so slower than `opa run --server`),
+  tests/gateway/decisions/policy/opa_server.py: OPA's evaluator behind a Python HTTP front, so slower than
+  `opa run --server`),
   and decisions per second from two threads at once.
 
 Usage: python bench/policy.py [--quick]   (--quick: 20,000 replayed decisions, fewer rounds)
@@ -179,7 +180,8 @@ def in_process(rounds: int) -> dict[str, Any]:
     entrypoint = DECISION_ENTRYPOINT.encode()
 
     def rego_only(doc: dict[str, Any]) -> object:
-        # As the engine does it (gateway.policy.regoio): input built with its hot keys first, answer parsed once.
+        # As the engine does it (gateway.decisions.policy.regoio): input built with its hot keys first, answer parsed
+        # once.
         rego.set_input(rego_input(doc))
         return query_value(rego, bundle, entrypoint)
 
@@ -258,10 +260,11 @@ def opa_beside_embedded(policy_set: Any, engine: EmbeddedEngine, docs: list[dict
 
 
 def _opa_server() -> Any:
-    """tests/policy/opa_server.py as a process of its own (OPA's evaluator behind OPA's REST API)."""
+    """tests/gateway/decisions/policy/opa_server.py as a process of its own (OPA's evaluator behind OPA's REST API)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("opa_server", ROOT / "tests" / "policy" / "opa_server.py")
+    server = ROOT / "tests" / "gateway" / "decisions" / "policy" / "opa_server.py"
+    spec = importlib.util.spec_from_file_location("opa_server", server)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -14,8 +14,8 @@ import fastapi.routing
 from fastapi import FastAPI
 
 from gateway.api import docs_pages, openapi_doc
+from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.routes import ROUTERS
-from gateway.body_limit import BodyLimitMiddleware
 from gateway.bootstrap import ExecutionFactory, native_execution, open_gateway
 from gateway.console.routes import ROUTERS as CONSOLE_ROUTERS
 from gateway.console.web import ConsoleHeadersMiddleware
@@ -50,7 +50,7 @@ def serialize_responses_in_the_loop() -> None:
 
     Pydantic holds the GIL while it validates, so the pool thread ran no faster than the event loop would;
     the hop itself (hand-offs, wake-ups, GIL switches) cost 0.07-0.1 ms of CPU per call, a sixth of a
-    no-op request. Applied once per process; tests/gateway/test_thread_pools.py notices if FastAPI
+    no-op request. Applied once per process; tests/gateway/api/test_thread_pools.py notices if FastAPI
     changes so that it no longer takes."""
     original = fastapi.routing.serialize_response
     if getattr(original, "in_the_loop", False):

@@ -1,7 +1,7 @@
 """Request-scoped dependencies: the gateway, and the caller authenticated inside a transaction.
 
-Each request's context begins its attempt (gateway/attempts.py): what it asks, and, once authenticated, who
-asks; a refusal answered to a known caller is ledgered from it (gateway/refusals.py)."""
+Each request's context begins its attempt (gateway/decisions/attempts.py): what it asks, and, once authenticated, who
+asks; a refusal answered to a known caller is ledgered from it (gateway/decisions/refusals.py)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
             {"id": n.id, "state": n.state, "gpus": n.gpus, "gpus_used": used[n.id],
              # GPUs of a lost node stay held until it returns or on-call confirms its jobs stopped.
              "gpus_withheld": used[n.id] if n.state == "lost" else 0,
-             # As the scheduler sees it (gateway.scheduling._node_state).
+             # As the scheduler sees it (gateway.native.scheduler_loop._node_state).
              "degraded": top[n.id] >= n.gpus,
              "jobs": sorted(jobs[n.id]),
              "isolation": n.isolation or "unknown",

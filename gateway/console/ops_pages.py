@@ -98,7 +98,7 @@ def policy(request: Request) -> Response:
 
 
 WHATIF_LAST = 2000
-_whatif_lock = threading.Lock()  # the replay's in-process engine is a module global of gateway.policy.whatif
+_whatif_lock = threading.Lock()  # the replay's in-process engine is a module global of gateway.decisions.policy.whatif
 
 
 @router.post("/policy/whatif", response_class=HTMLResponse)

@@ -167,7 +167,7 @@ def page(fn: Callable[P, Response]) -> Callable[P, Response]:
 
 
 def _ledger_refusal(view: View, attempt: attempts.Attempt, e: GatewayError) -> None:
-    """A signed-in person's refusal, named by their session's token (gateway/refusals.py). Raises nothing."""
+    """A signed-in person's refusal, named by their session's token (gateway/decisions/refusals.py). Raises nothing."""
     if not refusals.is_refusal(e) or attempt.ledgered:
         return
     try:

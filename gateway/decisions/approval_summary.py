@@ -1,7 +1,7 @@
 """What an approval request would do, in words (M2: the second person approves what they see).
 
 One function, `summarize`, turns a request (approvals.to_json), the facts as they stood when it was asked and
-as they stand now (gateway/approval_facts.py gathers both) into what the console, the CLI, the API's `summary`
+as they stand now (gateway/decisions/approval_facts.py gathers both) into what the console, the CLI, the API's `summary`
 field and the notice to the approver all show:
 
 1. the action in a line (`what`);

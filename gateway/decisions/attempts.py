@@ -3,7 +3,7 @@ refusal is in the ledger already.
 
 Every refused attempt is an entry (README, H3). The decision pipeline ledgers the refusals it decides; every
 other refusal (a 403 of a check outside the policy, a 404, a 409, a 422 of the request's meaning) is ledgered
-where the error becomes an answer (gateway/refusals.py), from what this records. The request context
+where the error becomes an answer (gateway/decisions/refusals.py), from what this records. The request context
 (gateway/api/deps.py, the console's `page`) begins an attempt; authentication names its caller; pipeline.decide
 and any code that ledgers a refusal itself say so here, so that a refusal is one entry, never two.
 """

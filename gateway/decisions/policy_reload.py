@@ -113,7 +113,7 @@ class PolicyReloader:
         """Load, test and activate the policy directory. Raises PolicyRefused (the old set stays).
 
         `decision_seq`, the allowed policy.reload decision of an API reload, is cited by the load's entry: it is
-        that decision's outcome (gateway/reconcile.py)."""
+        that decision's outcome (gateway/decisions/reconcile.py)."""
         cite = {} if decision_seq is None else {"decision_seq": decision_seq}
         with self.gw.policy_lock:
             self._seen_stamps = _stamps(self.directory)

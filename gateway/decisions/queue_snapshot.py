@@ -30,7 +30,7 @@ _PENDING = (select(_JOB.id, _JOB.project, _JOB.queue, _JOB.base_priority, _JOB.g
             .where(_IS_PENDING).order_by(*_QUEUE_ORDER))
 # The database renders each row as canonical JSON itself and joins them in queue order, so a queue of
 # thousands reaches Python as one string. SQLite's json_quote and PostgreSQL's to_json escape strings
-# exactly as RFC 8785 does (tests/gateway/test_queue_snapshot.py checks the bytes on both). A whole-number
+# exactly as RFC 8785 does (tests/gateway/decisions/test_queue_snapshot.py checks the bytes on both). A whole-number
 # priority is written as an int; any other leaves the row unrendered and the snapshot takes the general
 # path, since neither database prints fractions as RFC 8785 does.
 # SQLite keeps each row rendered in a generated column of jobs (gateway/store/snapshot_rows.py).
@@ -119,7 +119,7 @@ def rendered_snapshot_blob(session: Session) -> bytes | None:
 def snapshot_bytes(snapshot: dict[str, Any]) -> bytes:
     """RFC 8785 bytes of a queue snapshot, which grows with the queue and is taken for every decision on
     existing jobs. Made of ASCII keys, strings and I-JSON-safe ints only, orjson's sorted output is already
-    canonical (ledger/entry.py shows why; tests/gateway/test_snapshot_blob.py checks it), so the per-value
+    canonical (ledger/entry.py shows why; tests/gateway/decisions/test_snapshot_blob.py checks it), so the per-value
     check of `canonical` is skipped; a fractional priority, or a string orjson refuses, takes that path."""
     # Queue names are keys too: past ASCII, RFC 8785's UTF-16 order and orjson's code-point order can differ.
     if all(q.isascii() for q in snapshot["pending_by_queue"]) and all(

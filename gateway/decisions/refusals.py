@@ -55,7 +55,7 @@ async def on_api_refusal(request: Request, exc: GatewayError) -> None:
 
 
 async def ledger_refusal(gw: RefusalRecorder, attempt: Attempt, exc: GatewayError) -> None:
-    """Write the refusal (or count it, see gateway/refusal_counts.py) and add its seq to the answer
+    """Write the refusal (or count it, see gateway/decisions/refusal_counts.py) and add its seq to the answer
     (`ledger_seq`). On the event loop: the entry is queued and awaited without holding a thread. Raises nothing."""
     queued: _Queued | None = None
     try:

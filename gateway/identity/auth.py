@@ -76,7 +76,7 @@ class Caller:
     def check_scope(self, action: str, projects: list[str]) -> None:
         """A token is usable only for its stated actions and projects (F1). Raises Forbidden naming the scope."""
         if action not in ACTIONS:  # a new action must be listed, or no token could ever name it
-            raise LookupError(f"{action!r} is not in gateway.auth.ACTIONS")
+            raise LookupError(f"{action!r} is not in gateway.identity.auth.ACTIONS")
         if "*" not in self.token_actions and action not in self.token_actions:
             raise Forbidden(
                 f"token {self.token_id} is scoped to actions {list(self.token_actions)}; {action} is outside it",

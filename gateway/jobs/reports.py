@@ -153,7 +153,7 @@ def deleted(gw: Jobs, session: Session, job_id: str, node_id: str, *, objects: S
 
 def _finish(gw: Jobs, job: Job, parts: list[Allocation], target: str, now: datetime, node_id: str) -> None:
     preempted = bool(job.stop_request.get("preemption"))
-    if preempted and target == "stopped":  # P2: a preempted job goes back to the queue (gateway/preemption.py)
+    if preempted and target == "stopped":  # P2: a preempted job goes back to the queue (gateway/jobs/preemption.py)
         requeue(gw, job, parts, now, f"node:{node_id}")
         return
     if preempted:  # it ended on its own before the prepare signal: finished, not preempted, so never rerun

@@ -35,7 +35,7 @@ def tier_of(job: Job) -> str:
 
 def important_days(gw: Jobs) -> int:
     """The important tier's retention in days, from the active policy set (P1: explicit configuration, checked
-    at load by gateway/policy/loader.py), so a reload changes it for every checkpoint kept from then on."""
+    at load by gateway/decisions/policy/loader.py), so a reload changes it for every checkpoint kept from then on."""
     return int(gw.policy_set.data.get("retention", {}).get("important_days", DEFAULT_IMPORTANT_DAYS))
 
 

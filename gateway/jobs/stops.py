@@ -159,7 +159,7 @@ def request_stop(gw: Jobs, session: Session, job: Job, now: datetime, *, by: str
         escalate(gw, session, job, now, f"node {', '.join(unreachable)} is unreachable", unreachable=True)
 
 
-# A stop already under way (or failed) that a later, final stop can take over (gateway/emergency.py).
+# A stop already under way (or failed) that a later, final stop can take over (gateway/jobs/emergency.py).
 TAKEOVER_STATES = ("stop_requested", "stopping", "stop_failed")
 # How a stop in progress may have been meant to end other than `stopped`: dropped when a final stop takes over.
 SOFT_ENDINGS = ("preemption", "pause")

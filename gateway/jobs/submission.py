@@ -72,7 +72,7 @@ async def submit(gw: Jobs, authenticate: Callable[[Session], Caller], spec: JobS
     Two transactions: the decision is made and queued in the ledger while only reading (so concurrent
     submissions share ledger commits instead of queueing behind one write lock); once it is durable, the
     job's rows are written in a short transaction of their own (one statement on SQLite,
-    gateway/submission_rows.py). Nothing about a job that does not exist yet can change in between.
+    gateway/store/submission_rows.py). Nothing about a job that does not exist yet can change in between.
 
     A coroutine, run on the event loop rather than in a worker thread: its work is short, and its one long
     wait, the ledger's fsync, is awaited without holding a thread. In a worker thread each, eight of them,

@@ -81,7 +81,8 @@ def heartbeat(gw: Native, session: Session, node_id: str, beat: Heartbeat, insta
 
 def _alert_if_short(gw: Native, session: Session, node_id: str, reported: int, now: datetime) -> None:
     """A node now reporting fewer GPUs than its jobs hold takes no new work until they fit (the scheduler marks
-    it degraded, gateway/scheduling.py); its jobs are not touched. Told once per change of count, not per beat."""
+    it degraded, gateway/native/scheduler_loop.py); its jobs are not touched. Told once per change of count, not per
+    beat."""
     beyond: set[int] = set()
     jobs: set[str] = set()
     for job_id, gpus in session.execute(select(Allocation.job_id, Allocation.gpus).where(

@@ -132,7 +132,7 @@ def build_snapshot(session: Session, now: datetime | None = None,
 
 def _node_state(node: Node, used: set[int]) -> NodeState:
     """The node as the scheduler sees it. One whose agent reports fewer GPUs than its unreleased allocations
-    reach (a GPU fell off the bus, a misconfigured agent; gateway/agents.py alerts on-call) is degraded: sized
+    reach (a GPU fell off the bus, a misconfigured agent; gateway/native/agents.py alerts on-call) is degraded: sized
     to cover them, so the snapshot stays consistent and the rest of the cluster keeps scheduling, and closed to
     new work until its jobs fit what it reports. Its free GPUs are only ever among those it reports."""
     gpus = max(node.gpus, max(used, default=-1) + 1)
@@ -347,7 +347,7 @@ class SchedulerLoop(threading.Thread):
 def cycle_chores(gw: Native, session: Session, now: datetime) -> None:
     """Called once per scheduler cycle, in its transaction: node health, stop escalation and runtime limits
     (seconds matter).
-    Retention, R4 auto-offline and purges run in the slower housekeeping loop (gateway/lifecycle.py)."""
+    Retention, R4 auto-offline and purges run in the slower housekeeping loop (gateway/jobs/lifecycle.py)."""
     mark_lost_nodes(gw, session, now)
     escalate_unconfirmed_stops(gw, session, now)
     stop_overrunning(gw, session, now)  # Q6: a reservation counts on declared runtime limits being kept

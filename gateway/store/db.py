@@ -178,7 +178,7 @@ class Database:
     @contextmanager
     def single_statement(self) -> Iterator[Connection]:
         """SQLite: a connection, under the write lock, on which each statement commits on its own (no BEGIN);
-        for a write done by one statement (gateway/submission_rows.py)."""
+        for a write done by one statement (gateway/store/submission_rows.py)."""
         with self._write_lock, self._immediate_engine.connect() as connection:
             yield connection.execution_options(**{SINGLE_STATEMENT: True})
             connection.commit()  # nothing left to commit; ends SQLAlchemy's view of a transaction

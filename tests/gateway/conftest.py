@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cli_testkit import Canned, CannedHandler
 from gateway_testkit import Api, start_api
+from served_app import served
 from stop_helpers import FakeAgent
 
 from gateway.settings import REPO_POLICIES, Settings
@@ -47,3 +50,25 @@ def agent(api: Api) -> FakeAgent:
     a.beat()
     a.take()
     return a
+
+
+@pytest.fixture
+def canned() -> Iterator[Canned]:
+    """A canned HTTP server on a real socket (tests/gateway/cli_testkit.py), for the CLI to format answers from."""
+    server = Canned(("127.0.0.1", 0), CannedHandler)
+    server.answers = {}
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # (its poll: teardown waits it)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def url(api: Api) -> Iterator[str]:
+    """The fixture's app behind a real uvicorn socket."""
+    with served(api.client.app) as base:
+        yield base
+

@@ -62,7 +62,7 @@ class Decision:
 
 class PolicyEngine(Protocol):
     """What the gateway needs from a policy engine: embedded regopy (EmbeddedEngine) or an OPA server
-    (gateway.policy.opa.OpaEngine). Role bindings live beside the engine, so Casbin capabilities are
+    (gateway.decisions.policy.opa.OpaEngine). Role bindings live beside the engine, so Casbin capabilities are
     computed gateway-side in both and put into the input the same way."""
 
     policy_hash: str

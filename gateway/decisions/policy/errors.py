@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 
 class PolicyError(Exception):
-    """Root of every error raised by gateway.policy."""
+    """Root of every error raised by gateway.decisions.policy."""
 
     def diagnostics(self) -> str:
         return str(self)

@@ -77,7 +77,7 @@ REQUIRED_NUMBERS: tuple[tuple[str, ...], ...] = (
     ("emergency", "approvals", "workload"),
     ("emergency", "approvals", "scope"),
 )
-# Numbers the gateway reads itself (the rate limiter, gateway/ratelimit.py), with defaults when absent; when
+# Numbers the gateway reads itself (the rate limiter, gateway/decisions/ratelimit.py), with defaults when absent; when
 # present they are checked like the required ones, so a typo is refused at load instead of being loaded and
 # then failing the next start-up.
 OPTIONAL_NUMBERS: tuple[tuple[str, ...], ...] = (
@@ -86,8 +86,8 @@ OPTIONAL_NUMBERS: tuple[tuple[str, ...], ...] = (
 )
 
 # Periods in whole days the gateway reads itself, with today's values as defaults when absent: the important
-# tier's checkpoint retention (P1, gateway/retention.py) and the recovery window of a deleted job (A6,
-# gateway/lifecycle.py). At least a day: zero keeps an important checkpoint less than a normal one, and leaves
+# tier's checkpoint retention (P1, gateway/jobs/retention.py) and the recovery window of a deleted job (A6,
+# gateway/jobs/lifecycle.py). At least a day: zero keeps an important checkpoint less than a normal one, and leaves
 # no time to undelete. At most a century, so that the date they give is on the calendar.
 OPTIONAL_DAYS: tuple[tuple[str, ...], ...] = (
     ("retention", "important_days"),
@@ -435,7 +435,8 @@ def parse_data(text: str) -> tuple[dict[str, Any], list[PolicyProblem]]:
 
 
 def _isolation_problems(data: dict[str, Any], text: str) -> list[PolicyProblem]:
-    """H1, read by the scheduler (gateway/scheduling.py): which jobs may run on a node that cannot isolate them.
+    """H1, read by the scheduler (gateway/native/scheduler_loop.py): which jobs may run on a node that cannot isolate
+    them.
     `isolation.unisolated_nodes_take` = {"external_rights": bool, "projects": [project ids or "*"]}."""
     take = data.get("isolation", {}).get("unisolated_nodes_take") if isinstance(data.get("isolation"), dict) else None
     if "isolation" not in data:

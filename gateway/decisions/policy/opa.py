@@ -19,7 +19,8 @@ mixture recorded under either set's hash. A reload that fails pushes the previou
 Decisions are asked with OPA's strict builtin errors (`?strict-builtin-errors=true`): a builtin called with a
 value it cannot take (trim_space(null)) fails the decision instead of leaving that expression undefined, where a
 deny rule could silently not fire. That is also how OPA's evaluator decides in-process
-(gateway.policy.opa_inprocess) and in the test server (tests/policy/opa_server.py), so the three answer alike.
+(gateway.decisions.policy.opa_inprocess) and in the test server (tests/gateway/decisions/policy/opa_server.py), so
+the three answer alike.
 
 Fail closed: an unreachable server, a timeout, an error or an undefined decision is a deny with rule
 `fail_closed` and reason "policy unavailable: ...", recorded in the ledger like any decision.

@@ -7,7 +7,7 @@ ctypes: the package opa-golib-python-bindings (import name opa_bindings). It dec
 Casbin and the role bindings stay gateway-side exactly as in EmbeddedEngine (inherited); only the Rego is
 evaluated by OPA. Each Rego file is added under its own name, so OPA's compile errors name file:line as the
 loader's do. The library evaluates with OPA's strict builtin errors: a builtin called with a value it cannot
-take fails the decision (closed), as the OPA server engine asks for too (gateway.policy.opa).
+take fails the decision (closed), as the OPA server engine asks for too (gateway.decisions.policy.opa).
 
 One library engine evaluates one query at a time (it holds a lock around each), so, as with InterpreterPool,
 each decision in progress leases a compiled copy of its own; the ctypes call gives up the GIL while OPA

@@ -1,6 +1,7 @@
 """Run the policy test suite shipped with a policy set: YAML table cases and Rego `test_` rules.
 
-Used by tests/policy and by `jobgate policy test`, so a security reviewer runs the same checks CI does.
+Used by tests/gateway/decisions/policy and by `jobgate policy test`, so a security reviewer runs the same checks CI
+does.
 Table cases are compact: `expand_input` fills every field the gateway would set (DEFAULT_TARGET,
 DEFAULT_REQUEST), so a case states only what matters to its row.
 """
