@@ -1,4 +1,8 @@
-"""The running gateway's collaborators, built once in create_app and shared by every request."""
+"""The running gateway's collaborators, composed once at start (gateway/bootstrap.py) and shared by every request.
+
+Only the edges (api/, console/, cli/) and the composition root import it. Each room names the part it uses in a
+Protocol of its own (gateway/decisions/deps.py, access/deps.py, jobs/deps.py, native/deps.py), which this object
+satisfies; no service reaches for the whole of it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The stop state machine (C3) and node health: every step timestamped in the job's history AND ledgered.
+"""The stop state machine (C3): every step timestamped in the job's history AND ledgered. Stops go out through
+the execution port; when a node is lost (gateway/native/node_health.py) its jobs follow the lower line.
 
     running → stop_requested → stopping → stopped      (evidence: group gone, exit status, GPUs released)
                                         ↘ stop_failed  (unconfirmed within grace + margin, node unreachable,
@@ -7,7 +8,8 @@
                                                             → stop_failed / stopped (via reconcile or on-call)
 
 Nothing here retries on its own: a stop that did not take effect waits for a person
-(`confirm_stopped`) or for the node's own evidence after it returns and reconciles.
+(`confirm_stopped`) or for the node's own evidence after it returns and reconciles. Also here: the stop a
+person or the system asks for (decided, or carried out once approved) and on-call's confirmation.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Runs the pure scheduler core against the business DB: snapshot → run_cycle → placements, start and
-preemption commands, and the per-job explanation (position, priority parts, reason, estimated start)."""
+preemption commands, and the per-job explanation (position, priority parts, reason, estimated start). Part of
+jobgate's own execution (gateway/native/execution.py); a placement's rows are written by gateway/jobs/placement.py."""
 
 from __future__ import annotations
 

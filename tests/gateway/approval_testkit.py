@@ -1,5 +1,6 @@
-"""Approval tests' helpers: a job marked running on demo-node-1 (the scheduler and agents are not what they
-test), a stop that waits for a second person, a job's state as the store holds it."""
+"""Approval tests' helpers: a job running on demo-node-1 on the in-process executor (the scheduler and node agents
+are not what they test: the `inproc_api` fixture), a stop that waits for a second person, a job's state as the
+store holds it."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from gateway.store.models import Job
 
 
 def running_job(api: Api, who: str = "alice", **spec: object) -> str:
-    """Submit a job and mark it running on demo-node-1, as if the agent had started it."""
+    """Submit a job and let the in-process executor place and start it (gateway/execution/inprocess.py)."""
     headers = {"X-Jobgate-Trigger": "ci/nightly#7"} if who == "ci-bot" else {}
-    job_id = api.post("/v1/jobs", who, json=job_spec(**spec), headers=headers).json()["id"]
-    with api.gateway.db.transaction() as s:
-        job = s.get(Job, job_id)
-        job.state = "running"
-        job.placement = [{"node": "demo-node-1", "gpus": [0, 1]}]
+    r = api.post("/v1/jobs", who, json=job_spec(**spec), headers=headers)
+    assert r.status_code == 201, r.text
+    job_id = str(r.json()["id"])
+    api.gateway.execution.run()
+    assert job_state(api, job_id) == "running"
     return job_id
 
 

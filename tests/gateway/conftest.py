@@ -13,6 +13,8 @@ from gateway_testkit import Api, start_api
 from served_app import served
 from stop_helpers import FakeAgent
 
+from gateway.bootstrap import in_process_execution
+from gateway.demo import DEMO_GPUS_PER_NODE, DEMO_NODES
 from gateway.settings import REPO_POLICIES, Settings
 
 
@@ -27,6 +29,13 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
 @pytest.fixture
 def api(settings: Settings) -> Iterator[Api]:
     yield from start_api(settings)
+
+
+@pytest.fixture
+def inproc_api(settings: Settings) -> Iterator[Api]:
+    """The demo gateway whose jobs run in this process (gateway/execution/inprocess.py), on the demo's two nodes of
+    eight GPUs, carried out when a test calls `api.gateway.execution.run()`: for tests that are not about agents."""
+    yield from start_api(settings, execution=in_process_execution(dict.fromkeys(DEMO_NODES, DEMO_GPUS_PER_NODE)))
 
 
 @pytest.fixture

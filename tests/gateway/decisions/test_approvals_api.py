@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+import pytest
 from approval_testkit import ask_stop, job_state, running_job
 from gateway_testkit import Api, job_spec, ledger_entries
 from sqlalchemy import Engine, event, select
@@ -12,6 +13,11 @@ from sqlalchemy import Engine, event, select
 from gateway.store.models import Job
 from gateway.store.service_tables import Approval
 
+
+@pytest.fixture
+def api(inproc_api: Api) -> Api:
+    """Jobs here run on the in-process executor: what is tested is the decision, not the node agents."""
+    return inproc_api
 
 def test_queue_admin_stop_of_anothers_job_needs_a_second_person(api: Api) -> None:
     job_id = running_job(api)

@@ -19,6 +19,12 @@ def gw_caller(api: Api, session: Session, who: str) -> Caller:
     return authenticate(session, f"Bearer {api.tokens[who]}", trigger=None, source={}, now=api.gateway.clock())
 
 
+
+@pytest.fixture
+def api(inproc_api: Api) -> Api:
+    """Jobs here run on the in-process executor: what is tested is the decision, not the node agents."""
+    return inproc_api
+
 def test_entries_wait_for_the_end_of_the_block_and_go_in_one_group_commit(api: Api) -> None:
     gw = api.gateway
     size, batches = gw.ledger.size(), gw.ledger.stats.batches

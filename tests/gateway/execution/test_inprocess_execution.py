@@ -6,25 +6,21 @@ a job's files are)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from gateway_testkit import Api, job_spec, ledger_entries, start_api
+from gateway_testkit import Api, job_spec, ledger_entries
 from stop_helpers import shift_clock
 
-from gateway.bootstrap import in_process_execution
-from gateway.demo import DEMO_GPUS_PER_NODE, DEMO_NODES
+from gateway.demo import DEMO_NODES
 from gateway.execution.inprocess import InProcessExecution
 from gateway.jobs import lifecycle
-from gateway.settings import Settings
 from gateway.store.models import Allocation, Job
 
 
 @pytest.fixture
-def api(settings: Settings) -> Iterator[Api]:
-    """The demo gateway whose jobs run in this process, on the demo's two nodes of eight GPUs."""
-    yield from start_api(settings, execution=in_process_execution(dict.fromkeys(DEMO_NODES, DEMO_GPUS_PER_NODE)))
+def api(inproc_api: Api) -> Api:
+    return inproc_api
 
 
 def executor(api: Api) -> InProcessExecution:
