@@ -118,17 +118,18 @@ END $$;
 """
 _PG_TABLES = ("ledger_entries", "ledger_checkpoints", "ledger_blobs", "ledger_head")
 _HEAD_COLUMNS = "next_seq, last_hash, frontier, signer, last_time"
-# One statement for a whole batch: one round trip while the head is locked, not one per table.
+# One statement for a whole batch: one round trip while the head is locked, not one per table; its parameters in
+# binary (%b), which halved its time: a batch's 64 KiB of entries went as hex text, for the server to parse.
 _PG_WRITE_BATCH = """
 WITH entries AS (
-  INSERT INTO ledger_entries (seq, hash, data) SELECT * FROM unnest(%s::bigint[], %s::text[], %s::bytea[])
+  INSERT INTO ledger_entries (seq, hash, data) SELECT * FROM unnest(%b::bigint[], %b::text[], %b::bytea[])
 ), blobs AS (
-  INSERT INTO ledger_blobs (digest, data) SELECT * FROM unnest(%s::text[], %s::bytea[])
+  INSERT INTO ledger_blobs (digest, data) SELECT * FROM unnest(%b::text[], %b::bytea[])
   ON CONFLICT (digest) DO NOTHING
 ), checkpoint AS (
-  INSERT INTO ledger_checkpoints (size, note) VALUES (%s, %s)
+  INSERT INTO ledger_checkpoints (size, note) VALUES (%b, %b)
 )
-UPDATE ledger_head SET next_seq = %s, last_hash = %s, frontier = %s, signer = %s, last_time = %s
+UPDATE ledger_head SET next_seq = %b, last_hash = %b, frontier = %b, signer = %b, last_time = %b
 """
 
 _FETCH = 2048
