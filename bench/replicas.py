@@ -65,9 +65,8 @@ def worker(url: str, key_file: str, threads: int, seconds: float) -> None:
     from ledger.service import Ledger
     from ledger.store import PostgresStore
 
-    led = Ledger.open(url, signer=load_signer(Path(key_file)))
-    store = led._store
-    assert isinstance(store, PostgresStore)
+    store = PostgresStore(url)  # kept at hand for its BatchTimings
+    led = Ledger.from_store(store, signer=load_signer(Path(key_file)))
     print("ready", flush=True)
     assert sys.stdin.readline().strip() == "go"
     lat: list[float] = []

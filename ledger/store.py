@@ -572,9 +572,13 @@ class PostgresStore:
         self._psycopg = psycopg
         self.url = url
         have = missing_head = False
+        opened: list[Connection[Any]] = []
+        opened_ok = False
         try:
             self._w = self._connect(writer=True)
+            opened.append(self._w)
             self._r = self._connect(writer=False)
+            opened.append(self._r)
             row = self._r.execute("SELECT " + ", ".join(f"to_regclass('{t}')" for t in _PG_TABLES)).fetchone()
             have = row is not None and all(x is not None for x in row[:3])
             missing_head = row is None or row[3] is None
@@ -586,6 +590,7 @@ class PostgresStore:
                     self._w.execute(_PG_SCHEMA)
             elif not have:
                 raise StoreError("database has no ledger tables")
+            opened_ok = True
         except psycopg.errors.InsufficientPrivilege as e:
             if have and missing_head:
                 # A ledger set up by a jobgate from before ledger_head, for a role that may not create it.
@@ -599,6 +604,10 @@ class PostgresStore:
                              f" ({_first_line(e)}); run `jobgate ledger init-db --url <its owner's URL>` first") from e
         except psycopg.Error as e:
             raise StoreError(f"cannot open ledger database: {_first_line(e)}") from e
+        finally:
+            if not opened_ok:  # refused: nobody will close() this store
+                for conn in opened:
+                    conn.close()
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
         self._timings: collections.deque[BatchTiming] = collections.deque(maxlen=self._TIMINGS)

@@ -13,6 +13,7 @@ import pytest
 from ledger_bundle_kit import ORIGIN, run
 
 from ledger.admin import init_db
+from ledger.errors import StoreError
 from ledger.keys import NoteSigner
 from ledger.service import Ledger
 from ledger.verify import verify_store
@@ -53,6 +54,28 @@ def test_gateway_role_appends_reads_and_verifies(gateway_url: str) -> None:
         led.append("decision", {"i": 5})
     v = verify_store(gateway_url, signer.verifier())
     assert v.ok and v.size == 6, v.message
+
+
+def test_an_upgrade_to_the_head_row_asks_for_init_db_then_computes_the_head(pg_url: str, gateway_url: str) -> None:
+    """A ledger set up before ledger_head existed: the append-only role may not create it, and says what to run;
+    once init-db ran again, the first process to open it computes the head from the entries."""
+    import psycopg
+
+    signer = NoteSigner.generate(ORIGIN)
+    with Ledger.open(gateway_url, signer=signer) as led:
+        for i in range(7):
+            led.append("decision", {"i": i})
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE ledger_head")  # the schema as it was
+    with pytest.raises(StoreError) as e:
+        Ledger.open(gateway_url, signer=signer)
+    assert "no ledger_head table" in str(e.value) and "jobgate ledger init-db" in str(e.value)
+    assert "\n" not in str(e.value)
+    init_db(pg_url, role=urlparse(gateway_url).username, password="s3cret pass")
+    with Ledger.open(gateway_url, signer=signer) as led:
+        assert led.append("decision", {"i": 7}).seq == 7
+    v = verify_store(gateway_url, signer.verifier())
+    assert v.ok and v.size == 8, v.message
 
 
 @pytest.mark.parametrize(
