@@ -238,7 +238,7 @@ def decide(
             attempts.ledgered(queued.seq)  # this request's refusal, if it is one, is this entry
             if tickets is not None:
                 tickets.append(queued)
-            return Recorded(request_id, decision, queued.seq, decision_input, queued, rate_refusal)
+            return Recorded(request_id, decision, -1, decision_input, queued, rate_refusal)
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
         attempts.ledgered(appended.seq)
