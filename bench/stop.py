@@ -5,7 +5,8 @@ time and the per-job stop latency (p50/p99, server side: job ended_at - approval
 measured in the same run on the same machine, is the floor: the same number of process groups spawned
 and SIGKILLed directly, with no gateway, ledger or agents in between.
 
-    .venv/bin/python bench/stop.py                 # 1,000 jobs over 20 agents (target ≤ 10 s)
+    .venv/bin/python bench/stop.py                 # 1,000 jobs over 20 agents (target ≤ 10 s), each job under
+                                                   # its own uid and cgroup, beside the same with shared uids
     .venv/bin/python bench/stop.py --jobs 200 --agents 4
 
 Prints one JSON object.
@@ -55,11 +56,12 @@ def baseline(n: int) -> dict[str, float]:
     return {"kill_and_reap_s": round(time.perf_counter() - t0, 4)}
 
 
-def run(jobs: int, agents: int, work: Path) -> dict[str, Any]:
+def run(jobs: int, agents: int, work: Path, *, isolated: bool = True) -> dict[str, Any]:
     per_node = -(-jobs // agents)
     # A loaded two-core machine must not mistake slow heartbeats for lost nodes.
     cluster = start_cluster(work, nodes=agents, gpus=per_node, prefix="bn",
-                            settings_overrides={"node_heartbeat_timeout_s": 20.0, "scheduler_interval_s": 1.0})
+                            settings_overrides={"node_heartbeat_timeout_s": 20.0, "scheduler_interval_s": 1.0},
+                            agent_args=() if isolated else ("--unsafe-jobs-share-agent-uid",))
     try:
         owners = [cluster.client("alice"), cluster.client("bob")]
         t_submit = time.perf_counter()
@@ -121,9 +123,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--agents", type=int, default=20)
+    parser.add_argument("--isolated-only", action="store_true",
+                        help="skip the second run with jobs sharing the agents' uid (today's figure before H1)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="jobgate-bench-stop-") as tmp:
         result = run(args.jobs, args.agents, Path(tmp) / "var")
+    if os.geteuid() == 0 and not args.isolated_only:
+        # Today's figure beside it: the same stop with the agents running jobs as their own user, as before H1's
+        # per-job uids and cgroups (not root, the agents can only do that, and the figure above is that one).
+        with tempfile.TemporaryDirectory(prefix="jobgate-bench-stop-") as tmp:
+            shared = run(args.jobs, args.agents, Path(tmp) / "var", isolated=False)
+        result["jobs_sharing_the_agents_uid"] = {k: shared[k] for k in (
+            "approval_to_last_confirmed_s", "per_job_stop_latency_s", "submit_s", "summary")}
+    result["isolation"] = "uid+cgroup per job" if os.geteuid() == 0 else "none (not root)"
     result["baseline_direct_killpg"] = baseline(args.jobs)
     # Other processes share these cores; the load average says how much.
     result["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],

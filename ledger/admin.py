@@ -1,6 +1,9 @@
 """Operator tasks on a ledger: signing-key rotation, and PostgreSQL set-up with an append-only role.
 
-Both run with the gateway stopped (rotation) or before it first starts (init-db).
+init-db runs before the gateway first starts (and again after an upgrade that adds a table: ledger_head).
+Rotation on SQLite runs with the gateway stopped (one process writes it); on PostgreSQL it may run beside
+the gateways appending to the ledger, and each of them refuses to append (KeyMismatch) from the rotation's
+batch on, until it is restarted with the new key.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from ledger.keys import (
 )
 from ledger.rotation import ROTATION_MARK, rotation_in
 from ledger.service import Ledger
-from ledger.store import _PG_SCHEMA, open_store
+from ledger.store import _PG_SCHEMA, _SCHEMA_LOCK, open_store
 
-LEDGER_TABLES = ("ledger_entries", "ledger_checkpoints", "ledger_blobs")
+LEDGER_TABLES = ("ledger_entries", "ledger_checkpoints", "ledger_blobs", "ledger_head")
+APPEND_ONLY_TABLES = LEDGER_TABLES[:3]  # the gateway role may INSERT and SELECT; on ledger_head UPDATE too
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,8 @@ LEDGER_FUNCTION = "ledger_refuse_change()"
 
 
 def _confine_role(conn: Any, role: str) -> None:
-    """Make the gateway role's rights on the ledger exactly INSERT and SELECT, whatever it held before.
+    """Make the gateway role's rights on the ledger exactly INSERT and SELECT (and UPDATE of ledger_head), whatever
+    it held before.
 
     1. A ledger first written through the role's own URL (the gateway started before init-db) has tables and
        trigger function owned by the role, and an owner grants itself DELETE, disables triggers, drops the
@@ -128,10 +133,12 @@ class InitResult:
 
 
 def init_db(admin_url: str, *, role: str | None = None, password: str | None = None) -> InitResult:
-    """Create the ledger tables and append-only triggers; optionally an INSERT+SELECT-only role.
+    """Create the ledger tables and append-only triggers; optionally a role that may INSERT and SELECT, and
+    UPDATE the head row (ledger_head) that every batch moves on, nothing else.
 
     The tables belong to the admin (the URL's user), so the gateway's role can neither alter nor
-    drop them, nor disable the triggers. Raises StoreError.
+    drop them, nor disable the triggers. Idempotent: run again after an upgrade, it adds what is missing.
+    Raises StoreError.
     """
     import psycopg
     from psycopg import sql
@@ -143,7 +150,7 @@ def init_db(admin_url: str, *, role: str | None = None, password: str | None = N
     try:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(7305614)")
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 conn.execute(_PG_SCHEMA)
                 tables = sql.SQL(", ").join(sql.Identifier(t) for t in LEDGER_TABLES)
                 conn.execute(sql.SQL("REVOKE ALL ON {} FROM PUBLIC").format(tables))
@@ -165,7 +172,10 @@ def init_db(admin_url: str, *, role: str | None = None, password: str | None = N
                     assert db is not None
                     r = sql.Identifier(role)
                     conn.execute(sql.SQL("REVOKE ALL ON {} FROM {}").format(tables, r))
-                    conn.execute(sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(tables, r))
+                    appended = sql.SQL(", ").join(sql.Identifier(t) for t in APPEND_ONLY_TABLES)
+                    conn.execute(sql.SQL("GRANT SELECT, INSERT ON {} TO {}").format(appended, r))
+                    # Every batch moves the head on; its DELETE and TRUNCATE are refused by trigger even so.
+                    conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE ON ledger_head TO {}").format(r))
                     conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(sql.Identifier(db[0]), r))
                     conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(r))
                     conn.execute(sql.SQL("REVOKE CREATE ON SCHEMA public FROM {}").format(r))

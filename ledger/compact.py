@@ -4,6 +4,9 @@ A compact range [lo, hi) is the list of hashes of the maximal aligned perfect su
 left to right (Trillian's "compact range"). The prefix [0, a) has one node per set bit of a, largest
 first. A partial export bundle carries the compact ranges left and right of its entries, so the
 verifier can rebuild the root of the whole signed tree from those hashes and the entries it holds.
+A PostgreSQL ledger keeps the prefix's compact range, its frontier, in its head row (ledger_head), so that
+a process appending a batch computes the new root from it without holding the whole tree
+(compact_append, compact_root).
 """
 
 from __future__ import annotations
@@ -96,3 +99,34 @@ class Frontier:
         for n in reversed(self._nodes[:-1]):
             h = node_hash(n, h)
         return h
+
+    def to_bytes(self) -> bytes:
+        """The frontier's hashes concatenated, largest subtree first (how ledger_head stores it)."""
+        return b"".join(self._nodes)
+
+    @classmethod
+    def from_bytes(cls, size: int, frontier: bytes) -> Frontier:
+        """The inverse of to_bytes; raises ProofError if frontier is not the right number of hashes for size."""
+        if len(frontier) % HASH_SIZE:
+            raise ProofError(f"a frontier is whole 32-byte hashes, got {len(frontier)} bytes")
+        return cls(size, [frontier[i : i + HASH_SIZE] for i in range(0, len(frontier), HASH_SIZE)])
+
+
+def compact_append(size: int, frontier: bytes, leaves: Sequence[bytes]) -> bytes:
+    """The frontier of [0, size + len(leaves)) from that of [0, size) and the new leaf hashes, in order (both
+    frontiers as Frontier.to_bytes). Amortised one node hash per leaf. Raises ProofError if frontier does not fit
+    size."""
+    f = Frontier.from_bytes(size, frontier)
+    for leaf in leaves:
+        f.append_leaf(leaf)
+    return f.to_bytes()
+
+
+def compact_root(size: int, frontier: bytes) -> bytes:
+    """RFC 6962 MTH of the first size leaves from their frontier; raises ProofError if it does not fit size."""
+    return Frontier.from_bytes(size, frontier).root()
+
+
+def frontier_of(tree: MerkleTree, size: int | None = None) -> bytes:
+    """The frontier of tree's first size leaves (default: all), as Frontier.to_bytes; raises ProofError."""
+    return b"".join(compact_range(tree, 0, tree.size if size is None else size))

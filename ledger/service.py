@@ -3,11 +3,24 @@
 Formats: entries per ledger/entry.py (RFC 8785), tree per RFC 6962/9162 (ledger/merkle.py),
 checkpoints per C2SP tlog-checkpoint (ledger/note.py).
 
-Group commit: append() enqueues and waits; one writer thread drains the queue, assigns seq/time/prev,
-writes the whole batch, its blobs and one signed checkpoint in a single transaction (one fsync), and
-only then wakes the callers. When commits are slow beside the time its callers take to append again,
-the writer holds the next batch open for them for a bounded time (Pacing). A failed write rolls the
+Group commit: append() enqueues and waits; one writer thread per process drains the queue, assigns
+seq/time/prev, writes the whole batch, its blobs and one signed checkpoint in a single transaction (one
+fsync), and only then wakes the callers. When commits are slow beside the time its callers take to append
+again, the writer holds the next batch open for them for a bounded time (Pacing). A failed write rolls the
 in-memory tree back to the store's state.
+
+Two ways of numbering, chosen by the store (ledger/store.py says why):
+- One writer (SQLite): seqs are handed out when entries are queued, so Ticket.seq is known at once, and the
+  writer numbers, hashes and roots each batch from its own in-memory tree.
+- Sequenced in the database (PostgreSQL, any number of processes): a batch is numbered from the head row it
+  locks, and its root computed from the head's Merkle frontier, so an entry's seq is known only once its batch
+  commits (Ticket.seq waits for that). Reads catch the in-memory tree up with what other processes appended
+  (one small query when there is nothing to read), and so does the writer after each commit, before it adds its
+  own batch's leaves; every entry read that way must chain onto the last one known, and the root the writer
+  signed must be the root of the tree it then holds.
+Either way an entry's time is the writer's clock, or the previous entry's time when that clock is behind it
+(another replica's clock, or a step back), so that times never go backwards in seq order; the verifier does
+not depend on it. Each batch's checkpoint is signed by the process that commits it, with the ledger's key.
 """
 
 from __future__ import annotations
@@ -21,11 +34,12 @@ import operator
 import threading
 import time
 from _thread import allocate_lock as _allocate_lock
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
+from ledger.compact import frontier_of
 from ledger.entry import ZERO_HASH, PreparedEntry, format_time, prepare
 from ledger.errors import (
     EntryNotFound,
@@ -50,7 +64,8 @@ from ledger.rotation import (
     rotation_body,
     rotation_in,
 )
-from ledger.store import LedgerStore, Row, open_store
+from ledger.sequencing import Built, build_batch, entry_time, head_of, head_problem, key_problem, read_appended
+from ledger.store import Head, LedgerStore, Row, SequencedBatch, SequencedStore, open_store
 
 MAX_BATCH = 1024
 _perf_counter = time.perf_counter
@@ -141,23 +156,31 @@ def _relay(p: _Pending) -> None:
 
 
 class Ticket:
-    """An entry queued by Ledger.enqueue: its seq at once, its AppendResult once durable."""
+    """An entry queued by Ledger.enqueue: its seq (at once, or once committed: see seq), its AppendResult once
+    durable."""
 
-    __slots__ = ("_ledger", "_pending", "_result")
+    __slots__ = ("_error", "_ledger", "_pending", "_result")
 
     def __init__(self, ledger: Ledger, pending: _Pending) -> None:
         self._ledger = ledger
         self._pending = pending
         self._result: AppendResult | None = None
+        self._error: LedgerError | None = None
 
     @property
     def seq(self) -> int:
-        """The entry's seq, which it keeps if it is written; if the write fails, wait() raises."""
-        return self._pending.seq
+        """The entry's seq. On a ledger with one writer (SQLite; its store is not `sequenced`) known at once, and
+        kept if the entry is written; if the write fails, wait() raises. On a ledger sequenced in its database
+        (PostgreSQL, several appending processes) known only once the entry's batch commits: this then waits as
+        wait() does, and raises what it raises (LedgerUnavailable)."""
+        p = self._pending
+        if p.seq < 0:
+            self.wait()
+        return p.seq
 
     @property
     def waited(self) -> bool:
-        """wait() has returned: the entry is durable. (Never call wait() again after it raised.)"""
+        """wait() has returned: the entry is durable."""
         return self._result is not None
 
     def add_done_callback(self, fn: Callable[[], object]) -> None:
@@ -170,13 +193,20 @@ class Ticket:
         p.callbacks = [fn]
         # Settled before the writer could see the callback (or waited for already, which locks `done` again)?
         # Then it is ours to run; if the writer saw it too, whichever of us pops it first runs it.
-        if self._result is not None or not p.done.locked():
+        if self._result is not None or self._error is not None or not p.done.locked():
             _run_callback(p)
 
     def wait(self) -> AppendResult:
-        """Block until the entry is durable; raises LedgerUnavailable if it could not be written."""
+        """Block until the entry is durable; raises LedgerUnavailable if it could not be written (again on every
+        later call)."""
         if self._result is None:
-            self._result = self._ledger._await(self._pending)
+            if self._error is not None:
+                raise self._error
+            try:
+                self._result = self._ledger._await(self._pending)
+            except LedgerError as e:
+                self._error = e
+                raise
         return self._result
 
 
@@ -199,20 +229,26 @@ class Ledger:
 
     def __init__(self, store: LedgerStore, signer: NoteSigner, clock: Callable[[], datetime]) -> None:
         self._store = store
+        # Set when the database numbers the entries (PostgreSQL): see the module docstring.
+        self._sequenced: SequencedStore | None = cast("SequencedStore", store) if store.sequenced else None
         self._signer = signer
         self._clock = clock
         self._tree = MerkleTree()
         self._size = 0
         self._last_hash = ZERO_HASH
+        self._last_time = ""  # the last entry's time: no later one is stamped earlier
         self._checkpoint: str | None = None
         self.stats = LedgerStats()
         # _state guards tree/size/last hash/checkpoint; the writer never holds it across I/O.
         self._state = threading.Lock()
+        # Sequenced: one catch-up with other processes' appends at a time (it reads the store, then extends the tree).
+        self._syncing = threading.Lock()
+        self._corrupt: LedgerCorrupted | None = None  # sequenced: the store no longer chains onto what we hold
         # The queue: a raw lock, and a raw lock the idle writer blocks on (released once by the
         # first submitter that finds it idle) — much cheaper per append than a Condition.
         self._qlock = _allocate_lock()
         self._queue: list[_Pending] = []
-        self._next_seq = 0  # the seq the next queued entry gets (under _qlock)
+        self._next_seq = 0  # the seq the next queued entry gets (under _qlock; one writer only)
         self._epoch = 0  # how many times numbering started again after a failed write (under _qlock)
         self._idle = False
         self._until = 0  # while the writer holds a batch open: the queue length that ends the wait
@@ -229,7 +265,8 @@ class Ledger:
     def open(cls, url: str, *, signer: NoteSigner, clock: Callable[[], datetime] | None = None) -> Ledger:
         """Open (creating tables if missing), rebuild the tree and check the tail.
 
-        Raises StoreError if the store cannot be opened and LedgerCorrupted if its tail is broken.
+        Raises StoreError if the store cannot be opened, LedgerCorrupted if its tail (or its head row) is broken,
+        KeyMismatch if signer is not the ledger's current key.
         """
         store = open_store(url)
         try:
@@ -244,7 +281,8 @@ class Ledger:
     ) -> Ledger:
         """Like open() over an already open store (which the Ledger then owns and closes).
 
-        Raises StoreError if another Ledger writes the store, LedgerCorrupted if its tail is broken."""
+        Raises StoreError if another Ledger writes a store with one writer (SQLite), LedgerCorrupted if its tail or
+        head row is broken, KeyMismatch."""
         store.claim_writer()
         led = cls(store, signer, clock or _utcnow)
         led._load()
@@ -255,11 +293,22 @@ class Ledger:
     # -- loading -------------------------------------------------------------------------------
 
     def _load(self) -> None:
+        if self._sequenced is not None:
+            self._load_sequenced(self._sequenced)
+            return
+        tree, last = self._scan(self._store.iter_entries(0))
+        self._check_loaded(tree, last, self._store.latest_checkpoint())
+        self._adopt_loaded(tree, last)
+        self._next_seq = tree.size
+
+    def _scan(self, rows: Iterable[Row]) -> tuple[MerkleTree, Row | None]:
+        """The tree of rows (from seq 0) and the last row; raises LedgerCorrupted (a gap, a bad rotation),
+        KeyMismatch (the last rotation announced another key than the signer's)."""
         leaves = bytearray()
         last: Row | None = None
         rotation: Rotation | None = None
         sha = hashlib.sha256
-        for expect, row in enumerate(self._store.iter_entries(0)):
+        for expect, row in enumerate(rows):
             if row[0] != expect:
                 raise LedgerCorrupted(f"ledger store has a gap at seq {expect}")
             leaves += sha(b"\x00" + row[2]).digest()
@@ -275,10 +324,13 @@ class Ledger:
                 f"the ledger announced signing key {rotation.new.key_id.hex()} at seq {rotation.seq}, but the"
                 f" signer is {self._signer.key_id.hex()}; finish the rotation with `jobgate ledger rotate-key`"
             )
-        tree = MerkleTree.from_leaf_hashes(leaves)
+        return MerkleTree.from_leaf_hashes(leaves), last
+
+    def _check_loaded(self, tree: MerkleTree, last: Row | None, cp: tuple[int, str] | None) -> None:
+        """Check the loaded tail against the latest checkpoint, which the signer must have signed; keep the
+        checkpoint. Raises LedgerCorrupted, KeyMismatch."""
         if last is not None and hashlib.sha256(last[2]).hexdigest() != last[1]:
             raise LedgerCorrupted(f"seq {last[0]}: stored hash does not match its bytes")
-        cp = self._store.latest_checkpoint()
         if cp is not None:
             size, note = cp
             try:
@@ -300,11 +352,41 @@ class Ledger:
             self._checkpoint = note
         elif tree.size:
             raise LedgerCorrupted("ledger has entries but no checkpoint")
+
+    def _adopt_loaded(self, tree: MerkleTree, last: Row | None) -> None:
         with self._state:
             self._tree = tree
             self._size = tree.size
             self._last_hash = last[1] if last is not None else ZERO_HASH
-        self._next_seq = tree.size
+            self._last_time = entry_time(last[2]) if last is not None else ""
+
+    def _load_sequenced(self, store: SequencedStore, *, again: bool = True) -> None:
+        """_load for a ledger sequenced in its database: entries, latest checkpoint and head from one snapshot, as
+        other processes may be appending. A ledger without a head row (written before it existed) gets the head
+        its entries give, unless another process opening it wrote one first; either way the head is then checked
+        like any other. Raises LedgerCorrupted (with the head's problem), KeyMismatch, StoreError."""
+        view = store.head_view()
+        try:
+            tree, last = self._scan(view.entries)
+            latest, head = view.latest, view.head
+        finally:
+            view.close()
+        self._check_loaded(tree, last, latest)
+        expected = head_of(tree, last[1] if last else ZERO_HASH, entry_time(last[2]) if last else "",
+                           self._signer.vkey)
+        if head is None:
+            if not again:
+                raise LedgerCorrupted("the ledger has no head row (ledger_head), and writing one did not take")
+            # The latest checkpoint verified under our key, so ours is the key the head announces.
+            store.init_head(expected)
+            self._load_sequenced(store, again=False)
+            return
+        problem = head_problem(head, expected)
+        if problem is not None:
+            raise LedgerCorrupted(f"the ledger's head row (ledger_head) disagrees with its entries: {problem}")
+        if (mismatch := key_problem(head, self._signer)) is not None:
+            raise mismatch
+        self._adopt_loaded(tree, last)
 
     # -- appending -----------------------------------------------------------------------------
 
@@ -353,17 +435,18 @@ class Ledger:
         *,
         after: Sequence[Ticket] = (),
     ) -> list[Ticket]:
-        """Queue (kind, body, blobs) entries in this order and return at once: each ticket knows its entry's
-        seq now, and ticket.wait() returns once the entry is durable. For a caller with more to do before it
-        needs them durable (entries that cite these seqs, a transaction to commit only after them), so that
-        the fsync overlaps that work.
+        """Queue (kind, body, blobs) entries in this order and return at once; ticket.wait() returns once the
+        entry is durable. For a caller with more to do before it needs them durable (entries that cite these
+        seqs, a transaction to commit only after them), so that the fsync overlaps that work. With one writer
+        (SQLite) each ticket knows its entry's seq now; on a ledger sequenced in its database (PostgreSQL),
+        ticket.seq waits for the entry's batch to commit.
 
         Every entry is validated before any is queued. Entries queued after one whose write fails fail too
-        (their seqs counted on it). So entries that cite `after` (an outcome citing its decision) can be
-        queued without waiting for it: they are refused if one of `after` has already failed, or was
-        queued before numbering started again and not written; otherwise they are written after it, or
-        fail with it. A ticket nobody waits for holds up no one; its entry is written all the same.
-        Raises InvalidEntry, LedgerUnavailable (an entry of `after` was not written), LedgerClosed.
+        (with one writer, their seqs counted on it). So entries that cite `after` (an outcome citing its
+        decision) can be queued without waiting for it: they are refused if one of `after` has already
+        failed, or was queued before numbering started again and not written; otherwise they are written
+        after it, or fail with it. A ticket nobody waits for holds up no one; its entry is written all the
+        same. Raises InvalidEntry, LedgerUnavailable (an entry of `after` was not written), LedgerClosed.
         """
         if any(kind == ROTATION_KIND for kind, _, _ in entries):
             raise InvalidEntry("key rotations are appended by rotate_key() only")
@@ -399,17 +482,25 @@ class Ledger:
             if self._closed:
                 raise LedgerClosed("ledger is closed")
             epoch = self._epoch
+            sequenced = self._sequenced is not None
             for a in after:
-                # Written entries lie below the durable size; a failed write resets numbering to that size
-                # (and bumps the epoch) before its entries learn that they failed.
-                if a.error is not None or (a.epoch != epoch and a.seq >= self._size):
-                    raise LedgerUnavailable(f"ledger write refused: entry {a.seq}, which these follow, was not written")
-            seq = self._next_seq
-            for p in pending:
-                p.seq = seq
-                p.epoch = epoch
-                seq += 1
-            self._next_seq = seq
+                # A failed write bumps the epoch before its entries (and those queued behind them) learn that
+                # they failed. One writer: written entries lie below the durable size, and numbering starts again
+                # at that size. Sequenced: an entry gets its seq once written, and from no one else.
+                if a.error is not None or (a.epoch != epoch and (a.seq < 0 if sequenced else a.seq >= self._size)):
+                    raise LedgerUnavailable(f"ledger write refused: entry {a.seq}, which these follow, was not written"
+                                            if not sequenced else
+                                            "ledger write refused: an entry these follow was not written")
+            if sequenced:
+                for p in pending:
+                    p.epoch = epoch
+            else:
+                seq = self._next_seq
+                for p in pending:
+                    p.seq = seq
+                    p.epoch = epoch
+                    seq += 1
+                self._next_seq = seq
             queue = self._queue
             queue.extend(pending)
             if self._idle:
@@ -480,7 +571,7 @@ class Ledger:
                 i = bisect.bisect_left(batch, self._woke_at, key=_QUEUED)  # the first enqueued since
                 if len(batch) - i > 1:  # from the first return, not the wake: the writer may have slept
                     pacing.saw_returns(batch[-1].queued - batch[i].queued, len(batch) - i - 1, held=False)
-            if self._commit(batch):
+            if self._commit_sequenced(batch) if self._sequenced is not None else self._commit(batch):
                 pacing.saw_cycle(_perf_counter() - taken)
         self._wake()
 
@@ -528,7 +619,8 @@ class Ledger:
             unwoken[0].done.release()
 
     def _commit(self, batch: list[_Pending]) -> bool:
-        """Write batch as one transaction; True if it was written (its callers are woken later)."""
+        """Write batch as one transaction, numbered from the in-memory tree (one writer); True if it was written
+        (its callers are woken later)."""
         with self._state:
             start, prev = self._size, self._last_hash
         if batch[0].seq != start:  # seqs are handed out when queued; a gap here would misnumber the batch
@@ -546,7 +638,7 @@ class Ledger:
         blobs: dict[str, bytes] = {}
         try:
             # One timestamp per batch: the entries commit together, and formatting is not free.
-            t = format_time(self._clock())
+            t = max(format_time(self._clock()), self._last_time)
             tb = t.encode()
             prev_b = prev.encode()
             seq = start
@@ -585,12 +677,156 @@ class Ledger:
             self._recover(start, rows, batch, err)
             return False
         with self._state:
-            self._size, self._last_hash, self._checkpoint = end, prev, note
+            self._size, self._last_hash, self._last_time, self._checkpoint = end, prev, t, note
             if new_signer is not None:
                 self._signer = new_signer
         self._record(len(batch))
         self._unwoken = batch
         return True
+
+    def _commit_sequenced(self, batch: list[_Pending]) -> bool:
+        """Write batch as one transaction numbered from the head row it locks (sequenced in the database); True if
+        it was written (its callers are woken later)."""
+        store = self._sequenced
+        assert store is not None
+        built: list[Built] = []
+        try:
+            if self._corrupt is not None:
+                raise self._corrupt
+            now = format_time(self._clock())  # before the head is locked: the lock is held for as little as can be
+            signer, rotate = self._signer, batch[-1].rotate
+            preps = [p.prep for p in batch]
+
+            def build(head: Head) -> SequencedBatch:
+                self._check_head(head)
+                b = build_batch(head, preps, now, signer, rotate)
+                built.append(b)
+                return b.batch
+
+            store.write_sequenced(build, before_commit=self._wake)
+        except Exception as e:  # the writer must survive anything; callers get a LedgerError
+            self._wake()
+            # Refused: this process would not build on the head (or the head announced another key); failed: the
+            # store did not take the batch.
+            if isinstance(e, LedgerCorrupted | KeyMismatch):
+                err = LedgerUnavailable(f"ledger write refused: {e.diagnostics()}")
+            else:
+                err = LedgerUnavailable(f"ledger write failed: {e}")
+            err.__cause__ = e
+            if built and self._written_after_all(built[-1]):
+                self._committed(built[-1], batch)
+                return True
+            self._fail(batch, err)
+            return False
+        self._committed(built[-1], batch)
+        return True
+
+    def _check_head(self, head: Head) -> None:
+        """Refuse to build on a head that disagrees with what this process holds, where it can tell cheaply: when
+        it holds the same number of entries (otherwise its next catch-up checks what it reads). Raises
+        LedgerCorrupted."""
+        with self._state:
+            size = self._size
+            if head.size < size:
+                raise LedgerCorrupted(f"the ledger's head row (ledger_head) counts {head.size} entries, but this"
+                                      f" process has read {size}")
+            if head.size > size:
+                return
+            mine = Head(size, self._last_hash, frontier_of(self._tree, size), head.signer, self._last_time)
+        problem = head_problem(head, mine)
+        if problem is not None:
+            raise LedgerCorrupted(f"the ledger's head row (ledger_head) disagrees with its entries: {problem}")
+
+    def _written_after_all(self, built: Built) -> bool:
+        """A COMMIT can fail after the database made it durable (e.g. a lost connection on COMMIT): True if the
+        store holds the batch's first and last entries as built."""
+        rows = built.batch.rows
+        try:
+            got = self._store.get_entries(rows[0][0], len(rows))
+        except LedgerError:
+            return False
+        return len(got) == len(rows) and got[0] == rows[0] and got[-1] == rows[-1]
+
+    def _committed(self, built: Built, batch: list[_Pending]) -> None:
+        """Tell batch's entries what they became, and add the batch to the in-memory tree after catching up with
+        what other processes appended before it."""
+        t = built.time
+        for p, r in zip(batch, built.batch.rows, strict=True):
+            p.seq, p.hash, p.time = r[0], r[1], t
+        try:
+            with self._syncing:
+                if self._size < built.start:
+                    self._catch_up(built.start)
+                with self._state:
+                    size = self._size
+                    if size == built.start:
+                        self._tree.extend(built.leaves)
+                        if self._tree.root(built.end) != built.root:
+                            self._tree.truncate(size)
+                            raise LedgerCorrupted(
+                                f"the root signed at size {built.end} from the ledger's head row is not the root of"
+                                " its entries (ledger_head was changed)")
+                        self._size, self._last_hash, self._last_time = built.end, built.batch.head.last_hash, t
+                        self._checkpoint = built.batch.checkpoint[1]
+                    elif size < built.end:
+                        raise LedgerCorrupted(f"read {size} entries, inside the batch just written at"
+                                              f" {built.start}..{built.end - 1}")
+                    # (size >= end: a reader read this batch back before the writer got here)
+        except LedgerCorrupted as e:
+            # The batch is durable, its callers are told so; this process appends no more.
+            self._corrupt = e
+            _log.error("ledger: no more appends from this process: %s", e.diagnostics())
+        except LedgerError as e:
+            # Not read (the store did not answer): the tree stays behind, and the next catch-up reads this batch too.
+            _log.warning("ledger: could not read what other processes appended before batch %d: %s", built.start,
+                         e.diagnostics())
+        rotate = batch[-1].rotate
+        if rotate is not None:
+            with self._state:
+                self._signer = rotate
+        self._record(len(batch))
+        self._unwoken = batch
+
+    def _catch_up(self, target: int) -> None:
+        """Read into the tree the entries other processes appended up to target (under _syncing). Raises
+        LedgerCorrupted (what it read does not chain onto what this process holds), StoreError."""
+        with self._state:
+            start, prev = self._size, self._last_hash
+        if target <= start:
+            return
+        try:
+            leaves, last = read_appended(self._store, start, target, prev)
+        except LedgerCorrupted as e:
+            self._corrupt = e
+            raise
+        with self._state:
+            self._tree.extend(leaves)
+            self._size, self._last_hash, self._last_time = target, last[1], entry_time(last[2])
+            self._checkpoint = None  # another process's: latest_checkpoint() reads it from the store
+
+    def _sync(self, need: int | None = None) -> None:
+        """Sequenced: catch up with what other processes appended, if need is None or beyond what this process
+        holds. One small query when there is nothing to read. Raises LedgerCorrupted, StoreError."""
+        if self._sequenced is None or (need is not None and need <= self._size):
+            return
+        target = self._sequenced.head_size()
+        if target is None or target <= self._size:
+            return
+        with self._syncing:
+            self._catch_up(target)
+
+    def _fail(self, batch: list[_Pending], err: LedgerUnavailable) -> None:
+        """Fail batch and every entry queued behind it (they may cite its entries, or with one writer their
+        seqs), and number again from the store's size."""
+        self.stats.failed_batches += 1
+        with self._qlock:
+            stranded = self._queue[:]
+            self._queue.clear()
+            self._next_seq = self._size
+            self._epoch += 1
+        for p in (*batch, *stranded):
+            p.error = err
+            _settle(p)
 
     def _recover(self, start: int, rows: list[Row], batch: list[_Pending], err: LedgerUnavailable) -> None:
         """After a failed write, make memory match the store again, then fail the batch.
@@ -612,6 +848,7 @@ class Ledger:
                     for r in rows:
                         self._tree.append(leaf_hash(r[2]))
                     self._size, self._last_hash = start + len(rows), rows[-1][1]
+                    self._last_time = entry_time(rows[-1][2])
                     self._checkpoint = cp[1] if cp else self._checkpoint
                     rotated = batch[-1].rotate
                     if rotated is not None:
@@ -621,17 +858,9 @@ class Ledger:
                     p.seq, p.hash, p.time = r[0], r[1], json.loads(r[2])["time"]
                     _settle(p)
                 return
-        self.stats.failed_batches += 1
-        with self._qlock:
-            # Entries queued behind the batch were numbered after it and may be cited by seq (an outcome
-            # naming its decision): they fail with it, and numbering starts again at the store's size.
-            stranded = self._queue[:]
-            self._queue.clear()
-            self._next_seq = start
-            self._epoch += 1
-        for p in (*batch, *stranded):
-            p.error = err
-            _settle(p)
+        # Entries queued behind the batch were numbered after it and may be cited by seq (an outcome naming its
+        # decision): they fail with it, and numbering starts again at the store's size.
+        self._fail(batch, err)
 
     def _record(self, n: int) -> None:
         s = self.stats
@@ -643,13 +872,18 @@ class Ledger:
     # -- reading -------------------------------------------------------------------------------
 
     def size(self) -> int:
-        """Number of durable entries."""
+        """Number of durable entries (sequenced: those other processes appended included). Raises StoreError,
+        LedgerCorrupted (sequenced: what others appended does not chain onto what this process holds)."""
+        self._sync()
         with self._state:
             return self._size
 
     def entry(self, seq: int) -> StoredEntry:
-        """The entry at seq; raises EntryNotFound (or StoreError)."""
-        if seq < 0 or seq >= self.size():
+        """The entry at seq; raises EntryNotFound (or StoreError, LedgerCorrupted)."""
+        if seq < 0:
+            raise EntryNotFound(seq)
+        self._sync(seq + 1)
+        if seq >= self._size:
             raise EntryNotFound(seq)
         rows = self._store.get_entries(seq, 1)
         if not rows or rows[0][0] != seq:
@@ -658,7 +892,7 @@ class Ledger:
         return StoredEntry(s, h, raw, _parse(raw))
 
     def entries(self, start: int = 0, limit: int = 100) -> list[StoredEntry]:
-        """Up to limit entries from start, in seq order; raises StoreError."""
+        """Up to limit entries from start, in seq order; raises StoreError, LedgerCorrupted."""
         limit = min(max(limit, 0), self.size() - max(start, 0))
         if limit <= 0:
             return []
@@ -668,12 +902,20 @@ class Ledger:
         return self._store.get_blob(digest)
 
     def root(self, size: int | None = None) -> bytes:
-        """Merkle tree hash at size (default: current); raises ProofError."""
+        """Merkle tree hash at size (default: current); raises ProofError (StoreError, LedgerCorrupted)."""
+        self._sync(size)
         with self._state:
             return self._tree.root(self._size if size is None else self._bounded(size))
 
     def latest_checkpoint(self) -> str:
-        """Signed checkpoint note for the current size (signed on the fly for an empty ledger)."""
+        """Signed checkpoint note for the current size (signed on the fly for an empty ledger). Sequenced: the
+        store's latest, which may be another process's, once its root is that of the entries this process then
+        holds. Raises StoreError, LedgerCorrupted."""
+        if self._sequenced is not None:
+            cp = self._sequenced.latest_checkpoint()
+            if cp is not None:
+                self._sync(cp[0])
+                return self._checked(*cp)
         with self._state:
             note = self._checkpoint
             root = self._tree.root(self._size)
@@ -682,20 +924,37 @@ class Ledger:
             note = sign_checkpoint(Checkpoint(self._signer.name, size, root), self._signer)
         return note
 
+    def _checked(self, size: int, note: str) -> str:
+        """note, a checkpoint of size read from the store, if it signs the root of the entries held; raises
+        LedgerCorrupted."""
+        try:
+            cp = parse_checkpoint(note[: note.rfind("\n\n") + 1])
+        except LedgerError as e:
+            raise LedgerCorrupted(f"latest checkpoint is malformed: {e.diagnostics()}") from e
+        with self._state:
+            ok = cp.size == size <= self._size and cp.root == self._tree.root(size)
+        if not ok:
+            raise LedgerCorrupted(f"the latest checkpoint (size {size}) does not sign the root of the entries")
+        return note
+
     def _bounded(self, size: int) -> int:
         if not 0 <= size <= self._size:
             raise ProofError(f"tree size {size} is beyond the ledger's {self._size} entries")
         return size
 
     def inclusion_proof(self, seq: int, size: int | None = None) -> InclusionProof:
-        """RFC 9162 inclusion proof of entry seq in the tree of size; raises ProofError."""
+        """RFC 9162 inclusion proof of entry seq in the tree of size; raises ProofError (StoreError,
+        LedgerCorrupted)."""
+        self._sync(size)
         with self._state:
             n = self._size if size is None else self._bounded(size)
             hashes = self._tree.inclusion_proof(seq, n)
             return InclusionProof(seq, n, self._tree.leaf(seq), hashes)
 
     def consistency_proof(self, old: int, new: int | None = None) -> ConsistencyProof:
-        """RFC 9162 consistency proof between tree sizes old and new; raises ProofError."""
+        """RFC 9162 consistency proof between tree sizes old and new; raises ProofError (StoreError,
+        LedgerCorrupted)."""
+        self._sync(new)
         with self._state:
             n = self._size if new is None else self._bounded(new)
             return ConsistencyProof(old, n, self._tree.consistency_proof(old, n))

@@ -6,20 +6,35 @@ ledger role can only append and read (DESIGN.md "Stores", requirement H3). SQLit
 ledger_batch, an always-empty view whose INSTEAD OF INSERT triggers send each row on to one of the
 three tables, so that one INSERT statement writes a whole batch (see SqliteStore.write_batch). Every
 driver error is mapped to StoreError here, at the boundary.
+
+Who numbers the entries. SQLite has one writer (a flock, claim_writer): it numbers entries from what it
+loaded, so a seq is known when an entry is queued. PostgreSQL is sequenced in the database, so that several
+processes append to one ledger: its one-row table ledger_head holds where the next batch goes (next_seq, the
+last entry's hash and time, the Merkle frontier, the signing key in use). A batch takes that row FOR UPDATE,
+numbers its entries from it, writes them, their blobs, its checkpoint and the new head, and commits
+(PostgresStore.write_sequenced): gapless, one chain, one tree, and never a PostgreSQL sequence (a sequence
+leaves gaps on rollback). The gateway's role may UPDATE ledger_head, and nothing else it may change: its
+DELETE and TRUNCATE are refused by trigger. A head that role sets wrong cannot rewrite history: set behind the
+entries, the next batch collides with the seqs already stored and fails; set ahead, it leaves a gap the
+verifier reports as missing; with another last hash, frontier or key, the next entry's prev, the next
+checkpoint's root or its signature is wrong and the verifier names it. A process opening the ledger refuses a
+head that disagrees with the entries (Ledger.open raises LedgerCorrupted).
 """
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import functools
 import itertools
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol
 from urllib.parse import urlparse
 
 from ledger.errors import StoreError
@@ -68,6 +83,19 @@ _PG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledger_entries (seq BIGINT PRIMARY KEY, hash TEXT NOT NULL, data BYTEA NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_checkpoints (size BIGINT PRIMARY KEY, note TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS ledger_blobs (digest TEXT PRIMARY KEY, data BYTEA NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger_head (
+  id BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (id),  -- one row
+  next_seq BIGINT NOT NULL,   -- the entries stored: the seq the next batch starts at
+  last_hash TEXT NOT NULL,    -- the hash of entry next_seq - 1 (64 zeros for none): the next entry's prev
+  frontier BYTEA NOT NULL,    -- the RFC 6962 compact range [0, next_seq), 32-byte hashes, largest subtree first
+  signer TEXT NOT NULL,       -- the verifier key that signs the next checkpoint ('' until the first batch)
+  last_time TEXT NOT NULL     -- the time of entry next_seq - 1 ('' for none): no later entry is stamped earlier
+);
+-- An empty ledger gets its head with the schema. One that has entries but no head (written by a jobgate from
+-- before the head) gets it computed from its entries by the next process that opens it (Ledger.open).
+INSERT INTO ledger_head (id, next_seq, last_hash, frontier, signer, last_time)
+  SELECT TRUE, 0, repeat('0', 64), '', '', '' WHERE NOT EXISTS (SELECT 1 FROM ledger_entries)
+  ON CONFLICT (id) DO NOTHING;
 CREATE OR REPLACE FUNCTION ledger_refuse_change() RETURNS trigger LANGUAGE plpgsql AS
   $$ BEGIN RAISE EXCEPTION 'ledger is append-only'; END $$;
 DO $$ DECLARE t text; BEGIN
@@ -79,7 +107,29 @@ DO $$ DECLARE t text; BEGIN
                       FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_change()', t || '_no_truncate', t);
     END IF;
   END LOOP;
+  -- The head moves forward with every batch (UPDATE), but is never removed.
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'ledger_head_no_delete') THEN
+    CREATE TRIGGER ledger_head_no_delete BEFORE DELETE ON ledger_head
+      FOR EACH ROW EXECUTE FUNCTION ledger_refuse_change();
+    CREATE TRIGGER ledger_head_no_truncate BEFORE TRUNCATE ON ledger_head
+      FOR EACH STATEMENT EXECUTE FUNCTION ledger_refuse_change();
+  END IF;
 END $$;
+"""
+_PG_TABLES = ("ledger_entries", "ledger_checkpoints", "ledger_blobs", "ledger_head")
+_HEAD_COLUMNS = "next_seq, last_hash, frontier, signer, last_time"
+# One statement for a whole batch: one round trip while the head is locked, not one per table; its parameters in
+# binary (%b), which halved its time: a batch's 64 KiB of entries went as hex text, for the server to parse.
+_PG_WRITE_BATCH = """
+WITH entries AS (
+  INSERT INTO ledger_entries (seq, hash, data) SELECT * FROM unnest(%b::bigint[], %b::text[], %b::bytea[])
+), blobs AS (
+  INSERT INTO ledger_blobs (digest, data) SELECT * FROM unnest(%b::text[], %b::bytea[])
+  ON CONFLICT (digest) DO NOTHING
+), checkpoint AS (
+  INSERT INTO ledger_checkpoints (size, note) VALUES (%b, %b)
+)
+UPDATE ledger_head SET next_seq = %b, last_hash = %b, frontier = %b, signer = %b, last_time = %b
 """
 
 _FETCH = 2048
@@ -123,8 +173,59 @@ class ReadSnapshot:
     close: Callable[[], None]
 
 
+@dataclass(frozen=True)
+class Head:
+    """A PostgreSQL ledger's head row (see the module docstring): where the next batch goes."""
+
+    size: int  # next_seq
+    last_hash: str
+    frontier: bytes
+    signer: str
+    last_time: str
+
+
+@dataclass(frozen=True)
+class SequencedBatch:
+    """What a batch writes, numbered from the head it was built on: entries, blobs, checkpoint, the new head."""
+
+    rows: Sequence[Row]
+    blobs: Mapping[str, bytes]
+    checkpoint: tuple[int, str]
+    head: Head
+
+
+@dataclass(frozen=True)
+class HeadView:
+    """A PostgreSQL ledger as of one instant, for opening it: its head (None: none yet), latest checkpoint and
+    entries, read in one transaction. Close it when done."""
+
+    head: Head | None
+    latest: tuple[int, str] | None
+    entries: Iterator[Row]
+    close: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class BatchTiming:
+    """Where one sequenced batch's time went, in seconds, measured in the writing process. `hold` runs from the
+    moment SELECT ... FOR UPDATE returned the head to the moment COMMIT returned: the other processes' batches
+    waited that long (plus a network leg). Its parts: `build` numbering, hashing and signing the batch in
+    Python, `write` the one statement that writes it, `commit` COMMIT with its WAL flush."""
+
+    wait: float  # BEGIN and SELECT ... FOR UPDATE: the wait for the head, mostly
+    hold: float
+    build: float
+    write: float
+    commit: float
+    entries: int
+
+
 class LedgerStore(Protocol):
     """What the ledger needs from a database. Implementations are safe to share between threads."""
+
+    # True when the database numbers the entries (SequencedStore), so that several processes may append;
+    # False when the one writer does (SQLite).
+    sequenced: ClassVar[bool]
 
     def create_schema(self) -> None: ...
     def count(self) -> int: ...
@@ -154,9 +255,10 @@ class LedgerStore(Protocol):
         ...
 
     def claim_writer(self) -> None:
-        """Become the ledger's only writer until close(), or raise StoreError if another process (or
-        another Ledger in this one) writes it: each writer numbers entries from what it loaded, so a
-        second one would fail every write, or leave its own view behind."""
+        """Claim what appending needs. A store that is not sequenced: become the ledger's only writer until
+        close(), or raise StoreError if another process (or another Ledger in this one) writes it, since each
+        writer numbers entries from what it loaded, and a second one would fail every write, or leave its own
+        view behind. A sequenced store: nothing (every batch is numbered under the head's row lock)."""
         ...
 
     def maintenance_due(self) -> bool:
@@ -169,6 +271,38 @@ class LedgerStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class SequencedStore(LedgerStore, Protocol):
+    """A store that numbers entries itself, under its head row's lock (PostgreSQL), for several appenders."""
+
+    def head(self) -> Head | None:
+        """The head row, None if the ledger has none yet (written before it existed); raises StoreError."""
+        ...
+
+    def head_size(self) -> int | None:
+        """next_seq alone: the cheap question a reader asks to learn whether others appended; raises StoreError."""
+        ...
+
+    def init_head(self, head: Head) -> None:
+        """Insert the head computed from the entries, unless another process inserted one first; raises
+        StoreError."""
+        ...
+
+    def head_view(self) -> HeadView:
+        """The head, the latest checkpoint and the entries from seq 0, read in one transaction; raises StoreError."""
+        ...
+
+    def write_sequenced(
+        self, build: Callable[[Head], SequencedBatch], before_commit: Callable[[], None] | None = None
+    ) -> None:
+        """In one transaction: lock the head row, call build(head) for the batch numbered from it, write the
+        batch and its new head, commit (all or nothing). What build raises is raised (the transaction rolls
+        back); before_commit as for write_batch. Records a BatchTiming in `timings`. Raises StoreError."""
+        ...
+
+    @property
+    def timings(self) -> collections.deque[BatchTiming]: ...
 
 
 def open_store(url: str, *, create: bool = True) -> LedgerStore:
@@ -193,6 +327,8 @@ def _first_line(e: Exception) -> str:
 
 class SqliteStore:
     """SQLite in WAL mode with synchronous=FULL: a commit returns only after the WAL is fsynced."""
+
+    sequenced: ClassVar[bool] = False
 
     def __init__(self, path: Path, *, create: bool = True) -> None:
         self.path = path
@@ -409,7 +545,8 @@ class SqliteStore:
                 self._writer_lock = None
 
 
-_WRITER_LOCK = 7305615  # advisory lock key of the ledger's writer (7305614 serialises schema creation)
+_SCHEMA_LOCK = 7305614  # advisory lock key that serialises schema creation (init-db, concurrent first starts)
+# (7305615 was the writer's claim, a session lock, while one process wrote a PostgreSQL ledger.)
 # Bounds on the writer (and on the reader's lock waits), each unless the URL sets its own (`?connect_timeout=`,
 # `?options=-c statement_timeout=`): a ledger that cannot take a batch in this time is unavailable, and the
 # mutations waiting on it are refused (fail closed). Unbounded, a DBA's lock on a ledger table (VACUUM FULL, a held
@@ -418,36 +555,48 @@ _WRITE_TIMEOUT_S = 10
 
 
 class PostgresStore:
-    """PostgreSQL via psycopg 3; synchronous_commit=on so COMMIT returns after the WAL flush.
+    """PostgreSQL via psycopg 3; synchronous_commit=on so COMMIT returns after the WAL flush. Sequenced: any
+    number of processes append to one ledger (see the module docstring).
 
     Its two connections (writer, reader) are opened again when the server dropped them (a restart, a
     failover, an idle-connection reaper): the write or read that met the loss fails, the next one
     reconnects. Without that a ledger server's restart left the gateway refusing every mutation until it
     was restarted too."""
 
+    sequenced: ClassVar[bool] = True
+    _TIMINGS = 100_000  # batches whose BatchTiming is kept (bench/replicas.py reads them)
+
     def __init__(self, url: str, *, create: bool = True) -> None:
         import psycopg
 
         self._psycopg = psycopg
         self.url = url
-        self._writer_claimed = False
-        have = False
+        have = missing_head = False
+        opened: list[Connection[Any]] = []
+        opened_ok = False
         try:
             self._w = self._connect(writer=True)
+            opened.append(self._w)
             self._r = self._connect(writer=False)
-            row = self._r.execute(
-                "SELECT to_regclass('ledger_entries'), to_regclass('ledger_checkpoints'), to_regclass('ledger_blobs')"
-            ).fetchone()
-            have = row is not None and all(x is not None for x in row)
-            if create and not have:
+            opened.append(self._r)
+            row = self._r.execute("SELECT " + ", ".join(f"to_regclass('{t}')" for t in _PG_TABLES)).fetchone()
+            have = row is not None and all(x is not None for x in row[:3])
+            missing_head = row is None or row[3] is None
+            if create and (not have or missing_head):
                 # Serialise concurrent first starts: CREATE ... IF NOT EXISTS races in PostgreSQL.
                 # Skipped when the tables exist: the gateway's append-only role (init-db) may not run DDL.
                 with self._w.transaction():
-                    self._w.execute("SELECT pg_advisory_xact_lock(7305614)")
+                    self._w.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                     self._w.execute(_PG_SCHEMA)
             elif not have:
                 raise StoreError("database has no ledger tables")
+            opened_ok = True
         except psycopg.errors.InsufficientPrivilege as e:
+            if have and missing_head:
+                # A ledger set up by a jobgate from before ledger_head, for a role that may not create it.
+                raise StoreError(f"the ledger has no ledger_head table (its schema is older) and this role may not"
+                                 f" create it ({_first_line(e)}); run `jobgate ledger init-db --url <its owner's URL>`"
+                                 " again") from e
             if have:
                 raise StoreError(f"cannot open ledger database: {_first_line(e)}") from e
             # A role set up to append only (init-db) may not create the tables it would append to.
@@ -455,8 +604,13 @@ class PostgresStore:
                              f" ({_first_line(e)}); run `jobgate ledger init-db --url <its owner's URL>` first") from e
         except psycopg.Error as e:
             raise StoreError(f"cannot open ledger database: {_first_line(e)}") from e
+        finally:
+            if not opened_ok:  # refused: nobody will close() this store
+                for conn in opened:
+                    conn.close()
         self._wlock = threading.Lock()
         self._rlock = threading.Lock()
+        self._timings: collections.deque[BatchTiming] = collections.deque(maxlen=self._TIMINGS)
 
     def _connect(self, *, writer: bool) -> Connection[Any]:
         given = self._psycopg.conninfo.conninfo_to_dict(self.url)
@@ -482,22 +636,12 @@ class PostgresStore:
         return bool(conn.closed or conn.broken)
 
     def _writer(self) -> Connection[Any]:
-        """The writing connection, opened again if the server dropped it; under _wlock. Raises psycopg.Error,
-        or StoreError when the writer's claim cannot be taken back."""
+        """The writing connection, opened again if the server dropped it; under _wlock. Raises psycopg.Error."""
         if not self._lost(self._w):
             return self._w
-        conn = self._connect(writer=True)
-        if self._writer_claimed:
-            # The claim was a session lock and ended with the lost session; another process may have claimed
-            # the ledger since. Writing without it again could interleave two writers' numbering.
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_WRITER_LOCK,)).fetchone()
-            if not (row and row[0]):
-                conn.close()
-                raise StoreError("lost the connection to the ledger database and another process writes it now;"
-                                 " this one no longer may")
+        self._w = self._connect(writer=True)
         pg_log.warning("the ledger database dropped the writing connection; reconnected")
-        self._w = conn
-        return conn
+        return self._w
 
     def _reader(self) -> Connection[Any]:
         """The reading connection, opened again if the server dropped it; under _rlock. Raises psycopg.Error."""
@@ -514,10 +658,16 @@ class PostgresStore:
 
     def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         with self._rlock:
-            try:
-                return self._reader().execute(sql, args).fetchall()
-            except self._psycopg.Error as e:
-                raise StoreError(f"ledger read failed: {_first_line(e)}") from e
+            for retry in (True, False):
+                try:
+                    return self._reader().execute(sql, args).fetchall()
+                except self._psycopg.Error as e:
+                    # A read may be asked again: once, on a new connection, if the server dropped this one (a
+                    # reader's catch-up is the first to meet a restart since every process appends and reads).
+                    if retry and self._lost(self._r):
+                        continue
+                    raise StoreError(f"ledger read failed: {_first_line(e)}") from e
+            raise AssertionError("unreachable")
 
     def count(self) -> int:
         return int(self._query("SELECT count(*) FROM ledger_entries")[0][0])
@@ -586,6 +736,8 @@ class PostgresStore:
         checkpoint: tuple[int, str],
         before_commit: Callable[[], None] | None = None,
     ) -> None:
+        """Write a batch numbered elsewhere, head untouched: for tools that build a ledger row by row (benchmarks,
+        tests). A ledger's appends go through write_sequenced."""
         with self._wlock:
             try:
                 w = self._writer()
@@ -602,6 +754,93 @@ class PostgresStore:
             except self._psycopg.Error as e:
                 raise StoreError(f"ledger write failed: {_first_line(e)}") from e
 
+    @staticmethod
+    def _head_of(row: Sequence[Any]) -> Head:
+        return Head(int(row[0]), str(row[1]), bytes(row[2]), str(row[3]), str(row[4]))
+
+    def head(self) -> Head | None:
+        rows = self._query(f"SELECT {_HEAD_COLUMNS} FROM ledger_head")
+        return self._head_of(rows[0]) if rows else None
+
+    def head_size(self) -> int | None:
+        rows = self._query("SELECT next_seq FROM ledger_head")
+        return int(rows[0][0]) if rows else None
+
+    def init_head(self, head: Head) -> None:
+        with self._wlock:
+            try:
+                self._writer().execute(
+                    f"INSERT INTO ledger_head (id, {_HEAD_COLUMNS}) VALUES (TRUE, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (id) DO NOTHING",
+                    (head.size, head.last_hash, head.frontier, head.signer, head.last_time),
+                )
+            except self._psycopg.Error as e:
+                raise StoreError(f"cannot write the ledger's head: {_first_line(e)}") from e
+
+    def head_view(self) -> HeadView:
+        psycopg = self._psycopg
+        try:
+            conn = psycopg.connect(self.url)
+        except psycopg.Error as e:
+            raise StoreError(f"ledger read failed: {_first_line(e)}") from e
+        try:
+            # One REPEATABLE READ transaction: the head and the entries as of one instant, though others append.
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            row = conn.execute(f"SELECT {_HEAD_COLUMNS} FROM ledger_head").fetchone()
+            cp = conn.execute("SELECT size, note FROM ledger_checkpoints ORDER BY size DESC LIMIT 1").fetchone()
+        except psycopg.Error as e:
+            conn.close()
+            raise StoreError(f"ledger read failed: {_first_line(e)}") from e
+
+        def entries() -> Iterator[Row]:
+            try:
+                with conn.cursor(name="ledger_head_view_scan") as cur:
+                    cur.itersize = _FETCH
+                    cur.execute("SELECT seq, hash, data FROM ledger_entries ORDER BY seq")
+                    for seq, h, data in cur:
+                        yield _row(seq, h, data)
+            except psycopg.Error as e:
+                raise StoreError(f"ledger read failed: {_first_line(e)}") from e
+
+        return HeadView(self._head_of(row) if row else None, (int(cp[0]), str(cp[1])) if cp else None, entries(),
+                        conn.close)
+
+    @property
+    def timings(self) -> collections.deque[BatchTiming]:
+        return self._timings
+
+    def write_sequenced(
+        self, build: Callable[[Head], SequencedBatch], before_commit: Callable[[], None] | None = None
+    ) -> None:
+        clock = time.perf_counter
+        with self._wlock:
+            try:
+                w = self._writer()
+                with w.transaction():
+                    t0 = clock()
+                    row = w.execute(f"SELECT {_HEAD_COLUMNS} FROM ledger_head FOR UPDATE").fetchone()
+                    t1 = clock()
+                    if row is None:
+                        raise StoreError("the ledger has no head row (ledger_head); open it again to compute one")
+                    batch = build(self._head_of(row))
+                    t2 = clock()
+                    rows, blobs, new = batch.rows, batch.blobs, batch.head
+                    w.execute(_PG_WRITE_BATCH, (
+                        [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                        list(blobs), list(blobs.values()),
+                        batch.checkpoint[0], batch.checkpoint[1],
+                        new.size, new.last_hash, new.frontier, new.signer, new.last_time,
+                    ))
+                    t3 = clock()
+                    if before_commit is not None:
+                        before_commit()
+                    t4 = clock()
+                t5 = clock()  # COMMIT returned: the head's lock is released
+            except self._psycopg.Error as e:
+                raise StoreError(f"ledger write failed: {_first_line(e)}") from e
+            self._timings.append(BatchTiming(t1 - t0, t5 - t1, t2 - t1, t3 - t2, t5 - t4, len(rows)))
+
     def maintenance_due(self) -> bool:
         return False
 
@@ -609,16 +848,7 @@ class PostgresStore:
         pass
 
     def claim_writer(self) -> None:
-        # A session-level advisory lock on the writing connection: held while it lives.
-        with self._wlock:
-            try:
-                row = self._writer().execute("SELECT pg_try_advisory_lock(%s)", (_WRITER_LOCK,)).fetchone()
-            except self._psycopg.Error as e:
-                raise StoreError(f"cannot lock the ledger for writing: {_first_line(e)}") from e
-            self._writer_claimed = bool(row and row[0])
-        if not self._writer_claimed:
-            raise StoreError("the ledger database is already being written by another process (one gateway"
-                             " process writes a ledger; stop it first)")
+        """Nothing to claim: every batch is numbered under the head row's lock, so processes append side by side."""
 
     def close(self) -> None:
         with self._wlock, self._rlock:

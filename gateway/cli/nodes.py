@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from gateway.cli.client import Client, client_options, emit_json, table
+from gateway.cli.client import Client, ClientGroup, client_options, emit_json, table
 from nodeagent.layout import private_state_dir
 
 COLUMNS = [("id", "node"), ("state", "state"), ("gpus", "gpus"), ("gpus_used", "used"),
@@ -45,24 +45,23 @@ def nodes_cmd(gateway: str, token: str | None, trigger: str | None, as_json: boo
                    " goes there until they fit (on-call is alerted)")
 
 
-@click.group("node")
+@click.group("node", cls=ClientGroup)
 def node_group() -> None:
     """Add nodes to the pool (platform admins)."""
 
 
 @node_group.command("enrol")
-@client_options
 @click.argument("name")
 @click.option("--gpus", type=click.IntRange(0, 1024), required=True, help="GPUs the node offers.")
 @click.option("--work-dir", type=click.Path(file_okay=False, path_type=Path),
               help="The agent's work dir on this machine: the token goes to WORK_DIR/state/token (0600) and is not "
                    "printed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the answer (with the token) as JSON.")
-def enrol(gateway: str, token: str | None, trigger: str | None, name: str, gpus: int, work_dir: Path | None,
-          as_json: bool) -> None:
+@click.pass_obj
+def enrol(client: Client, name: str, gpus: int, work_dir: Path | None, as_json: bool) -> None:
     """Enrol node NAME and mint its agent's token, shown once. The agent reads it from its private state dir;
     never put it on a command line."""
-    data = Client(gateway, token, trigger).request("POST", "nodes", json={"id": name, "gpus": gpus})
+    data = client.request("POST", "nodes", json={"id": name, "gpus": gpus})
     if work_dir is not None:
         path = private_state_dir(work_dir.resolve()) / "token"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)

@@ -51,12 +51,19 @@ def _refused(gw: Decider, reason: str, rule: str) -> Decision:
 class Recorded:
     request_id: str
     decision: Decision
-    seq: int
+    written_seq: int  # the seq of an entry written at once (-1: not recorded); a queued one's is `seq`
     input: dict[str, Any]
     ticket: Ticket | None = None  # decide(wait=False): the entry, queued; not durable until the caller waits
     # H2: the calls-per-minute limit that refused the call before the policy was asked, if one did (a 429, or a
     # 503 when the counts could not be read, rather than the 403 of a policy refusal: see verdict.refuse_if_denied).
     rate_refusal: RateBreach | CountsUnavailable | None = None
+
+    @property
+    def seq(self) -> int:
+        """The decision entry's seq. A queued entry's on a ledger sequenced in its database (PostgreSQL, several
+        replicas) is known only once its batch commits: reading it waits for that, so read it only where the seq
+        is needed (a citation), not on the event loop. Raises LedgerError if the entry was not written."""
+        return self.ticket.seq if self.ticket is not None else self.written_seq
 
 
 def decide(
@@ -171,7 +178,7 @@ def decide(
             attempts.ledgered(queued.seq)  # this request's refusal, if it is one, is this entry
             if tickets is not None:
                 tickets.append(queued)
-            return Recorded(request_id, decision, queued.seq, decision_input, queued, rate_refusal)
+            return Recorded(request_id, decision, -1, decision_input, queued, rate_refusal)
         started = time.perf_counter()
         appended = gw.ledger.append("decision", body, blobs=blobs)
         attempts.ledgered(appended.seq)

@@ -148,7 +148,8 @@ def kill_leftover_jobs(data_dir: Path) -> None:
 
 
 def start_cluster(data_dir: Path, nodes: int, gpus: int = 16, *, prefix: str = "sn",
-                  settings_overrides: dict[str, Any] | None = None, start_agents: bool = True) -> Cluster:
+                  settings_overrides: dict[str, Any] | None = None, start_agents: bool = True,
+                  agent_args: tuple[str, ...] = ()) -> Cluster:
     data_dir.mkdir(parents=True, exist_ok=True)
     searchable_by_jobs(data_dir)  # its agents run each job under a uid of its own (as root, in CI)
     port = free_port()
@@ -188,7 +189,7 @@ def start_cluster(data_dir: Path, nodes: int, gpus: int = 16, *, prefix: str = "
     cluster = Cluster(url, data_dir, settings, tokens, names, gpus, server, thread, app)
     if start_agents:
         for node in names:
-            cluster.start_agent(node)
+            cluster.start_agent(node, *agent_args)
         wait_for(lambda: all(cluster.nodes_state().get(n) == "alive" for n in names), 30, "agents to report in")
     return cluster
 

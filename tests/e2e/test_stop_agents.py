@@ -334,3 +334,42 @@ def test_an_emergency_stop_cuts_short_a_graceful_stop_in_progress(one_node: Clus
     assert done["outcome"] == "forced" and done["stop_request"]["emergency_id"] == es.json()["id"]
     (ev,) = done["evidence"]["nodes"].values()
     assert ev["exit_signal"] == "SIGKILL" and ev["process_group_gone"] is True
+
+
+# A job that floods the gateway from inside the node: eight threads of requests, with and without the node's
+# token (which it cannot read: it tries the agent's state dir and falls back to a guess), as fast as it can.
+FLOODING_JOB = """
+import json, os, signal, sys, threading, urllib.request
+url, work = os.environ["GATEWAY"], os.environ["WORK"]
+try:
+    token = open(work + "/state/token").read().strip()
+except OSError:
+    token = "jg_guessed"
+def flood(path):
+    while True:
+        req = urllib.request.Request(url + path, headers={"Authorization": "Bearer " + token})
+        try:
+            urllib.request.urlopen(req, timeout=5).read()
+        except Exception:
+            pass
+for path in ("/healthz", "/v1/jobs", "/v1/agents/solo-1/commands?wait=0", "/v1/nodes") * 2:
+    threading.Thread(target=flood, args=(path,), daemon=True).start()
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+print("flooding", flush=True)
+signal.pause()
+"""
+
+
+def test_a_stop_reaches_the_agent_while_its_job_floods_the_gateway(one_node: Cluster, tmp_path: Path) -> None:
+    """H1: a job cannot keep its stop from arriving by flooding the gateway from its node: the agents' long polls
+    wait in a pool of their own, and the job cannot speak for the node."""
+    alice = one_node.client("alice")
+    env = {"GATEWAY": one_node.url, "WORK": str(one_node.work_dir("solo-1"))}
+    job_id = submit(alice, "flood", script(tmp_path, "flood.py", FLOODING_JOB), grace_seconds=5, env=env)
+    one_node.wait_state(job_id, ("running",))
+    log = one_node.work_dir("solo-1") / "jobs" / job_id / "output.log"
+    wait_for(lambda: "flooding" in log.read_text(), 20, "the flood to start")
+    assert alice.post(f"/v1/jobs/{job_id}/stop", json={"reason": "enough"}).status_code == 202
+    stopped = one_node.wait_state(job_id, ("stopped",), timeout=60)
+    (ev,) = stopped["evidence"]["nodes"].values()
+    assert stopped["outcome"] == "graceful" and ev["process_group_gone"] is True

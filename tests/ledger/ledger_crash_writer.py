@@ -1,7 +1,8 @@
-"""A ledger writer process for the crash test: many threads append; each prints `<seq> <hash>` once durable.
+"""A ledger writer process for the crash tests: many threads append; each prints `<seq> <hash>` once durable.
 
-Usage: python ledger_crash_writer.py STORE_URL KEYS_DIR THREADS
-A line on stdout is an acknowledgement: it is written only after Ledger.append() returned.
+Usage: python ledger_crash_writer.py STORE_URL KEYS_DIR THREADS [TAG]
+A line on stdout is an acknowledgement: it is written only after Ledger.append() returned. Each entry's body
+names its writer (TAG), thread and count, so a test can tell that every append is in the ledger exactly once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ledger.service import Ledger
 
 def main() -> None:
     url, keys_dir, threads = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    tag = sys.argv[4] if len(sys.argv) > 4 else "w"
     led = Ledger.open(url, signer=load_or_create_signer(keys_dir, "jobgate.local/ledger"))
     out = sys.stdout
     lock = threading.Lock()
@@ -23,8 +25,8 @@ def main() -> None:
     def work(t: int) -> None:
         i = 0
         while True:
-            blobs = {"evidence": f"t{t} i{i}".encode() * 50} if i % 10 == 0 else None
-            r = led.append("decision", {"thread": t, "i": i, "pad": "x" * 200}, blobs=blobs)
+            blobs = {"evidence": f"{tag} t{t} i{i}".encode() * 50} if i % 10 == 0 else None
+            r = led.append("decision", {"writer": tag, "thread": t, "i": i, "pad": "x" * 200}, blobs=blobs)
             with lock:
                 out.write(f"{r.seq} {r.hash}\n")
                 out.flush()

@@ -1,4 +1,5 @@
-"""Ledger.enqueue: the seq at once, durability later (a decision whose outcomes cite it, one wait for all)."""
+"""Ledger.enqueue: durability later (a decision whose outcomes cite it, one wait for all); the seq at once with one
+writer (SQLite), once the batch commits on a ledger sequenced in its database (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from test_service import FlakyStore, GatedStore
+from test_service import FlakyStore, GatedPgStore, GatedStore
 
 from ledger.errors import InvalidEntry, LedgerUnavailable
 from ledger.keys import NoteSigner
@@ -188,3 +189,73 @@ def test_a_failing_done_callback_is_logged_and_the_writer_goes_on(ledger: Ledger
     assert ledger.append("k", {"i": 1}).seq == 1  # the writer survived it
     ledger.close()
     assert "done callback failed" in caplog.text
+
+
+@pytest.fixture
+def held_pg(pg_url: str, signer: NoteSigner) -> Iterator[tuple[Ledger, GatedPgStore]]:
+    store = GatedPgStore(pg_url)
+    store.gate.clear()
+    led = Ledger.from_store(store, signer=signer)
+    yield led, store
+    store.gate.set()
+    led.close()
+
+
+def _in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # the test inspects what the caller got
+            out.append(e)
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th, out
+
+
+@pytest.mark.integration
+def test_on_postgresql_the_seq_is_known_once_the_batch_commits(held_pg: tuple[Ledger, GatedPgStore], pg_url: str,
+                                                               signer: NoteSigner) -> None:
+    led, store = held_pg
+    decision = led.enqueue("decision", {"i": 0})  # returns at once, its batch held at the gate
+    assert store.writing.wait(timeout=30)
+    # Queued behind the decision without waiting for it: written after it, or not at all.
+    outcomes = led.enqueue_many([("outcome", {"of": "decision"}, None)] * 2, after=[decision])
+    reader, told = _in_thread(lambda: decision.seq)
+    reader.join(0.2)
+    assert reader.is_alive() and not told  # the seq is not handed out before the batch commits
+    store.gate.set()
+    reader.join(30)
+    assert told == [0] and decision.wait().seq == 0
+    assert [t.seq for t in outcomes] == [1, 2] and [t.wait().seq for t in outcomes] == [1, 2]
+    v = verify_store(pg_url, signer.verifier())
+    assert v.ok and v.size == 3, v.message
+
+
+@pytest.mark.integration
+def test_on_postgresql_a_failed_batch_fails_its_seq_and_what_follows_it(held_pg: tuple[Ledger, GatedPgStore],
+                                                                       pg_url: str, signer: NoteSigner) -> None:
+    led, store = held_pg
+    store.fail_before = True
+    decision = led.enqueue("decision", {"i": 0})
+    assert store.writing.wait(timeout=30)
+    (outcome,) = led.enqueue_many([("outcome", {"of": "decision"}, None)], after=[decision])
+    store.gate.set()
+    with pytest.raises(LedgerUnavailable, match="disk full"):
+        decision.seq  # noqa: B018 (reading it is the test)
+    for ticket in (decision, outcome):  # and again, and through wait(): the same answer, never a hang
+        with pytest.raises(LedgerUnavailable):
+            ticket.wait()
+        with pytest.raises(LedgerUnavailable):
+            ticket.seq  # noqa: B018
+    called = threading.Event()
+    decision.add_done_callback(called.set)  # settled (failed) already: runs at once
+    assert called.is_set()
+    store.fail_before = False
+    with pytest.raises(LedgerUnavailable, match="an entry these follow was not written"):
+        led.enqueue_many([("outcome", {"of": "decision"}, None)], after=[decision])
+    assert led.append("decision", {"i": 1}).seq == 0  # nothing was written: gapless from 0
+    v = verify_store(pg_url, signer.verifier())
+    assert v.ok and v.size == 1, v.message

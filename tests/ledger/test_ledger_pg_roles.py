@@ -1,4 +1,5 @@
-"""`jobgate ledger init-db` on real PostgreSQL: the gateway role can append and read, nothing else."""
+"""`jobgate ledger init-db` on real PostgreSQL: the gateway role can append and read, and move the head row
+(ledger_head) on, nothing else."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from ledger_bundle_kit import ORIGIN, run
 
 from ledger.admin import init_db
+from ledger.errors import StoreError
 from ledger.keys import NoteSigner
 from ledger.service import Ledger
 from ledger.verify import verify_store
@@ -54,6 +56,28 @@ def test_gateway_role_appends_reads_and_verifies(gateway_url: str) -> None:
     assert v.ok and v.size == 6, v.message
 
 
+def test_an_upgrade_to_the_head_row_asks_for_init_db_then_computes_the_head(pg_url: str, gateway_url: str) -> None:
+    """A ledger set up before ledger_head existed: the append-only role may not create it, and says what to run;
+    once init-db ran again, the first process to open it computes the head from the entries."""
+    import psycopg
+
+    signer = NoteSigner.generate(ORIGIN)
+    with Ledger.open(gateway_url, signer=signer) as led:
+        for i in range(7):
+            led.append("decision", {"i": i})
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE ledger_head")  # the schema as it was
+    with pytest.raises(StoreError) as e:
+        Ledger.open(gateway_url, signer=signer)
+    assert "no ledger_head table" in str(e.value) and "jobgate ledger init-db" in str(e.value)
+    assert "\n" not in str(e.value)
+    init_db(pg_url, role=urlparse(gateway_url).username, password="s3cret pass")
+    with Ledger.open(gateway_url, signer=signer) as led:
+        assert led.append("decision", {"i": 7}).seq == 7
+    v = verify_store(gateway_url, signer.verifier())
+    assert v.ok and v.size == 8, v.message
+
+
 @pytest.mark.parametrize(
     "statement",
     [
@@ -66,6 +90,9 @@ def test_gateway_role_appends_reads_and_verifies(gateway_url: str) -> None:
         "UPDATE ledger_blobs SET data = 'x'",
         "DELETE FROM ledger_blobs",
         "TRUNCATE ledger_blobs",
+        "DELETE FROM ledger_head",
+        "TRUNCATE ledger_head",
+        "ALTER TABLE ledger_head DISABLE TRIGGER ALL",
         "ALTER TABLE ledger_entries DISABLE TRIGGER ALL",
         "DROP TRIGGER ledger_entries_append_only ON ledger_entries",
         "DROP TABLE ledger_entries",
@@ -84,24 +111,43 @@ def test_gateway_role_cannot_change_history(gateway_url: str, statement: str) ->
         assert conn.execute("SELECT count(*) FROM ledger_entries").fetchone() == (1,)
 
 
-@pytest.mark.parametrize("table", ["ledger_entries", "ledger_checkpoints", "ledger_blobs"])
-def test_triggers_refuse_even_the_owner(pg_url: str, gateway_url: str, table: str) -> None:
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [("ledger_entries", "data"), ("ledger_checkpoints", "note"), ("ledger_blobs", "data"), ("ledger_head", None)],
+)
+def test_triggers_refuse_even_the_owner(pg_url: str, gateway_url: str, table: str, column: str | None) -> None:
     import psycopg
 
     with Ledger.open(gateway_url, signer=NoteSigner.generate(ORIGIN)) as led:
         led.append("decision", {"i": 0}, blobs={"s": b"snap"})
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        column = "note" if table == "ledger_checkpoints" else "data"
-        for stmt in (f"UPDATE {table} SET {column} = {column}", f"DELETE FROM {table}", f"TRUNCATE {table}"):
+        # The head is updated by every batch; it is never removed.
+        changes = [f"UPDATE {table} SET {column} = {column}"] if column else []
+        for stmt in (*changes, f"DELETE FROM {table}", f"TRUNCATE {table}"):
             with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
                 conn.execute(stmt)
+
+
+def test_gateway_role_moves_the_head_on_and_no_further(gateway_url: str) -> None:
+    """UPDATE of ledger_head is the one change the role may make: the rights say so, not only the triggers."""
+    import psycopg
+
+    with Ledger.open(gateway_url, signer=NoteSigner.generate(ORIGIN)) as led:
+        led.append("decision", {"i": 0})
+    with psycopg.connect(gateway_url, autocommit=True) as conn:
+        rights = conn.execute(
+            "SELECT table_name, string_agg(privilege_type, ',' ORDER BY privilege_type)"
+            " FROM information_schema.table_privileges WHERE grantee = current_user GROUP BY 1 ORDER BY 1").fetchall()
+    assert rights == [("ledger_blobs", "INSERT,SELECT"), ("ledger_checkpoints", "INSERT,SELECT"),
+                      ("ledger_entries", "INSERT,SELECT"), ("ledger_head", "INSERT,SELECT,UPDATE")]
 
 
 def test_init_db_cli(pg_url: str, role: str) -> None:
     code, out, err = run("init-db", "--url", pg_url, "--gateway-role", role, "--gateway-password", "pw", "--json")
     assert code == 0, err
     res = json.loads(out)
-    assert res["role"] == role and res["tables"] == ["ledger_entries", "ledger_checkpoints", "ledger_blobs"]
+    assert res["role"] == role
+    assert res["tables"] == ["ledger_entries", "ledger_checkpoints", "ledger_blobs", "ledger_head"]
     # Idempotent: a second run updates the role and leaves the tables.
     code, out, err = run("init-db", "--url", pg_url, "--gateway-role", role, "--gateway-password", "pw2")
     assert code == 0 and f"JOBGATE_LEDGER_URL=postgresql://{role}:pw2@" in out, err

@@ -10,13 +10,14 @@ import pytest
 from ledger_bundle_kit import ORIGIN, Bundle, export, make_data_dir, run, verify
 
 from ledger.admin import rotate_key
-from ledger.errors import InvalidEntry, KeyMismatch
+from ledger.errors import InvalidEntry, KeyMismatch, LedgerUnavailable
 from ledger.keys import NEXT_SIGNER_FILE, NoteSigner, load_or_create_signer, write_signer
 from ledger.merkle import MerkleTree, leaf_hash
 from ledger.note import Checkpoint, sign_checkpoint
 from ledger.rotation import ROTATION_KIND
 from ledger.service import Ledger
-from ledger.store import SqliteStore, open_store
+from ledger.store import PostgresStore, SqliteStore, open_store
+from ledger.verify import verify_store
 
 
 def _append(data_dir: Path, n: int, tag: str) -> None:
@@ -220,3 +221,34 @@ def test_rotate_key_api(tmp_path: Path) -> None:
     make_data_dir(d, 3)
     res = rotate_key(d / "keys", f"sqlite:///{d}/ledger.db")
     assert res.seq == 3 and not res.resumed
+
+
+@pytest.mark.integration
+def test_a_rotation_on_postgresql_reaches_the_other_appenders_when_they_restart(pg_url: str, tmp_path: Path) -> None:
+    """rotate-key runs beside the appenders; from its batch on the head announces the new key, and the processes
+    still holding the old one refuse to append (one line) until they are restarted with the new key."""
+    keys = tmp_path / "keys"
+    k0 = load_or_create_signer(keys, ORIGIN)
+    with Ledger.open(pg_url, signer=k0) as a, Ledger.open(pg_url, signer=k0) as b:
+        a.append("decision", {"i": 0})
+        b.append("decision", {"i": 1})
+        res = rotate_key(keys, pg_url)
+        assert res.seq == 2 and res.previous == k0.vkey
+        for led in (a, b):
+            with pytest.raises(LedgerUnavailable, match="head announces signing key") as e:
+                led.append("decision", {"old key": True})
+            assert "\n" not in str(e.value)
+    with pytest.raises(KeyMismatch):
+        Ledger.open(pg_url, signer=k0)
+    k1 = load_or_create_signer(keys, ORIGIN)
+    assert k1.vkey == res.vkey
+    with Ledger.open(pg_url, signer=k1) as a, Ledger.open(pg_url, signer=k1) as b:
+        assert [a.append("decision", {"i": 3}).seq, b.append("decision", {"i": 4}).seq] == [3, 4]
+    store = PostgresStore(pg_url, create=False)
+    try:
+        head = store.head()
+        assert head is not None and head.signer == k1.vkey and head.size == 5
+    finally:
+        store.close()
+    v = verify_store(pg_url, k0.verifier())
+    assert v.ok and v.size == 5, v.message

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ledger.compact import compact_append, compact_root, frontier_of
 from ledger.errors import ProofError
 from ledger.merkle import (
     EMPTY_ROOT,
@@ -144,3 +145,28 @@ def test_extend_equals_appending_one_by_one(chunks: list[int]) -> None:
     assert bulk.size == one.size
     for size in range(bulk.size + 1):
         assert bulk.root(size) == one.root(size) == root_from_leaf_hashes(leaves[:size])
+
+
+@settings(max_examples=80, deadline=None)
+@given(chunks=st.lists(st.integers(0, 300), min_size=1, max_size=8))
+def test_a_frontier_appended_to_gives_the_trees_frontier_and_root(chunks: list[int]) -> None:
+    """What a PostgreSQL ledger's head row carries (ledger_head.frontier), batch after batch, from any size."""
+    leaves = [leaf_hash(i.to_bytes(8, "big")) for i in range(sum(chunks))]
+    tree = MerkleTree()
+    tree.extend(leaves)
+    size, frontier = 0, b""
+    for k in chunks:
+        frontier = compact_append(size, frontier, leaves[size : size + k])
+        size += k
+        assert frontier == frontier_of(tree, size)
+        assert len(frontier) == 32 * bin(size).count("1")
+        assert compact_root(size, frontier) == tree.root(size) == root_from_leaf_hashes(leaves[:size])
+
+
+@pytest.mark.parametrize(("size", "frontier"), [(3, b"\0" * 32), (2, b"\0" * 33), (0, b"\0" * 32)],
+                         ids=["too-few-hashes", "not-whole-hashes", "hashes-for-nothing"])
+def test_a_frontier_that_does_not_fit_its_size_is_a_proof_error(size: int, frontier: bytes) -> None:
+    with pytest.raises(ProofError):
+        compact_append(size, frontier, [leaf_hash(b"x")])
+    with pytest.raises(ProofError):
+        compact_root(size, frontier)

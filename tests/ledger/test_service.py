@@ -24,7 +24,7 @@ from ledger.keys import NoteSigner
 from ledger.merkle import leaf_hash, verify_consistency, verify_inclusion
 from ledger.note import open_checkpoint
 from ledger.service import Ledger
-from ledger.store import Row, SqliteStore, open_store
+from ledger.store import Head, PostgresStore, Row, SequencedBatch, SqliteStore, open_store
 from ledger.verify import verify_store
 
 
@@ -152,8 +152,18 @@ class FlakyStore(SqliteStore):
             raise StoreError("connection lost after COMMIT")
 
 
-def test_failed_write_raises_and_keeps_memory_consistent(tmp_path: Path, signer: NoteSigner) -> None:
-    store = FlakyStore(tmp_path / "ledger.db")
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+def flaky(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[FlakyStore | GatedPgStore, str]:
+    """A store whose writes fail on demand, before or after the commit, and its URL: on both engines."""
+    if request.param == "sqlite":
+        return FlakyStore(tmp_path / "ledger.db"), f"sqlite:///{tmp_path}/ledger.db"
+    url = str(request.getfixturevalue("pg_url"))
+    return GatedPgStore(url), url
+
+
+def test_failed_write_raises_and_keeps_memory_consistent(flaky: tuple[FlakyStore | GatedPgStore, str],
+                                                         signer: NoteSigner) -> None:
+    store, url = flaky
     led = Ledger.from_store(store, signer=signer)
     led.append("k", {"i": 0})
     root1 = led.root()
@@ -170,7 +180,7 @@ def test_failed_write_raises_and_keeps_memory_consistent(tmp_path: Path, signer:
     store.fail_after = False
     assert led.append("k", {"i": 4}).seq == 3
     led.close()
-    verdict = verify_store(f"sqlite:///{tmp_path}/ledger.db", signer.verifier())
+    verdict = verify_store(url, signer.verifier())
     assert verdict.ok and verdict.size == 4, verdict.message
 
 
@@ -250,6 +260,31 @@ class GatedStore(FlakyStore):
         self.writing.set()
         assert self.gate.wait(30)
         super().write_batch(rows, blobs, checkpoint, before_commit)
+
+
+class GatedPgStore(PostgresStore):
+    """GatedStore's and FlakyStore's PostgreSQL twin: a real store whose sequenced batches wait at a gate (open
+    until cleared), and fail before writing while `fail_before` is set, after committing while `fail_after` is."""
+
+    fail_before = False
+    fail_after = False
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.writing = threading.Event()
+
+    def write_sequenced(
+        self, build: Callable[[Head], SequencedBatch], before_commit: Callable[[], None] | None = None
+    ) -> None:
+        self.writing.set()
+        assert self.gate.wait(30)
+        if self.fail_before:
+            raise StoreError("disk full")
+        super().write_sequenced(build, before_commit)
+        if self.fail_after:
+            raise StoreError("connection lost after COMMIT")
 
 
 def _wait_for(cond: Callable[[], bool]) -> None:

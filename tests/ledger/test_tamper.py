@@ -7,6 +7,7 @@ does that first.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import sqlite3
 from collections.abc import Callable
@@ -213,10 +214,15 @@ def rewrite(url: str, change: Callable[[list[Line]], object]) -> None:
 
 
 def build(url: str, signer: NoteSigner, clock: Callable[[], datetime], batch: int = 1, n: int = N) -> None:
-    """n decisions by alice, committed `batch` at a time: one signed checkpoint per batch."""
-    with Ledger.open(url, signer=signer, clock=clock) as led:
-        for lo in range(0, n, batch):
-            led.append_many([("decision", {"i": i, "actor": "alice"}, None) for i in range(lo, min(n, lo + batch))])
+    """n decisions by alice, committed `batch` at a time: one signed checkpoint per batch. On PostgreSQL by two
+    appenders taking turns, as two replicas write it: each batch numbered from the head, signed by its committer."""
+    with Ledger.open(url, signer=signer, clock=clock) as a, contextlib.ExitStack() as more:
+        appenders = [a]
+        if url.startswith("postgresql"):
+            appenders.append(more.enter_context(Ledger.open(url, signer=signer, clock=clock)))
+        for k, lo in enumerate(range(0, n, batch)):
+            appenders[k % len(appenders)].append_many(
+                [("decision", {"i": i, "actor": "alice"}, None) for i in range(lo, min(n, lo + batch))])
 
 
 @pytest.mark.parametrize(

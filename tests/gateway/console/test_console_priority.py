@@ -64,10 +64,11 @@ def test_researcher_sets_priority_pauses_and_resumes_from_her_pages(console: Con
         assert "570.05" in html and "570.049" not in html, page
         assert 'max="570.04"' in html and "You may set it up to 570.04 yourself" in html, page
 
-    # Without the session's CSRF token nothing is decided.
+    # Without the session's CSRF token nothing is decided: the refusal is the one entry it adds.
     size = gw.ledger.size()
     assert alice.post(f"/ui/jobs/{job}/priority", data={"priority": "500"}).status_code == 403
-    assert gw.ledger.size() == size
+    assert [e.value["kind"] for e in gw.ledger.entries(size, 10)] == ["refusal"]
+    size = gw.ledger.size()
     # Above what she may set alone: the policy's refusal, its figure rounded down to one she may set.
     r = alice.post(f"/ui/jobs/{job}/priority", data={"csrf": csrf, "priority": "900"})
     assert r.status_code == 403 and f"alice may set their own job {job} at most to 570.04 " in r.text, r.text
