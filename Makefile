@@ -22,7 +22,7 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 # OPA's own evaluator as a library, for the OPA engines' tests and `--policy-engine opa-inprocess`: OPA v1.20.2
 # compiled as a shared library. It declares Python >= 3.14 but loads on 3.11, and pip installs it only when told
 # to ignore that, so it cannot be in the dev extra: it is a step of its own, pinned exactly. Keep the pin equal to
-# OPA_GOLIB_PIN in gateway/policy/opa_inprocess.py (a test checks).
+# OPA_GOLIB_PIN in gateway/decisions/policy/opa_inprocess.py (a test checks).
 OPA_GOLIB := opa-golib-python-bindings==0.4.4
 
 $(DEV_STAMP): pyproject.toml Makefile | $(BIN)/python

@@ -14,7 +14,8 @@ Measured in the same run, on the same requests:
 - OPA (v1.20.2's Go evaluator, opa-golib-python-bindings) beside the embedded engine on the same requests,
   measured interleaved: the full decision and the Rego alone in-process (`--policy-engine opa-inprocess`), the
   full decision through the OPA server engine (`--policy-engine opa`, HTTP on loopback to
-  tests/policy/opa_server.py: OPA's evaluator behind a Python HTTP front, so slower than `opa run --server`),
+  tests/gateway/decisions/policy/opa_server.py: OPA's evaluator behind a Python HTTP front, so slower than
+  `opa run --server`),
   and decisions per second from two threads at once.
 
 Usage: python bench/policy.py [--quick]   (--quick: 20,000 replayed decisions, fewer rounds)
@@ -45,11 +46,11 @@ sys.path.insert(0, str(ROOT))
 from regopy import Input  # noqa: E402
 
 from bench.machine import calibration  # noqa: E402
-from gateway.policy import EmbeddedEngine, RoleBinding, load_policy_set  # noqa: E402
-from gateway.policy.loader import DECISION_ENTRYPOINT, compile_rego  # noqa: E402
-from gateway.policy.regoio import query_value, rego_input  # noqa: E402
-from gateway.policy.testing import expand_input  # noqa: E402
-from gateway.policy.whatif import records_from_entries, replay  # noqa: E402
+from gateway.decisions.policy import EmbeddedEngine, RoleBinding, load_policy_set  # noqa: E402
+from gateway.decisions.policy.loader import DECISION_ENTRYPOINT, compile_rego  # noqa: E402
+from gateway.decisions.policy.regoio import query_value, rego_input  # noqa: E402
+from gateway.decisions.policy.testing import expand_input  # noqa: E402
+from gateway.decisions.policy.whatif import records_from_entries, replay  # noqa: E402
 
 PROJECTS = 200
 PRINCIPALS = 50
@@ -179,7 +180,8 @@ def in_process(rounds: int) -> dict[str, Any]:
     entrypoint = DECISION_ENTRYPOINT.encode()
 
     def rego_only(doc: dict[str, Any]) -> object:
-        # As the engine does it (gateway.policy.regoio): input built with its hot keys first, answer parsed once.
+        # As the engine does it (gateway.decisions.policy.regoio): input built with its hot keys first, answer parsed
+        # once.
         rego.set_input(rego_input(doc))
         return query_value(rego, bundle, entrypoint)
 
@@ -220,10 +222,10 @@ def opa_beside_embedded(policy_set: Any, engine: EmbeddedEngine, docs: list[dict
                         embedded_setup_s: float) -> dict[str, Any]:
     """OPA's evaluator in-process and through the OPA server engine, each beside the embedded engine (the
     baseline), on the same requests in the same run."""
-    from gateway.policy.errors import PolicyLoadError
+    from gateway.decisions.policy.errors import PolicyLoadError
 
     try:
-        from gateway.policy.opa_inprocess import OPA_GOLIB_PIN, OpaInProcessEngine
+        from gateway.decisions.policy.opa_inprocess import OPA_GOLIB_PIN, OpaInProcessEngine
 
         started = time.perf_counter()
         opa = OpaInProcessEngine(policy_set, bindings())
@@ -232,7 +234,7 @@ def opa_beside_embedded(policy_set: Any, engine: EmbeddedEngine, docs: list[dict
         return {"skipped": str(e)}
     server = _opa_server()
     try:
-        from gateway.policy.opa import OpaEngine
+        from gateway.decisions.policy.opa import OpaEngine
 
         over_http = OpaEngine(policy_set, bindings(), url=server.url, timeout_s=5.0)
         same = all(opa.decide(d) == engine.decide(d) == over_http.decide(d) for d in docs)
@@ -258,10 +260,11 @@ def opa_beside_embedded(policy_set: Any, engine: EmbeddedEngine, docs: list[dict
 
 
 def _opa_server() -> Any:
-    """tests/policy/opa_server.py as a process of its own (OPA's evaluator behind OPA's REST API)."""
+    """tests/gateway/decisions/policy/opa_server.py as a process of its own (OPA's evaluator behind OPA's REST API)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("opa_server", ROOT / "tests" / "policy" / "opa_server.py")
+    server = ROOT / "tests" / "gateway" / "decisions" / "policy" / "opa_server.py"
+    spec = importlib.util.spec_from_file_location("opa_server", server)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -270,7 +273,7 @@ def _opa_server() -> Any:
 
 def recorded_entries(n: int) -> list[bytes]:
     """n ledger decision entries as stored (canonical JSON bytes), each with a distinct input."""
-    from gateway.policy.testing import DEFAULT_REQUEST
+    from gateway.decisions.policy.testing import DEFAULT_REQUEST
 
     compact = compact_mix(n // 5 + 1, unique=True)[:n]
     out = []

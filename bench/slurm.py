@@ -31,7 +31,7 @@ from typing import Any
 # Run as a script, this folder would come first on sys.path and its modules shadow the packages.
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path[:0] = [str(_HERE.parent), str(_HERE.parent / "tests" / "slurm")]
+sys.path[:0] = [str(_HERE.parent), str(_HERE.parent / "tests" / "gateway" / "execution" / "slurm")]
 
 from slurm_testkit import LocalCluster, start_cluster, stop_cluster_dir, why_no_slurm  # noqa: E402
 

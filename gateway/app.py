@@ -14,18 +14,20 @@ import fastapi.routing
 from fastapi import FastAPI
 
 from gateway.api import docs_pages, openapi_doc
+from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.routes import ROUTERS
-from gateway.body_limit import BodyLimitMiddleware
-from gateway.bootstrap import open_gateway
+from gateway.bootstrap import ExecutionFactory, native_execution, open_gateway
+from gateway.console.routes import ROUTERS as CONSOLE_ROUTERS
 from gateway.console.web import ConsoleHeadersMiddleware
 from gateway.context import Gateway
+from gateway.decisions.policy_reload import PolicyReloader
+from gateway.decisions.reconcile import reconcile_at_startup
+from gateway.decisions.refusals import flush_counts, on_api_refusal
 from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
-from gateway.policy_reload import PolicyReloader
-from gateway.reconcile import reconcile_at_startup
-from gateway.refusals import flush_counts, on_api_refusal
-from gateway.scheduling import SchedulerLoop
+from gateway.native.execution import NativeExecution
+from gateway.native.scheduler_loop import SchedulerLoop
 from gateway.settings import Settings
 
 LONG_POLL_THREADS = 500  # node agents waiting at once per gateway replica
@@ -48,7 +50,7 @@ def serialize_responses_in_the_loop() -> None:
 
     Pydantic holds the GIL while it validates, so the pool thread ran no faster than the event loop would;
     the hop itself (hand-offs, wake-ups, GIL switches) cost 0.07-0.1 ms of CPU per call, a sixth of a
-    no-op request. Applied once per process; tests/gateway/test_thread_pools.py notices if FastAPI
+    no-op request. Applied once per process; tests/gateway/api/test_thread_pools.py notices if FastAPI
     changes so that it no longer takes."""
     original = fastapi.routing.serialize_response
     if getattr(original, "in_the_loop", False):
@@ -62,9 +64,10 @@ def serialize_responses_in_the_loop() -> None:
 
 
 def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
-               gateway: Gateway | None = None) -> FastAPI:
+               gateway: Gateway | None = None, execution: ExecutionFactory = native_execution) -> FastAPI:
     """The app; it opens its gateway from `settings` when it starts, unless given one already open (`jobgate up`
-    opens it first, so that a start-up failure is one line rather than uvicorn's traceback)."""
+    opens it first, so that a start-up failure is one line rather than uvicorn's traceback). `execution` is what
+    runs the jobs (gateway/bootstrap.py); the scheduler loop runs only for jobgate's own."""
     settings = settings or Settings()
     serialize_responses_in_the_loop()
 
@@ -74,7 +77,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         # Long polls from node agents each hold a thread for up to a minute: their own pool, so they never
         # take the API's threads (see gateway/api/agents.py).
         app.state.long_poll_limiter = anyio.CapacityLimiter(LONG_POLL_THREADS)
-        gw = gateway or open_gateway(settings)
+        gw = gateway or open_gateway(settings, execution=execution)
         app.state.gateway = gw
         # Before serving: an allowed decision the last run left without an outcome is closed with one.
         reconcile_at_startup(gw)
@@ -89,7 +92,8 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         gc.freeze()
         loops: list[SchedulerLoop | HousekeepingLoop] = []
         if run_scheduler:
-            loops = [SchedulerLoop(gw), HousekeepingLoop(gw)]
+            loops = [SchedulerLoop(gw), HousekeepingLoop(gw)] if isinstance(gw.execution, NativeExecution) \
+                else [HousekeepingLoop(gw)]
         for loop in loops:
             loop.start()
         try:
@@ -109,7 +113,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
     app.openapi = partial(openapi_doc.document, app)  # type: ignore[method-assign]
     docs_pages.install(app)
     install_error_handlers(app, on_refusal=on_api_refusal)
-    for router in ROUTERS:
+    for router in (*ROUTERS, *CONSOLE_ROUTERS):  # the console's pages after the API's routes
         app.include_router(router)
     logging.getLogger("jobgate").setLevel(logging.INFO)
     configure_json_logging()

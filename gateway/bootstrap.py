@@ -2,26 +2,58 @@
 
 from __future__ import annotations
 
-from gateway.context import Gateway, load_bindings
-from gateway.db import Database
-from gateway.keys import load_or_create_command_key
-from gateway.policy.factory import make_engine
-from gateway.policy.testing import load_tested_set
-from gateway.ratelimit import RateLimiter
+from collections.abc import Callable, Mapping
+from functools import partial
+
+from sqlalchemy.orm import Session
+
+from gateway.access import breakglass
+from gateway.context import Gateway
+from gateway.decisions import approvals, obligations, reconcile, refusals
+from gateway.decisions.policy.factory import make_engine
+from gateway.decisions.policy.testing import load_tested_set
+from gateway.decisions.policy_reload import load_bindings
+from gateway.decisions.ratelimit import RateLimiter
+from gateway.execution.inprocess import InProcessExecution
+from gateway.execution.port import Execution
+from gateway.identity.token_cache import TokenCache
+from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
+from gateway.jobs.reports import JobReports
+from gateway.native.command_key import load_or_create_command_key
+from gateway.native.execution import NativeExecution
 from gateway.settings import Settings
-from gateway.token_cache import TokenCache
+from gateway.store.db import Database
+from gateway.store.schema import create_schema
 from ledger.keys import load_or_create_signer
 from ledger.service import Ledger
 
+ExecutionFactory = Callable[[Gateway], Execution]
 
-def open_gateway(settings: Settings) -> Gateway:
+
+def native_execution(gateway: Gateway) -> Execution:
+    """jobgate's own: the scheduler loop and node agents (gateway/native/)."""
+    return NativeExecution(gateway)
+
+
+def in_process_execution(nodes: Mapping[str, int]) -> ExecutionFactory:
+    """An executor in this process with these nodes (name: GPUs), carried out when its run() is called
+    (gateway/execution/inprocess.py); for tests that are not about agents."""
+
+    def make(gateway: Gateway) -> Execution:
+        return InProcessExecution(nodes, transaction=gateway.transaction, clock=lambda: gateway.clock(),
+                                  reports=JobReports(gateway))
+
+    return make
+
+
+def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_execution) -> Gateway:
     """Create the data dir, keys and schema on first start; reuse them after. Raises on a bad policy set,
     DatabaseInUse when another gateway process runs on the business database."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.resolved_database_url(), lock_timeout_s=settings.database_lock_timeout_s)
     try:
         db.claim()  # before the ledger is opened: a second process must not start writing a ledger of its own
-        db.create_schema()
+        create_schema(db.engine)
         signer = load_or_create_signer(settings.keys_dir, settings.ledger_origin)
         ledger = Ledger.open(settings.resolved_ledger_url(), signer=signer)
     except BaseException:
@@ -32,7 +64,7 @@ def open_gateway(settings: Settings) -> Gateway:
         bindings = load_bindings(session)
     engine = make_engine(policy_set, bindings, kind=settings.policy_engine, opa_url=settings.opa_url,
                          opa_timeout_s=settings.opa_timeout_s)
-    return Gateway(
+    gateway = Gateway(
         settings=settings,
         db=db,
         ledger=ledger,
@@ -43,3 +75,25 @@ def open_gateway(settings: Settings) -> Gateway:
                             timeout_s=settings.rate_limit_timeout_s),
         token_cache=TokenCache(settings.auth_cache_s),
     )
+    gateway.execution = execution(gateway)
+    register_executors(gateway)
+    register_chores(gateway)
+    gateway.figures.extend([approvals.figures, figures.figures])  # /metrics, in this order
+    return gateway
+
+
+def register_executors(gateway: Gateway) -> None:
+    """Each room's executors of approved actions (M2), bound to this gateway: approvals know only the registry."""
+    for room in (stops, lifecycle, priority, quotas, emergency, breakglass):
+        for action, carry_out in room.EXECUTORS.items():
+            gateway.executors[action] = partial(carry_out, gateway)
+
+
+def register_chores(gateway: Gateway) -> None:
+    """The periodic chores of every room (gateway/housekeeping.py runs them), bound to this gateway, in the order
+    they run."""
+    chores: list[tuple[str, Callable[[Gateway, Session], object]]] = [
+        ("receipts", obligations.sweep_timed_out_receipts), ("break-glass expiry", breakglass.sweep_expired),
+        ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
+        ("counts of repeated refusals", lambda gw, _session: refusals.flush_counts(gw)), *lifecycle.CHORES]
+    gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)

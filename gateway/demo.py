@@ -11,10 +11,11 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from gateway.context import utcnow
-from gateway.db import Database
-from gateway.models import Meta, Node, Principal, Project, RoleBinding
+from gateway.identity.tokens import issue_token
 from gateway.settings import Settings
-from gateway.tokens import issue_token
+from gateway.store.db import Database
+from gateway.store.models import Meta, Node, Principal, Project, RoleBinding
+from gateway.store.schema import create_schema
 from nodeagent.layout import private_state_dir
 
 DEMO_NODES = ("demo-node-1", "demo-node-2")
@@ -60,7 +61,7 @@ def prepare_demo(settings: Settings) -> bool:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.resolved_database_url())
     try:
-        db.create_schema()
+        create_schema(db.engine)
         with db.transaction() as session:
             return seed_demo(session, settings.data_dir)
     finally:

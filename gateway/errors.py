@@ -78,7 +78,7 @@ class BodyTooLarge(GatewayError):
 
 
 class DatabaseInUse(GatewayError):
-    """At start-up: another gateway process holds the business database (gateway/db.py Database.claim)."""
+    """At start-up: another gateway process holds the business database (gateway/store/db.py Database.claim)."""
 
     status, kind, title = 503, "database-in-use", "Business database in use by another gateway"
 
@@ -107,7 +107,7 @@ RefusalHook = Callable[[Request, "GatewayError"], Awaitable[None]]
 
 def install_error_handlers(app: FastAPI, *, on_refusal: RefusalHook | None = None) -> None:
     """Map every error to problem+json. `on_refusal` sees each GatewayError before it is answered (the app
-    ledgers refused attempts there, gateway/refusals.py); it must not raise."""
+    ledgers refused attempts there, gateway/decisions/refusals.py); it must not raise."""
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
@@ -189,7 +189,7 @@ def leaf_routes(routes: Sequence[BaseRoute]) -> Iterator[BaseRoute]:
 
 
 # Every pattern a request field must match, in words: pydantic quotes the regular expression itself, which reads
-# as noise to most people who mistyped a name. tests/gateway/test_bad_input_sweep.py checks that each pattern
+# as noise to most people who mistyped a name. tests/gateway/api/test_bad_input_sweep.py checks that each pattern
 # in the OpenAPI document is here.
 PATTERN_WORDS = {
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$":

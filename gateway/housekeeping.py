@@ -1,5 +1,6 @@
-"""Periodic chores beside the scheduler loop: receipts that timed out, decisions left without an outcome by a
-transaction that raised (gateway/reconcile.py), and whatever else registers.
+"""Periodic chores beside the scheduler loop: receipts that timed out, expired grants and approvals, decisions left
+without an outcome by a transaction that raised (gateway/decisions/reconcile.py), retention, R4 auto-offline and
+purges. The rooms that own them register them at app start (gateway/bootstrap.py); this loop knows none of them.
 
 Each task runs in its own transaction so one failing chore never blocks the others.
 """
@@ -9,44 +10,35 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
-from gateway.approvals import expire_due
-from gateway.breakglass import sweep_expired
-from gateway.context import Gateway
-from gateway.obligations import sweep_timed_out_receipts
-from gateway.reconcile import reconcile_task
-from gateway.refusals import flush_counts
-
 log = logging.getLogger("jobgate.housekeeping")
 
-Task = Callable[[Gateway, Session], object]
-TASKS: list[tuple[str, Task]] = [
-    ("receipts", sweep_timed_out_receipts),
-    ("break-glass expiry", sweep_expired),
-    ("approval expiry", expire_due),
-    ("decisions without an outcome", reconcile_task),
-    ("counts of repeated refusals", lambda gw, _session: flush_counts(gw)),
-]
+Chore = Callable[[Session], object]
 
 
-def register(name: str, task: Task) -> None:
-    """Add a periodic chore (e.g. checkpoint retention, R4 auto-offline)."""
-    TASKS.append((name, task))
+class Chores(Protocol):
+    """The chores registered at app start, by name, and a transaction to run each in."""
+
+    chores: list[tuple[str, Chore]]
+
+    def transaction(self, *, immediate: bool = True) -> AbstractContextManager[Session]: ...
 
 
-def run_all(gw: Gateway) -> None:
-    for name, task in list(TASKS):
+def run_all(gw: Chores) -> None:
+    for name, chore in list(gw.chores):
         try:
             with gw.transaction() as session:
-                task(gw, session)
+                chore(session)
         except Exception:  # one chore's failure is logged with its trace; the others still run
             log.exception("housekeeping task %s failed", name)
 
 
 class HousekeepingLoop(threading.Thread):
-    def __init__(self, gw: Gateway, interval_s: float = 30.0) -> None:
+    def __init__(self, gw: Chores, interval_s: float = 30.0) -> None:
         super().__init__(name="jobgate-housekeeping", daemon=True)
         self.gw = gw
         self.interval_s = interval_s

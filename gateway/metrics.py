@@ -4,20 +4,24 @@ Two kinds. Counters and histograms of things as they happen live in the process-
 incremented where they happen (decisions in the pipeline, break-glass use, ...). Gauges of state —
 approvals pending, queue lengths and waits, GPUs per tenant owned/borrowed, preemptions, stop outcomes,
 ledger batch sizes — are read from the business DB and the ledger at scrape time by `StateCollector`, so
-they are right after a restart and on every replica.
+they are right after a restart and on every replica. The rooms that own those figures register them at app
+start (gateway/bootstrap.py): this module imports none of them.
 """
 
 from __future__ import annotations
 
-from collections import Counter as Tally
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Protocol
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from ledger.service import Ledger
 
 REGISTRY = CollectorRegistry()
 
@@ -32,12 +36,11 @@ BREAK_GLASS_USES = Counter("jobgate_break_glass_uses_total", "Calls made with a 
                            ["holder"], registry=REGISTRY)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-STOP_OUTCOMES = {"graceful": "graceful", "forced": "forced", "cancelled": "cancelled", "confirmed": "failed"}
 
 router = APIRouter(tags=["health"])
 
 
-def _histogram(name: str, doc: str, labels: list[str], series: dict[tuple[str, ...], list[float]],
+def histogram(name: str, doc: str, labels: list[str], series: dict[tuple[str, ...], list[float]],
                buckets: tuple[float, ...]) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(name, doc, labels=labels)
     for key, values in sorted(series.items()):
@@ -46,90 +49,34 @@ def _histogram(name: str, doc: str, labels: list[str], series: dict[tuple[str, .
     return fam
 
 
-class StateCollector(Collector):
-    """Gauges computed from the gateway's stores when Prometheus scrapes."""
+Figures = Callable[[Session, datetime], Iterable[Metric]]  # one room's gauges, read from the business DB
 
-    def __init__(self, gw: Any, sessions: int | None = None) -> None:
+
+class Scraped(Protocol):
+    """What a scrape reads: the figures registered at app start, the ledger, the clock and a transaction."""
+
+    ledger: Ledger
+    figures: list[Figures]
+
+    @property
+    def clock(self) -> Callable[[], datetime]: ...
+
+    def transaction(self, *, immediate: bool = True) -> AbstractContextManager[Session]: ...
+
+
+class StateCollector(Collector):
+    """Gauges computed from the gateway's stores when Prometheus scrapes: the figures each room registered at app
+    start (gateway/bootstrap.py), read in one transaction, then the ledger's own."""
+
+    def __init__(self, gw: Scraped, sessions: int | None = None) -> None:
         self.gw = gw
         self.sessions = sessions
 
     def collect(self) -> Iterator[Metric]:
-        # Late imports: these modules import this one (counters), and the tables import the world.
-        from gateway.approvals import Approval
-        from gateway.console import insights
-        from gateway.models import Job
-        from gateway.scheduler_tables import PreemptionRow
-        from scheduler.model import QUEUES
-
         now = self.gw.clock()
         with self.gw.transaction(immediate=False) as session:
-            pending = GaugeMetricFamily("jobgate_approvals_pending", "Approval requests waiting for a second person",
-                                        labels=["action"])
-            for action, n in session.execute(select(Approval.action, func.count()).where(Approval.state == "pending")
-                                             .group_by(Approval.action)).all():
-                pending.add_metric([action], n)
-            yield pending
-
-            waits = insights.waits(session, now)
-            length = GaugeMetricFamily("jobgate_queue_length", "Jobs waiting per queue", labels=["queue"])
-            oldest = GaugeMetricFamily("jobgate_queue_oldest_wait_seconds", "Longest current wait per queue",
-                                       labels=["queue"])
-            for q in QUEUES:
-                length.add_metric([q], waits["queues"][q]["waiting_now"])
-                oldest.add_metric([q], waits["queues"][q]["oldest_wait_s"] or 0.0)
-            yield length
-            yield oldest
-            started: dict[tuple[str, ...], list[float]] = {(q,): [] for q in QUEUES}
-            for queue, submitted, begun in session.execute(select(Job.queue, Job.submitted_at, Job.started_at)
-                                                           .where(Job.started_at.is_not(None))).all():
-                started.setdefault((queue,), []).append(max(0.0, (begun - submitted).total_seconds()))
-            yield _histogram("jobgate_queue_wait_seconds", "Wait from submission to start, per queue", ["queue"],
-                             started, insights.WAIT_BUCKETS_S)
-
-            usage = insights.cluster_usage(session)
-            gpus = GaugeMetricFamily("jobgate_gpus", "GPUs on alive nodes by use", labels=["state"])
-            for state in ("gpus", "in_use", "free"):
-                gpus.add_metric(["total" if state == "gpus" else state], usage[state])
-            yield gpus
-            held = GaugeMetricFamily("jobgate_gpus_in_use", "GPUs held per tenant, owned or borrowed quota",
-                                     labels=["tenant", "quota"])
-            ratio = GaugeMetricFamily("jobgate_gpu_utilisation_ratio",
-                                      "Share of the cluster's GPUs held per tenant, owned or borrowed",
-                                      labels=["tenant", "quota"])
-            for t in usage["tenants"]:
-                for kind in ("owned", "borrowed"):
-                    held.add_metric([t["tenant"], kind], t[kind])
-                    ratio.add_metric([t["tenant"], kind], t[kind] / usage["gpus"] if usage["gpus"] else 0.0)
-            yield held
-            yield ratio
-
-            pre = CounterMetricFamily("jobgate_preemptions", "Preemptions per tenant and kind",
-                                      labels=["tenant", "kind"])
-            lost = CounterMetricFamily("jobgate_preemption_gpu_hours_lost", "GPU-hours lost to preemption",
-                                       labels=["tenant"])
-            lost_by: dict[str, float] = {}
-            for project, kind, n, hours in session.execute(
-                    select(PreemptionRow.project, PreemptionRow.kind, func.count(),
-                           func.coalesce(func.sum(PreemptionRow.gpu_hours_lost), 0.0))
-                    .group_by(PreemptionRow.project, PreemptionRow.kind)).all():
-                pre.add_metric([project, kind], n)
-                lost_by[project] = lost_by.get(project, 0.0) + float(hours)
-            for project, hours in sorted(lost_by.items()):
-                lost.add_metric([project], hours)
-            yield pre
-            yield lost
-
-            tally: Tally[str] = Tally(dict.fromkeys(("graceful", "forced", "failed", "cancelled"), 0))
-            for outcome, state in session.execute(
-                    select(Job.outcome, Job.state).where(or_(Job.outcome.in_(tuple(STOP_OUTCOMES)),
-                                                             Job.state == "stop_failed"))).all():
-                # A stop that failed and was later confirmed by a person still counts as failed.
-                tally["failed" if state == "stop_failed" else STOP_OUTCOMES[outcome]] += 1
-            stops = CounterMetricFamily("jobgate_stop_outcomes", "Stops by outcome (cancelled: was still queued)",
-                                        labels=["outcome"])
-            for outcome, n in sorted(tally.items()):
-                stops.add_metric([outcome], n)
-            yield stops
+            for figures in self.gw.figures:
+                yield from figures(session, now)
 
         sizes = dict(self.gw.ledger.stats.batch_sizes)  # size → number of commits of that size
         batch = HistogramMetricFamily("jobgate_ledger_batch_size", "Entries per ledger group commit")

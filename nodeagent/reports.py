@@ -4,7 +4,7 @@ A report waits in the outbox until the gateway acknowledges it, oldest first; on
 take would hold back every report behind it. Stop and delete evidence lists files, and a job decides how
 many files it writes, so a report's lists are cut to fit a byte budget (saying how many entries were left
 out) and batches are sized in bytes as well as in reports. The gateway takes up to 16 MiB per call from a
-node agent (gateway/body_limit.py); these budgets stay well inside it.
+node agent (gateway/api/body_limit.py); these budgets stay well inside it.
 """
 
 from __future__ import annotations

@@ -254,7 +254,7 @@ def _cycle(snapshot: Snapshot, now: datetime, config: SchedulerConfig,
                 starts[job.id] = later.start
             continue
         # Rule 3: held GPUs are open to a job only if it is done by the time the reservation starts: one whose
-        # limit the system will keep (gateway/runtime_limits.py), never one declared not stoppable (R5).
+        # limit the system will keep (gateway/jobs/runtime_limits.py), never one declared not stoppable (R5).
         ends = None if job.runtime_limit_s is None else now + timedelta(seconds=job.runtime_limit_s)
         use_held = (reservation is not None and ends is not None and ends <= reservation.expected_start
                     and job.stoppable)

@@ -5,7 +5,7 @@ that declared no limit is taken to run the configured default, as Slurm's Defaul
 Q7: there are no partial allocations — a gang holds nothing until all of it starts, and at most one
 reservation exists per pool — so no circular wait between reservations can form. Should the stored state
 ever show one anyway (a waiting job holding GPUs), the gateway's scheduling cycle releases it and ledgers
-that (gateway/scheduling.py, break_partial_holds).
+that (gateway/native/scheduler_loop.py, break_partial_holds).
 """
 
 from __future__ import annotations

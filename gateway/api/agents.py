@@ -9,8 +9,8 @@ import anyio.to_thread
 from fastapi import APIRouter, Query, Request
 from pydantic import Field
 
-from gateway import agents
 from gateway.api.deps import Ctx, NodeId, RequestContext
+from gateway.native import agents
 from gateway.schemas import AgentReports, Heartbeat
 
 router = APIRouter(prefix="/v1/agents", tags=["node agents"])

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import approvals
 from gateway.api.deps import ApprovalId, Ctx
+from gateway.decisions import approvals
 
 router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
 

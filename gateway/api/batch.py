@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter, status
 
-from gateway import batch
 from gateway.api.deps import Ctx
+from gateway.jobs import batch
 from gateway.schemas import BatchPriorityRequest, BatchRequest
 
 router = APIRouter(tags=["jobs"])

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import breakglass
+from gateway.access import breakglass
 from gateway.api.deps import Ctx, path_id
 from gateway.schemas import Name
 

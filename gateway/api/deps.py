@@ -1,7 +1,7 @@
 """Request-scoped dependencies: the gateway, and the caller authenticated inside a transaction.
 
-Each request's context begins its attempt (gateway/attempts.py): what it asks, and, once authenticated, who
-asks; a refusal answered to a known caller is ledgered from it (gateway/refusals.py)."""
+Each request's context begins its attempt (gateway/decisions/attempts.py): what it asks, and, once authenticated, who
+asks; a refusal answered to a known caller is ledgered from it (gateway/decisions/refusals.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import anyio.to_thread
 from fastapi import Depends, Header, Path, Request
 from sqlalchemy.orm import Session
 
-from gateway import attempts, breakglass
+from gateway.access import breakglass
 from gateway.api.storable_text import refuse_unstorable_text
-from gateway.auth import TRIGGER_HEADER, Caller, authenticate, bearer_secret
 from gateway.context import Gateway
+from gateway.decisions import attempts
+from gateway.identity.auth import TRIGGER_HEADER, Caller, authenticate, bearer_secret
 
 
 @dataclass(frozen=True)

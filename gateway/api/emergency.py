@@ -7,10 +7,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import emergency
 from gateway.api.deps import Ctx, path_id
 from gateway.api.openapi_doc import AWAITS_APPROVAL
-from gateway.jobs import decision_out
+from gateway.decisions.verdict import decision_out
+from gateway.jobs import emergency
 from gateway.schemas import Entry, Name
 
 router = APIRouter(prefix="/v1/emergency-stops", tags=["emergency stops"])

@@ -3,7 +3,7 @@ from it) and as a client would send it: values the route accepts, in the demo or
 
 Kept in one table, keyed by the operation, rather than on the models, because one model serves several
 operations (a reason to pause is not a reason to delete). openapi_doc.document puts each one into its
-operation; tests/gateway/test_openapi_docs.py checks that every mutating operation with a body has one and
+operation; tests/gateway/api/test_openapi_docs.py checks that every mutating operation with a body has one and
 that the route accepts it.
 """
 

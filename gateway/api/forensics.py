@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import forensics
 from gateway.api.deps import Ctx
+from gateway.jobs import forensics
 from gateway.schemas import Name
 
 router = APIRouter(prefix="/v1/forensics", tags=["forensics"])

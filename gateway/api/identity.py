@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import identity
+from gateway.access import accounts
 from gateway.api.deps import Ctx, path_id
 from gateway.schemas import Name
 
@@ -57,14 +57,14 @@ def create_token(body: TokenCreate, ctx: Ctx) -> dict[str, Any]:
     credential mints none."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
-        made = identity.create_token(
+        made = accounts.create_token(
             ctx.gw, session, caller, principal_id=body.principal or caller.id, purpose=body.purpose,
             projects=body.projects, actions=body.actions, expires_in_days=body.expires_in_days)
         capped = None
         if made.capped_by is not None and made.asked_expires_at is not None:
             capped = {"by_token": made.capped_by, "asked_expires_at": made.asked_expires_at.isoformat(),
                       "reason": f"a token ends no later than the token that made it; {made.capped_by} expires then"}
-        return {**identity.token_json(made.token), "token": made.issued.secret, "lifetime_capped": capped}
+        return {**accounts.token_json(made.token), "token": made.issued.secret, "lifetime_capped": capped}
 
 
 @router.get("/v1/tokens", summary="Tokens you manage (yours and your service accounts')")
@@ -72,8 +72,8 @@ def list_tokens(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
     """Newest first: principal, purpose, scope, expiry and revocation of each (never a secret). Platform
     admins see all."""
     with ctx.gw.transaction() as session:
-        rows = identity.list_tokens(ctx.gw, session, ctx.caller(session))
-        return {"tokens": [identity.token_json(t) for t in rows]}
+        rows = accounts.list_tokens(ctx.gw, session, ctx.caller(session))
+        return {"tokens": [accounts.token_json(t) for t in rows]}
 
 
 @router.post("/v1/tokens/{token_id}/revoke", summary="Revoke a token")
@@ -86,8 +86,8 @@ def revoke_token(
     that are still pending are closed with it (rejected, the requester and the owners told): revoked because
     it leaked, it must not leave behind a stop that an unaware second person then approves."""
     with ctx.gw.transaction() as session:
-        token = identity.revoke_token(ctx.gw, session, ctx.caller(session), token_id, body.reason)
-        return identity.token_json(token)
+        token = accounts.revoke_token(ctx.gw, session, ctx.caller(session), token_id, body.reason)
+        return accounts.token_json(token)
 
 
 @router.post("/v1/service-accounts", status_code=status.HTTP_201_CREATED,
@@ -97,7 +97,7 @@ def create_service_account(body: ServiceAccountCreate, ctx: Ctx) -> dict[str, An
     `X-Jobgate-Trigger` (pipeline and run id); the ledger records it, its responsible person and the trigger."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
-        acct = identity.create_service_account(ctx.gw, session, caller, body.name, body.project, body.description)
+        acct = accounts.create_service_account(ctx.gw, session, caller, body.name, body.project, body.description)
         return {"id": acct.id, "responsible": acct.responsible, "project": body.project}
 
 
@@ -105,4 +105,4 @@ def create_service_account(body: ServiceAccountCreate, ctx: Ctx) -> dict[str, An
 def list_service_accounts(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
     """Each with its responsible person, description and roles."""
     with ctx.gw.transaction() as session:
-        return {"service_accounts": identity.list_service_accounts(ctx.gw, session, ctx.caller(session))}
+        return {"service_accounts": accounts.list_service_accounts(ctx.gw, session, ctx.caller(session))}

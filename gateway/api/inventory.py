@@ -6,9 +6,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
-from gateway import inventory
 from gateway.api.deps import Ctx
 from gateway.errors import Invalid
+from gateway.jobs import inventory
 
 router = APIRouter(prefix="/v1/inventory", tags=["inventory"])
 

@@ -13,9 +13,9 @@ from fastapi import APIRouter, Query, Response
 from fastapi.responses import PlainTextResponse
 
 from gateway.api.deps import Ctx, RequestContext
+from gateway.decisions.pipeline import decide
+from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Invalid
-from gateway.jobs import refuse_unless_allowed
-from gateway.pipeline import decide
 from ledger.errors import ProofError
 
 router = APIRouter(prefix="/v1/ledger", tags=["ledger"])

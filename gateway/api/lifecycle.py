@@ -7,10 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import jobs, lifecycle
 from gateway.api.deps import Ctx, JobId
 from gateway.api.openapi_doc import AWAITS_APPROVAL
-from gateway.stop_tables import JobDeletion
+from gateway.decisions import verdict
+from gateway.jobs import lifecycle, records
+from gateway.store.stop_tables import JobDeletion
 
 router = APIRouter(prefix="/v1/jobs", tags=["job life cycle"])
 
@@ -37,7 +38,7 @@ def _out(job: Any, rec: Any, response: Response | None = None, approval: Any = N
     if approval is not None and response is not None:
         response.status_code = status.HTTP_202_ACCEPTED
         extra["approval_id"] = approval.id
-    return {"job": jobs.job_out(job).model_dump(mode="json"), "decision": jobs.decision_out(rec).model_dump(),
+    return {"job": records.job_out(job).model_dump(mode="json"), "decision": verdict.decision_out(rec).model_dump(),
             **extra}
 
 

@@ -9,10 +9,10 @@ from fastapi import APIRouter, status
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
-from gateway import identity
+from gateway.access import accounts
 from gateway.api.deps import Ctx
-from gateway.models import Allocation, Node
-from gateway.stop_tables import AgentSession
+from gateway.store.models import Allocation, Node
+from gateway.store.stop_tables import AgentSession
 
 router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
 
@@ -30,7 +30,7 @@ def enrol_node(body: NodeEnrol, ctx: Ctx) -> dict[str, Any]:
     """Add a node and mint its agent's token, shown once: put it in the agent's `state/token` (0600), never on a
     command line. Names are those the site keeps for nodes (`JOBGATE_NODE_NAMES`); ledgered."""
     with ctx.gw.transaction() as session:
-        issued = identity.enrol_node(ctx.gw, session, ctx.caller(session), body.id, body.gpus)
+        issued = accounts.enrol_node(ctx.gw, session, ctx.caller(session), body.id, body.gpus)
     return {"id": body.id, "gpus": body.gpus, "token": issued.secret, "token_id": issued.id,
             "expires_at": issued.expires_at.isoformat()}
 
@@ -59,7 +59,7 @@ def list_nodes(ctx: Ctx) -> dict[str, list[dict[str, Any]]]:
             {"id": n.id, "state": n.state, "gpus": n.gpus, "gpus_used": used[n.id],
              # GPUs of a lost node stay held until it returns or on-call confirms its jobs stopped.
              "gpus_withheld": used[n.id] if n.state == "lost" else 0,
-             # As the scheduler sees it (gateway.scheduling._node_state).
+             # As the scheduler sees it (gateway.native.scheduler_loop._node_state).
              "degraded": top[n.id] >= n.gpus,
              "jobs": sorted(jobs[n.id]),
              "isolation": n.isolation or "unknown",

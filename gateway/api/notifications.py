@@ -8,8 +8,8 @@ from fastapi import APIRouter
 from sqlalchemy import select
 
 from gateway.api.deps import Ctx, path_id
-from gateway.notifications import Notification
-from gateway.obligations import acknowledge, note_json
+from gateway.decisions.obligations import acknowledge, note_json
+from gateway.store.service_tables import Notification
 
 router = APIRouter(prefix="/v1/notifications", tags=["notifications"])
 

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 
 from gateway.api.deps import Ctx
-from gateway.jobs import refuse_unless_allowed
-from gateway.pipeline import decide
-from gateway.policy_reload import PolicyReloader
+from gateway.decisions.pipeline import decide
+from gateway.decisions.policy_reload import PolicyReloader
+from gateway.decisions.verdict import refuse_unless_allowed
 
 router = APIRouter(prefix="/v1/policy", tags=["policy"])
 

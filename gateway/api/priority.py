@@ -19,14 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from gateway.api.deps import Ctx, JobId
-from gateway.approvals import open_request
-from gateway.auth import Caller
 from gateway.context import Gateway
-from gateway.jobs import decision_out, load_job, refuse_if_denied, refuse_in_state
-from gateway.pipeline import decide
-from gateway.priority import apply_priority
+from gateway.decisions.approvals import open_request
+from gateway.decisions.pipeline import decide
+from gateway.decisions.verdict import decision_out, refuse_if_denied
+from gateway.identity.auth import Caller
+from gateway.jobs.priority import apply_priority
+from gateway.jobs.records import load_job, refuse_in_state
 from gateway.schemas import DecisionOut
-from gateway.states import PAST_STATES
+from gateway.store.states import PAST_STATES
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

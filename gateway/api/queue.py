@@ -9,13 +9,14 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
-from gateway import jobs, preemption, priority_history
 from gateway.api.deps import Ctx, JobId
+from gateway.decisions import pipeline
 from gateway.errors import Invalid
-from gateway.models import Job, Project
-from gateway.quotas import alive_capacity, usage_by_tenant
-from gateway.scheduler_tables import SchedJob
+from gateway.jobs import preemption, priority_history, records
+from gateway.jobs.quotas import alive_capacity, usage_by_tenant
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
+from gateway.store.models import Job, Project
+from gateway.store.scheduler_tables import SchedJob
 from scheduler.model import QUEUES
 
 router = APIRouter(tags=["queues"])
@@ -53,7 +54,7 @@ def job_queue(job_id: JobId, ctx: Ctx) -> dict[str, Any]:
     (simulated forward with declared runtime limits, refreshed every scheduling cycle), the priorities of
     the other jobs in the same queue, and the history of its priority with the basis of every change."""
     with ctx.gw.transaction() as session:
-        job = jobs.get_job(ctx.gw, session, ctx.caller(session), job_id)
+        job = records.get_job(ctx.gw, session, ctx.caller(session), job_id)
         row = session.get(SchedJob, job.id)
         others = [{"position": i + 1, "priority": round(s.priority, 3) if s else None,
                    "this_job": j.id == job.id} for i, (j, s) in enumerate(_queue_rows(session, job.queue))]
@@ -82,7 +83,7 @@ def queues(ctx: Ctx) -> dict[str, Any]:
     withheld on lost nodes included, as quotas count them)."""
     with ctx.gw.transaction() as session:
         caller = ctx.caller(session)
-        visible = jobs.visible_projects(ctx.gw, session, caller, list(session.scalars(select(Project.id)).all()))
+        visible = pipeline.visible_projects(ctx.gw, session, caller, list(session.scalars(select(Project.id)).all()))
         out: dict[str, Any] = {}
         for q in QUEUES:
             rows = _queue_rows(session, q)
@@ -106,5 +107,5 @@ def preemption_stats(
         caller = ctx.caller(session)
         if by != "tenant":  # pragma: no cover - Literal already refuses it
             raise Invalid("by must be tenant")
-        visible = jobs.visible_projects(ctx.gw, session, caller, list(session.scalars(select(Project.id)).all()))
+        visible = pipeline.visible_projects(ctx.gw, session, caller, list(session.scalars(select(Project.id)).all()))
         return {"by": by, "period": period, "rows": preemption.stats(session, visible, period)}

@@ -9,10 +9,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
 
-from gateway import jobs, quotas
 from gateway.api.deps import Ctx, path_id
-from gateway.scheduler_tables import MountRow
+from gateway.decisions import verdict
+from gateway.jobs import quotas
 from gateway.schemas import Name, Timestamp
+from gateway.store.scheduler_tables import MountRow
 
 router = APIRouter(tags=["quotas"])
 # Every GPU number of a quota bounded alike, so an absurd one is refused naming its field (past 2**53 it
@@ -79,7 +80,7 @@ def change_quota(
     with ctx.gw.transaction() as session:
         rec, approval, result = quotas.request_change(ctx.gw, session, ctx.caller(session), project, params,
                                                       body.reason, body.ticket)
-        decision = jobs.decision_out(rec).model_dump()
+        decision = verdict.decision_out(rec).model_dump()
         if approval is not None:
             return JSONResponse({"approval_id": approval.id, "decision": decision}, status_code=202)
         return {"applied": result, "decision": decision}

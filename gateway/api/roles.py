@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import roles
+from gateway.access import roles
 from gateway.api.deps import Ctx
-from gateway.policy.engine import RoleBinding
+from gateway.decisions.policy.engine import RoleBinding
 
 router = APIRouter(prefix="/v1", tags=["roles"])
 
@@ -35,13 +35,13 @@ def grant(body: BindingIn, ctx: Ctx) -> dict[str, Any]:
     """Needs `role.manage` (platform admin). Decided and recorded in the ledger, written to the role
     bindings table and applied to the live policy engine in one transaction. Unknown principal, role
     (not in the matrix) or project → 422; an existing binding → 409."""
-    return roles.change(ctx, "grant", body.binding(), body.reason).to_json()
+    return roles.change(ctx.gw, ctx.caller, "grant", body.binding(), body.reason).to_json()
 
 
 @router.post("/roles:revoke", summary="Revoke a role binding")
 def revoke(body: BindingIn, ctx: Ctx) -> dict[str, Any]:
     """Needs `role.manage`. Same path as a grant; a binding that does not exist → 404."""
-    return roles.change(ctx, "revoke", body.binding(), body.reason).to_json()
+    return roles.change(ctx.gw, ctx.caller, "revoke", body.binding(), body.reason).to_json()
 
 
 @router.delete("/roles", summary="Revoke a role binding (query parameters)")
@@ -54,7 +54,7 @@ def revoke_by_query(
     reason: Annotated[str | None, Query(max_length=500, description="Why; kept in the ledger")] = None,
 ) -> dict[str, Any]:
     """The same as POST /v1/roles:revoke."""
-    return roles.change(ctx, "revoke", RoleBinding(principal, role, project), reason).to_json()
+    return roles.change(ctx.gw, ctx.caller, "revoke", RoleBinding(principal, role, project), reason).to_json()
 
 
 @router.get("/roles", summary="List role bindings")
@@ -64,4 +64,4 @@ def list_roles(
     project: Annotated[str | None, Query(description="Only this project ('*' for global roles)")] = None,
 ) -> dict[str, Any]:
     """Needs `role.manage`."""
-    return {"bindings": roles.list_bindings(ctx, principal, project)}
+    return {"bindings": roles.list_bindings(ctx.gw, ctx.caller, principal, project)}

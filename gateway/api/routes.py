@@ -20,7 +20,6 @@ from gateway.api import priority as priority_api
 from gateway.api import queue as queue_api
 from gateway.api import quotas as quotas_api
 from gateway.api import roles as roles_api
-from gateway.console.routes import ROUTERS as CONSOLE_ROUTERS
 
 ROUTERS: list[APIRouter] = [
     health.router,
@@ -43,5 +42,4 @@ ROUTERS: list[APIRouter] = [
     policy_api.router,
     priority_api.router,
     roles_api.router,
-    *CONSOLE_ROUTERS,
 ]

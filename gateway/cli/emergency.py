@@ -11,7 +11,7 @@ from gateway.cli.client import Client, ClientGroup, emit_json, fail, is_tty, tab
 
 JOB_COLUMNS = [("job_id", "job"), ("category", "outcome"), ("state", "state"), ("node", "node"),
                ("stop_latency_s", "latency s"), ("owner", "owner")]
-FINAL_STATES = ("done", "rejected", "expired")  # as gateway.emergency.FINAL_STATES (this client speaks only HTTP)
+FINAL_STATES = ("done", "rejected", "expired")  # as gateway.jobs.emergency.FINAL_STATES (this client speaks only HTTP)
 SUMMARY_ORDER = ("stopped_graceful", "stopped_forced", "cancelled", "confirmed_by_person", "stop_failed",
                  "unreachable", "in_progress")
 

@@ -10,7 +10,7 @@ import click
 
 from gateway.cli.client import Client, ClientGroup, emit_json, fail, table
 from gateway.schemas import StopSignal
-from gateway.states import JOB_STATES
+from gateway.store.states import JOB_STATES
 
 JOB_COLUMNS = [("id", "id"), ("name", "name"), ("project", "project"), ("queue", "queue"), ("state", "state"),
                ("gpus", "gpus"), ("owner", "owner"), ("where", "where")]

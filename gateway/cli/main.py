@@ -6,6 +6,7 @@ import click
 
 from gateway.cli.approvals import approvals_group, approve, reject
 from gateway.cli.breakglass import break_glass_group
+from gateway.cli.console import STATS_COMMANDS, audit_group, notifications_cmd, policy_show
 from gateway.cli.emergency import emergency_group
 from gateway.cli.forensics import forensics_group
 from gateway.cli.identity import service_account_group, token_group
@@ -17,7 +18,6 @@ from gateway.cli.queue import queue_cmd, quota_group, stats_group
 from gateway.cli.roles import role_group
 from gateway.cli.sim import sim_group
 from gateway.cli.up import demo_token, up
-from gateway.console.cli import STATS_COMMANDS, audit_group, notifications_cmd, policy_show
 from ledger.cli import ledger_group
 
 

@@ -18,9 +18,9 @@ from typing import Any
 import click
 
 from gateway.cli.client import ClientGroup, emit_json, fail, table
-from gateway.policy.engine import EmbeddedEngine, RoleBinding
-from gateway.policy.errors import PolicyError, PolicyLoadError
-from gateway.policy.loader import load_policy_set, lookalike_roles
+from gateway.decisions.policy.engine import EmbeddedEngine, RoleBinding
+from gateway.decisions.policy.errors import PolicyError, PolicyLoadError
+from gateway.decisions.policy.loader import load_policy_set, lookalike_roles
 from gateway.settings import REPO_POLICIES
 from ledger.cli import end_progress_bar, progress_bar
 
@@ -66,7 +66,7 @@ def check_cmd(directory: Path | None, strict: bool, as_json: bool) -> None:
     """Compile DIRECTORY (default: the repository's policies/) and run its own tests, as the gateway's reload
     does; report every problem as file:line, and warnings (a matrix role named nearly like another, likely a
     typo) the set would still be accepted with."""
-    from gateway.policy.testing import load_tested_set
+    from gateway.decisions.policy.testing import load_tested_set
 
     path = _policy_dir(directory)
     try:
@@ -101,7 +101,7 @@ def check_cmd(directory: Path | None, strict: bool, as_json: bool) -> None:
 def test_cmd(directory: Path | None, as_json: bool, failures_only: bool) -> None:
     """Run DIRECTORY's Rego `test_` rules and YAML table cases (tests/*.yaml); print pass/fail per case and
     which effects each matrix row A1-A8 is tested with. Exit 1 on a failure or a coverage gap."""
-    from gateway.policy.testing import coverage, coverage_gaps, load_table_cases, run_rego_tests, run_table
+    from gateway.decisions.policy.testing import coverage, coverage_gaps, load_table_cases, run_rego_tests, run_table
 
     path = _policy_dir(directory)
     try:
@@ -174,8 +174,8 @@ def explain_cmd(input_file: Path, bindings_file: Path | None, data_dir: Path | N
     in JOBGATE_DATA_DIR, default var), and the first line names them. Given a decision's ledger entry, it also
     shows the decision recorded then, and says so when today's answer differs: other role bindings or another
     policy set."""
-    from gateway.policy.explain import explain, render
-    from gateway.policy.testing import BINDINGS_FILE, expand_input
+    from gateway.decisions.policy.explain import explain, render
+    from gateway.decisions.policy.testing import BINDINGS_FILE, expand_input
 
     path = _policy_dir(directory)
     try:
@@ -272,8 +272,8 @@ def _current_bindings(database_url: str) -> list[RoleBinding]:
     from sqlalchemy.exc import SQLAlchemyError
     from sqlalchemy.orm import Session
 
-    from gateway.db import sqlalchemy_url
-    from gateway.models import RoleBinding as Row
+    from gateway.store.db import sqlalchemy_url
+    from gateway.store.models import RoleBinding as Row
 
     engine = create_engine(sqlalchemy_url(database_url))
     try:
@@ -307,7 +307,7 @@ def whatif_cmd(candidate: Path, since: str | None, data_dir: Path | None, ledger
     Each recorded input is replayed exactly as stored, with capabilities computed from role bindings:
     by default the CURRENT bindings of the business DB (so a flip can also come from a binding changed
     since the decision), or the snapshot given with --bindings. The report names which."""
-    from gateway.policy.whatif import records_from_entries, replay
+    from gateway.decisions.policy.whatif import records_from_entries, replay
     from ledger.errors import LedgerError
     from ledger.store import open_store
 

@@ -61,8 +61,8 @@ def _still_running(settings: Settings) -> list[str]:
     from sqlalchemy import create_engine, select
     from sqlalchemy.exc import SQLAlchemyError
 
-    from gateway.models import Job
-    from gateway.states import ACTIVE_STATES
+    from gateway.store.models import Job
+    from gateway.store.states import ACTIVE_STATES
 
     engine = create_engine(settings.resolved_database_url())
     try:
@@ -106,8 +106,8 @@ def _check_startable(policies_dir: Path, rate_limit_storage: str) -> None:
     from limits.errors import ConfigurationError
     from limits.storage import storage_from_string
 
-    from gateway.policy.errors import PolicyError, PolicyLoadError
-    from gateway.policy.testing import load_tested_set
+    from gateway.decisions.policy.errors import PolicyError, PolicyLoadError
+    from gateway.decisions.policy.testing import load_tested_set
 
     try:
         load_tested_set(policies_dir)
@@ -130,10 +130,10 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
     from sqlalchemy.exc import SQLAlchemyError
 
     from gateway.bootstrap import open_gateway
+    from gateway.decisions.policy.errors import PolicyError, PolicyLoadError
     from gateway.demo import prepare_demo
     from gateway.errors import GatewayError
-    from gateway.keys import load_or_create_command_key
-    from gateway.policy.errors import PolicyError, PolicyLoadError
+    from gateway.native.command_key import load_or_create_command_key
     from ledger.errors import LedgerError
 
     try:

@@ -5,17 +5,31 @@ shows someone a link it then answers 403."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from gateway import emergency
+from sqlalchemy.orm import Session
+
+from gateway.console.sessions import ConsoleSession
+from gateway.context import Gateway
+from gateway.decisions.pipeline import decide
+from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Forbidden
-from gateway.jobs import refuse_unless_allowed
-from gateway.pipeline import decide
+from gateway.identity.auth import Caller
+from gateway.jobs import emergency
 
-if TYPE_CHECKING:
-    from gateway.console.web import View
 
-PageCheck = Callable[["View"], None]
+class View(Protocol):
+    """What a page check reads of the signed-in request (gateway/console/web.py's View)."""
+
+    gw: Gateway
+    cs: ConsoleSession
+
+    def caller(self, session: Session) -> Caller: ...
+
+    def capabilities(self) -> frozenset[str]: ...
+
+
+PageCheck = Callable[[View], None]
 
 # Cluster-wide views are for people holding an operator capability everywhere (platform admin, on-call, security
 # reviewer); /v1/stats/* asks the same.

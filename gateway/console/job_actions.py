@@ -18,18 +18,19 @@ from fastapi.responses import RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from gateway import lifecycle, priority_history, retention
 from gateway.api.lifecycle import Reasoned, ResumeBody
 from gateway.api.priority import PriorityRequest, change_priority
-from gateway.auth import Caller
 from gateway.console.web import need_view, page
 from gateway.context import Gateway
+from gateway.decisions import facts
+from gateway.decisions.pipeline import decide
 from gateway.errors import Invalid, NotFound
-from gateway.jobs import not_stoppable
-from gateway.models import Job
-from gateway.pipeline import decide
-from gateway.scheduler_tables import SchedJob
-from gateway.states import PAST_STATES, STOPPABLE_STATES
+from gateway.identity.auth import Caller
+from gateway.jobs import lifecycle, retention
+from gateway.jobs.stops import not_stoppable
+from gateway.store.models import Job
+from gateway.store.scheduler_tables import SchedJob
+from gateway.store.states import PAST_STATES, STOPPABLE_STATES
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Field_ = Annotated[str | None, Form()]
@@ -81,7 +82,7 @@ def offers(gw: Gateway, session: Session, caller: Caller, job: Job, row: SchedJo
     if row is None or job.state in PAST_STATES:
         return Offers(stop=stop, pause=pause, resume=resume)
     # The figures the policy judges an owner's own change by (A2): the priority now and without its manual part.
-    now, unadjusted = priority_history.standing(session, [job.id])[job.id]
+    now, unadjusted = facts.priority_standing(session, [job.id])[job.id]
     # Asked with its own value, the change nobody's order depends on: who may touch this job's priority at all.
     priority = _open(gw, session, caller, job, "job.priority", {"priority": now}) != "deny"
     mine = caller.real_identity in (job.owner, job.creator)
@@ -109,7 +110,7 @@ def set_priority(request: Request, job_id: str, csrf: Field_ = None, priority: F
         if restore:
             if session.get(SchedJob, job_id) is None:
                 raise NotFound(f"job {job_id} has no priority to restore yet")
-            value: float = _floor(priority_history.standing(session, [job_id])[job_id][1], 3)
+            value: float = _floor(facts.priority_standing(session, [job_id])[job_id][1], 3)
         else:
             try:
                 value = float((priority or "").strip())

@@ -12,16 +12,16 @@ from fastapi.responses import FileResponse, HTMLResponse, Response
 from sqlalchemy import select
 from starlette.background import BackgroundTask
 
-from gateway import emergency, preemption
-from gateway.console import figures, insights, ledger_view
+from gateway.console import figures, ledger_view
 from gateway.console.access import emergency_viewer, ledger_reader, may, operator
 from gateway.console.web import need_view, page
-from gateway.context import load_bindings
+from gateway.decisions.policy import whatif
+from gateway.decisions.policy.errors import PolicyLoadError
+from gateway.decisions.policy_reload import load_bindings
 from gateway.errors import Invalid
-from gateway.models import Allocation, Node
-from gateway.policy import whatif
-from gateway.policy.errors import PolicyLoadError
-from gateway.stop_tables import AgentSession
+from gateway.jobs import emergency, insights, preemption
+from gateway.store.models import Allocation, Node
+from gateway.store.stop_tables import AgentSession
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -98,7 +98,7 @@ def policy(request: Request) -> Response:
 
 
 WHATIF_LAST = 2000
-_whatif_lock = threading.Lock()  # the replay's in-process engine is a module global of gateway.policy.whatif
+_whatif_lock = threading.Lock()  # the replay's in-process engine is a module global of gateway.decisions.policy.whatif
 
 
 @router.post("/policy/whatif", response_class=HTMLResponse)

@@ -9,18 +9,20 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import ValidationError
 from sqlalchemy import or_, select
 
-from gateway import approvals, jobs, priority_history
 from gateway.api.approvals import ApproveBody, RejectBody
-from gateway.console import figures, insights, job_actions
+from gateway.console import figures, job_actions
 from gateway.console.sessions import COOKIE, LOGIN_COOKIE, check_token, csrf_ok
 from gateway.console.web import need_view, new_login_nonce, page, store, templates
-from gateway.context import Gateway, load_bindings
+from gateway.context import Gateway
+from gateway.decisions import approvals, pipeline
+from gateway.decisions.obligations import acknowledge, note_json
+from gateway.decisions.policy_reload import load_bindings
 from gateway.errors import Forbidden, GatewayError, Invalid
-from gateway.models import Job, Project
-from gateway.notifications import Notification
-from gateway.obligations import acknowledge, note_json
-from gateway.scheduler_tables import SchedJob
+from gateway.jobs import insights, priority_history, records, stops
 from gateway.schemas import StopRequest
+from gateway.store.models import Job, Project
+from gateway.store.scheduler_tables import SchedJob
+from gateway.store.service_tables import Approval, Notification
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 Field_ = Annotated[str | None, Form()]
@@ -89,7 +91,7 @@ def _queue_facts(job: Job, row: SchedJob | None) -> dict[str, Any]:
 def _my_jobs(gw: Gateway, session: Any, caller: Any, limit: int = 100) -> list[dict[str, Any]]:
     """Jobs the caller owns or created, newest first, in projects the policy lets them see (A1)."""
     me = caller.real_identity
-    visible = jobs.visible_projects(gw, session, caller, list(session.scalars(select(Project.id)).all()))
+    visible = pipeline.visible_projects(gw, session, caller, list(session.scalars(select(Project.id)).all()))
     if not visible:
         return []
     rows = session.execute(select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
@@ -114,7 +116,7 @@ def home(request: Request) -> Response:
             .order_by(Notification.created_at.desc()).limit(30)).all()]
         usage = insights.cluster_usage(session)
         use = insights.usage_over_time(session, view.gw.clock())
-        visible = jobs.visible_projects(view.gw, session, caller, list(session.scalars(select(Project.id)).all()))
+        visible = pipeline.visible_projects(view.gw, session, caller, list(session.scalars(select(Project.id)).all()))
         queues = _queues(session, visible)
         contacts = _contacts(session, me)
     return view.render("home.html", rows=rows, notes=notes, usage=usage, queues=queues, contacts=contacts,
@@ -156,7 +158,7 @@ def job_page(request: Request, job_id: str) -> Response:
     view = need_view(request)
     with view.gw.transaction(immediate=False) as session:
         caller = view.caller(session)
-        job = jobs.get_job(view.gw, session, caller, job_id)
+        job = records.get_job(view.gw, session, caller, job_id)
         row = session.get(SchedJob, job.id)
         facts = _queue_facts(job, row)
         history = priority_history.history(session, job.id)
@@ -178,7 +180,7 @@ def stop_job(request: Request, job_id: str, csrf: Field_ = None, reason: Field_ 
     except ValidationError as e:
         raise Invalid("a stop needs a written reason of 3 to 2000 characters, and a ticket is at most 200") from e
     with view.gw.transaction() as session:
-        _, _rec, approval = jobs.stop(view.gw, session, view.caller(session), job_id, body)
+        _, _rec, approval = stops.stop(view.gw, session, view.caller(session), job_id, body)
         approval_id = approval.id if approval is not None else None
     if approval_id is not None:
         return RedirectResponse(f"/ui/approvals/{approval_id}", status_code=303)
@@ -209,20 +211,20 @@ def approvals_inbox(request: Request, state: str = "pending") -> Response:
     return view.render("approvals.html", items=items, state=state)
 
 
-def _approval_views(gw: Gateway, session: Any, caller: Any, found: list[approvals.Approval]) -> list[dict[str, Any]]:
+def _approval_views(gw: Gateway, session: Any, caller: Any, found: list[Approval]) -> list[dict[str, Any]]:
     """Each request as the page shows it, with its summary in words (the same as the API's and the CLI's)."""
     return [_approval_view(gw, session, caller, a, shown)
             for a, shown in zip(found, approvals.with_summaries(gw, session, caller, found), strict=True)]
 
 
-def _approval_view(gw: Gateway, session: Any, caller: Any, a: approvals.Approval,
+def _approval_view(gw: Gateway, session: Any, caller: Any, a: Approval,
                    shown: dict[str, Any]) -> dict[str, Any]:
     targets = list(session.scalars(select(Job).where(Job.id.in_(a.target_ids)).order_by(Job.id)).all())
     mine = caller.real_identity == a.requester_real
     # An approval can span projects (a cross-project batch, asked of each target's owner): the details of a
     # target are for those who may view its job (A1), as GET /v1/jobs/{id} decides; the others get its id
     # and project, what GET /v1/approvals/{id} gives them too.
-    visible = jobs.visible_projects(gw, session, caller, sorted({j.project for j in targets}))
+    visible = pipeline.visible_projects(gw, session, caller, sorted({j.project for j in targets}))
     return {"a": shown, "s": shown["summary"], "targets": [j for j in targets if j.project in visible],
             "hidden": [(j.id, j.project) for j in targets if j.project not in visible], "mine": mine,
             "can_approve": a.state == "pending" and not mine and approvals.may_approve(gw, session, caller, a)}

@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from gateway.auth import Caller, token_facts
 from gateway.errors import Unauthenticated
-from gateway.tokens import TOKEN_PATTERN, hash_token
+from gateway.identity.auth import Caller, token_facts
+from gateway.identity.tokens import TOKEN_PATTERN, hash_token
 
 COOKIE = "jg_session"
 LOGIN_COOKIE = "jg_login"  # pre-session CSRF value for the sign-in form (double submit)

@@ -12,11 +12,12 @@ from starlette.background import BackgroundTask
 
 from gateway.api.deps import Ctx, RequestContext
 from gateway.api.ledger import LAST_SEQ
-from gateway.console import insights, ledger_view
+from gateway.console import ledger_view
 from gateway.console.access import ADMIN_CAPABILITIES
+from gateway.decisions.pipeline import decide
+from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Forbidden
-from gateway.jobs import refuse_unless_allowed
-from gateway.pipeline import decide
+from gateway.jobs import insights
 
 router = APIRouter(tags=["statistics"])
 _ADMIN = " Needs an operator capability in every project (platform admin, on-call, security reviewer)."

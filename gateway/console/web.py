@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import attempts, refusals
-from gateway.auth import Caller
 from gateway.console import access, wording
 from gateway.console.sessions import COOKIE, ConsoleSession, SessionStore, caller_for, csrf_ok
 from gateway.context import Gateway
+from gateway.decisions import attempts, refusals
 from gateway.errors import Forbidden, GatewayError, Unauthenticated
+from gateway.identity.auth import Caller
 
 templates = Jinja2Templates(directory=Path(__file__).resolve().parent / "templates")
 # Values as people read them (gateway/console/wording.py): `{{ x | num }}`, `{{ t | when }}`, `{{ v | words }}`.
@@ -167,7 +167,7 @@ def page(fn: Callable[P, Response]) -> Callable[P, Response]:
 
 
 def _ledger_refusal(view: View, attempt: attempts.Attempt, e: GatewayError) -> None:
-    """A signed-in person's refusal, named by their session's token (gateway/refusals.py). Raises nothing."""
+    """A signed-in person's refusal, named by their session's token (gateway/decisions/refusals.py). Raises nothing."""
     if not refusals.is_refusal(e) or attempt.ledgered:
         return
     try:

@@ -27,12 +27,13 @@ import uvicorn
 from job_host import searchable_by_jobs
 
 from gateway.app import create_app
-from gateway.db import Database
 from gateway.demo import seed_demo, write_secret_text
-from gateway.keys import load_or_create_command_key
-from gateway.models import Node, Principal
+from gateway.identity.tokens import issue_token
+from gateway.native.command_key import load_or_create_command_key
 from gateway.settings import Settings
-from gateway.tokens import issue_token
+from gateway.store.db import Database
+from gateway.store.models import Node, Principal
+from gateway.store.schema import create_schema
 from nodeagent.layout import private_state_dir
 
 
@@ -157,7 +158,7 @@ def start_cluster(data_dir: Path, nodes: int, gpus: int = 16, *, prefix: str = "
     settings = Settings(data_dir=data_dir, port=port, **values)
     load_or_create_command_key(settings.keys_dir)
     db = Database(settings.resolved_database_url())
-    db.create_schema()
+    create_schema(db.engine)
     names = [f"{prefix}-{i + 1}" for i in range(nodes)]
     with db.transaction() as session:
         seed_demo(session, data_dir)

@@ -47,7 +47,7 @@ def sched_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def set_quotas(data_dir: Path) -> None:
     """Setup only: the demo cast has a single platform admin, so the A7 two-person path (tested in
-    tests/gateway/test_sched_api.py) cannot complete here; the rows are written as it would write them."""
+    tests/gateway/native/test_sched_api.py) cannot complete here; the rows are written as it would write them."""
     now = datetime.now(UTC).isoformat()
     with sqlite3.connect(data_dir / "jobgate.db") as db:
         for project, gpus, borrow in (("vision", 8, 0), ("speech", 8, 8)):

@@ -18,9 +18,10 @@ from job_host import JOB_PYTHON
 from sqlalchemy import select
 from stop_testkit import Cluster, start_cluster, submit, wait_for
 
-from gateway.models import NodeCommand
-from gateway.notifications import Notification
-from gateway.stop_tables import CommandAck
+from gateway.native.commands import wake_after_commit
+from gateway.store.models import NodeCommand
+from gateway.store.service_tables import Notification
+from gateway.store.stop_tables import CommandAck
 from nodeagent.protocol import Command, new_nonce, sign_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -172,7 +173,7 @@ def _inject(cluster: Cluster, envelope: dict[str, str], nonce: str, job_id: str)
     with gw.transaction() as session:
         session.add(NodeCommand(nonce=nonce, node="solo-1", job_id=job_id, kind="start", envelope=envelope,
                                 created_at=now, expires_at=now + timedelta(minutes=5)))
-        session.info["notify_nodes"].add("solo-1")
+        wake_after_commit(gw.bus, session, "solo-1")
 
 
 def test_forged_and_replayed_commands_are_refused_and_reported(one_node: Cluster, tmp_path: Path) -> None:
@@ -203,7 +204,7 @@ def test_forged_and_replayed_commands_are_refused_and_reported(one_node: Cluster
         assert ack is not None and ack.event == "started"
         session.delete(ack)  # as if the acknowledgement had been lost: the gateway hands it out again
         cmd.delivered_at = None
-        session.info["notify_nodes"].add("solo-1")
+        wake_after_commit(gw.bus, session, "solo-1")
     (replay,) = wait_for(lambda: reports("replayed"), 20, "the replay to be reported")
     assert replay["nonce"] == cmd.nonce and replay["acknowledgement"] is True
     with gw.transaction() as session:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cli_testkit import Canned, CannedHandler
 from gateway_testkit import Api, start_api
+from served_app import served
 from stop_helpers import FakeAgent
 
+from gateway.bootstrap import in_process_execution
+from gateway.demo import DEMO_GPUS_PER_NODE, DEMO_NODES
 from gateway.settings import REPO_POLICIES, Settings
 
 
@@ -24,6 +29,13 @@ def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
 @pytest.fixture
 def api(settings: Settings) -> Iterator[Api]:
     yield from start_api(settings)
+
+
+@pytest.fixture
+def inproc_api(settings: Settings) -> Iterator[Api]:
+    """The demo gateway whose jobs run in this process (gateway/execution/inprocess.py), on the demo's two nodes of
+    eight GPUs, carried out when a test calls `api.gateway.execution.run()`: for tests that are not about agents."""
+    yield from start_api(settings, execution=in_process_execution(dict.fromkeys(DEMO_NODES, DEMO_GPUS_PER_NODE)))
 
 
 @pytest.fixture
@@ -47,3 +59,25 @@ def agent(api: Api) -> FakeAgent:
     a.beat()
     a.take()
     return a
+
+
+@pytest.fixture
+def canned() -> Iterator[Canned]:
+    """A canned HTTP server on a real socket (tests/gateway/cli_testkit.py), for the CLI to format answers from."""
+    server = Canned(("127.0.0.1", 0), CannedHandler)
+    server.answers = {}
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # (its poll: teardown waits it)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def url(api: Api) -> Iterator[str]:
+    """The fixture's app behind a real uvicorn socket."""
+    with served(api.client.app) as base:
+        yield base
+

@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
+from gateway.bootstrap import ExecutionFactory, native_execution
 from gateway.demo import prepare_demo
 from gateway.errors import leaf_routes
 from gateway.settings import Settings
@@ -49,11 +50,12 @@ class Api:
         return self.client.app.state.gateway  # type: ignore[attr-defined]
 
 
-def start_api(settings: Settings) -> Iterator[Api]:
-    """The demo gateway under `settings`, its lifespan running, as the demo cast calls it."""
+def start_api(settings: Settings, *, execution: ExecutionFactory = native_execution) -> Iterator[Api]:
+    """The demo gateway under `settings`, its lifespan running, as the demo cast calls it; its jobs run on
+    `execution` (jobgate's scheduler loop and node agents unless a test asks for another)."""
     prepare_demo(settings)
     tokens = json.loads((settings.data_dir / "demo-tokens.json").read_text())
-    with TestClient(create_app(settings, run_scheduler=False)) as client:
+    with TestClient(create_app(settings, run_scheduler=False, execution=execution)) as client:
         yield Api(client, tokens, settings)
 
 
@@ -131,7 +133,7 @@ def path_objects(api: Api) -> dict[str, str]:
     """Real objects for the API's path ids: a running job of alice's with a stop awaiting approval, a token,
     a break-glass grant, a notice to alice that asks for a receipt, an emergency stop holding a workload; the
     project and node the job uses."""
-    from gateway.models import Job
+    from gateway.store.models import Job
 
     job_id = api.post("/v1/jobs", "alice", json=job_spec()).json()["id"]
     with api.gateway.db.transaction() as s:

@@ -10,7 +10,7 @@ from typing import Any
 
 from gateway_testkit import Api, job_spec
 
-from gateway.scheduling import run_once
+from gateway.native.scheduler_loop import run_once
 
 
 @dataclass

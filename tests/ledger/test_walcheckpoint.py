@@ -51,7 +51,7 @@ def test_close_stops_the_thread(tmp_path: Path) -> None:
 
 
 def test_the_ledger_store_and_the_business_db_write_without_automatic_checkpoints(tmp_path: Path) -> None:
-    from gateway.db import Database
+    from gateway.store.db import Database
     from ledger.keys import NoteSigner
     from ledger.service import Ledger
 

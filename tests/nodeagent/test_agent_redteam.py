@@ -196,7 +196,7 @@ def test_deletion_report_without_a_delete_command_for_that_node_is_not_ledgered(
 
     from gateway.app import create_app
     from gateway.demo import DEMO_NODES, prepare_demo
-    from gateway.scheduling import run_once
+    from gateway.native.scheduler_loop import run_once
     from gateway.settings import Settings
 
     settings = Settings(data_dir=tmp_path / "gw")

@@ -1,0 +1,24 @@
+"""What the access services use of the running gateway (app.py composes it; gateway/decisions/deps.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from sqlalchemy.orm import Session
+
+from gateway.decisions.deps import Decider
+from gateway.identity.token_cache import TokenCache
+from gateway.settings import Settings
+
+
+class Access(Decider, Protocol):
+    """Deciding and recording, plus: the settings (grant and token bounds), the token cache a revocation clears,
+    and the policy lock held while role bindings change in the engine and the database together."""
+
+    settings: Settings
+    token_cache: TokenCache
+    policy_lock: threading.RLock
+
+    def after_commit(self, session: Session, action: Callable[[], None]) -> None: ...

@@ -1,0 +1,354 @@
+"""Runs the pure scheduler core against the business DB: snapshot → run_cycle → placements, start and
+preemption commands, and the per-job explanation (position, priority parts, reason, estimated start). Part of
+jobgate's own execution (gateway/native/execution.py); a placement's rows are written by gateway/jobs/placement.py."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from gateway.decisions.notifications import notify
+from gateway.decisions.pipeline import record_outcome
+from gateway.jobs import placement, preemption, priority_history
+from gateway.jobs.quotas import load_quotas
+from gateway.jobs.records import lock_jobs, run_began
+from gateway.jobs.runtime_limits import stop_overrunning
+from gateway.jobs.scheduler_config import scheduler_config
+from gateway.jobs.stops import escalate_unconfirmed_stops, ledger_transition
+from gateway.native.commands import enqueue
+from gateway.native.deps import Native
+from gateway.native.node_health import mark_lost_nodes
+from gateway.schemas import MAX_RUNTIME_LIMIT_S
+from gateway.store.models import Allocation, Job, Node, NodeCommand
+from gateway.store.scheduler_tables import SchedJob, TenantUsage
+from gateway.store.states import ACTIVE_STATES, ENDED_STATES, WITHHELD_STATES
+from scheduler import reasons
+from scheduler.cycle import CycleResult, run_cycle
+from scheduler.estimate import after_admits, estimate_starts, quota_starts
+from scheduler.model import (
+    JobId,
+    NodeId,
+    NodeState,
+    PendingJob,
+    Placement,
+    ProjectId,
+    RunningJob,
+    SchedulerConfig,
+    Snapshot,
+)
+
+log = logging.getLogger("jobgate.scheduler")
+
+
+def _stop_by(job: Job) -> datetime | None:
+    if job.state not in ("stop_requested", "stopping"):
+        return None
+    at = job.stop_request.get("at")
+    asked = datetime.fromisoformat(at) if at else job.submitted_at
+    return asked + timedelta(seconds=job.grace_seconds)
+
+
+def _limit(job: Job) -> float | None:
+    """The job's runtime limit as the scheduler may use it. Submissions are bounded (MAX_RUNTIME_LIMIT_S),
+    but a row stored before that bound existed may hold one that overflows a datetime and would fail every
+    cycle, for everybody's jobs."""
+    limit = job.runtime_limit_s
+    return None if limit is None else min(limit, MAX_RUNTIME_LIMIT_S)
+
+
+def _past_validity(job: Job, now: datetime | None) -> bool:
+    return bool(now is not None and job.auto_offline and job.valid_until is not None and job.valid_until <= now)
+
+
+@dataclass(frozen=True)
+class UnisolatedNodesTake:
+    """Which jobs a node that cannot isolate them may take (policies/data.json `isolation.unisolated_nodes_take`,
+    H1): external-rights jobs or not, and jobs of which projects."""
+
+    external_rights: bool = False
+    projects: frozenset[str] = frozenset({"*"})
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> UnisolatedNodesTake:
+        take = data.get("isolation", {}).get("unisolated_nodes_take", {})
+        return cls(bool(take.get("external_rights", False)), frozenset(take.get("projects", ["*"])))
+
+    def needs_isolation(self, job: Job) -> bool:
+        return (job.external_rights and not self.external_rights) or \
+            ("*" not in self.projects and job.project not in self.projects)
+
+
+def build_snapshot(session: Session, now: datetime | None = None,
+                   take: UnisolatedNodesTake | None = None) -> Snapshot:
+    """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage; `take` says
+    which waiting jobs may run only on nodes that isolate jobs."""
+    used: dict[str, set[int]] = defaultdict(set)
+    # A job holds what its unreleased allocations hold, not its whole placement: one gang member may have
+    # exited or stopped (released on the node's evidence) while the others still run.
+    held: dict[str, list[Placement]] = defaultdict(list)
+    for job_id, node_id, gpus in session.execute(
+        select(Allocation.job_id, Allocation.node, Allocation.gpus).where(Allocation.released.is_(False))
+        .order_by(Allocation.job_id, Allocation.node)
+    ).all():
+        used[node_id].update(gpus)
+        held[job_id].append(Placement(node=NodeId(node_id), gpus=tuple(gpus)))
+    nodes = tuple(_node_state(n, used[n.id]) for n in session.scalars(select(Node).order_by(Node.id)).all())
+    rows = session.execute(
+        select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+        .where(Job.state.in_(("pending", *ACTIVE_STATES, *WITHHELD_STATES)))).all()
+    pending: list[PendingJob] = []
+    running: list[RunningJob] = []
+    withheld: list[RunningJob] = []
+    for j, s in rows:
+        if j.state == "pending" and _past_validity(j, now):
+            continue  # R4: housekeeping reclaims it; started now, it would only be stopped again
+        if j.state == "pending":
+            pending.append(PendingJob(
+                id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
+                gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=s.queued_at if s else j.submitted_at,
+                base_priority=(s.contribution if s else 0.0) + j.base_priority, runtime_limit_s=_limit(j),
+                wait_credit_s=s.wait_credit_s if s else 0.0, compensation=s.compensation if s else 0.0,
+                manual=s.manual if s else 0.0, stoppable=j.stoppable,
+                needs_isolation=take is not None and take.needs_isolation(j)))
+        else:
+            (withheld if j.state in WITHHELD_STATES else running).append(RunningJob(
+                id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
+                priority=s.priority if s else j.base_priority, started_at=run_began(j),
+                placement=tuple(held.get(j.id, ())),
+                runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j),
+                stoppable=j.stoppable, grace_s=min(max(j.grace_seconds, 0.0), MAX_RUNTIME_LIMIT_S),
+                occupancy_since=preemption.occupancy_since(j, s) if s else None))
+    quotas = load_quotas(session, now) if now is not None else None
+    usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
+    return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage,
+                    withheld=tuple(withheld))
+
+
+def _node_state(node: Node, used: set[int]) -> NodeState:
+    """The node as the scheduler sees it. One whose agent reports fewer GPUs than its unreleased allocations
+    reach (a GPU fell off the bus, a misconfigured agent; gateway/native/agents.py alerts on-call) is degraded: sized
+    to cover them, so the snapshot stays consistent and the rest of the cluster keeps scheduling, and closed to
+    new work until its jobs fit what it reports. Its free GPUs are only ever among those it reports."""
+    gpus = max(node.gpus, max(used, default=-1) + 1)
+    return NodeState(id=NodeId(node.id), gpus=gpus, free=frozenset(set(range(node.gpus)) - used),
+                     alive=node.state == "alive", degraded=gpus > node.gpus, isolated=node.isolation != "none")
+
+
+def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
+    """Q3: usage(t) = usage × 2^(-dt / half-life) + GPUs held × dt, per tenant."""
+    held: dict[str, int] = defaultdict(int)
+    for project, g, n in session.execute(
+            select(Job.project, Job.gpus_per_node, Job.nodes)
+            .where(Job.state.in_((*ACTIVE_STATES, *WITHHELD_STATES)))).all():
+        held[project] += g * n
+    rows = {u.project: u for u in session.scalars(select(TenantUsage)).all()}
+    for project in set(rows) | set(held):
+        row = rows.get(project)
+        if row is None:
+            row = TenantUsage(project=project, gpu_hours=0.0, updated_at=now)
+            session.add(row)
+        dt = max(0.0, (now - row.updated_at).total_seconds())
+        row.gpu_hours = row.gpu_hours * 2.0 ** (-dt / half_life_s) + held.get(project, 0) * dt / 3600.0
+        row.updated_at = now
+
+
+def run_once(gw: Native) -> int:
+    """One scheduling cycle in one transaction. Returns the number of jobs admitted."""
+    with gw.transaction() as session:
+        if not gw.db.is_sqlite:
+            # Every job the cycle may change, locked at once in id order (as a stop or a batch locks them): its
+            # steps used to lock theirs one round after another, holding some while waiting for others, which
+            # deadlocked with a request holding one of those and waiting for one the cycle held. SQLite's write
+            # lock already serialises the cycle with every request.
+            lock_jobs(session, session.scalars(select(Job.id).where(Job.state.not_in(ENDED_STATES))).all())
+        now = gw.clock()
+        cycle_chores(gw, session, now)  # node health, stop escalation, runtime limits
+        break_partial_holds(gw, session)  # Q7
+        requeue_undelivered_starts(gw, session, now)
+        config = scheduler_config(gw)
+        decay_usage(session, now, config.fairshare_half_life_s)
+        preemption.check_occupancy(gw, session, now, config)  # P3
+        snapshot = build_snapshot(session, now, UnisolatedNodesTake.of(gw.policy_set.data))
+        result = run_cycle(snapshot, now=now, config=config)
+        # The plan was made from rows read without a lock: on PostgreSQL a stop or a node's report may have
+        # committed since. The jobs it changes are locked and read again, so _admit and preemption.execute skip
+        # one that is no longer waiting or running instead of writing their stale copy over the change.
+        lock_jobs(session, [a.job_id for a in result.admits]
+                  + [v.job_id for plan in result.preemptions for v in plan.victims])
+        _admit(gw, session, result, now)
+        for plan in result.preemptions:
+            preemption.execute(gw, session, plan, snapshot, now)
+        _explain(session, snapshot, result, now, config)
+        return len(result.admits)
+
+
+def break_partial_holds(gw: Native, session: Session) -> list[str]:
+    """Q7, detect and break: a waiting job holds no GPUs. A gang's allocations are written in the transaction
+    that starts it and removed in the one that requeues it, so none should exist; one found anyway (a manual
+    repair, a half-restored backup) could join a circular wait with another gang waiting for what it holds.
+    Its allocations are removed, as a requeue removes a gang's old parts (one allocation per job and node),
+    and the release is ledgered, naming what it held. Returns the jobs' ids."""
+    held: dict[str, list[Allocation]] = defaultdict(list)
+    for part in session.scalars(select(Allocation).join(Job, Job.id == Allocation.job_id)
+                                .where(Allocation.released.is_(False), Job.state == "pending")
+                                .order_by(Allocation.job_id, Allocation.node)).all():
+        held[part.job_id].append(part)
+    for job_id, parts in held.items():
+        record_outcome(gw, "schedule", {
+            "job_id": job_id, "result": "partial_hold_released", "rule": "Q7",
+            "reason": "a waiting job held GPUs; a gang holds nothing until all of it starts",
+            "held": [{"node": p.node, "gpus": list(p.gpus)} for p in parts]})
+        log.warning("Q7: released the GPUs waiting job %s held on %s", job_id, ", ".join(p.node for p in parts))
+        for p in parts:
+            session.delete(p)
+    return sorted(held)
+
+
+# States of a placed job that may never have started: placed, or placed and then its node was lost.
+NEVER_STARTED = ("starting", "lost")
+
+
+def requeue_undelivered_starts(gw: Native, session: Session, now: datetime) -> list[str]:
+    """A starting job none of whose nodes ever fetched its start command before the command expired goes back to
+    the queue. An expired command is never handed out again, so such a job stayed `starting` for ever, holding its
+    GPUs and its quota, and its owner read only where it had been placed. Never delivered means no agent saw it,
+    so no process can exist; a job one of whose commands was delivered is left to its nodes' reports. It keeps
+    its place in the queue: its wait never stopped. Ledgered; the owner is told. Returns the jobs' ids.
+
+    So does one marked `lost` before any node fetched its start (its node died first): it withheld GPUs that hold
+    nothing, and when the node came back the job was reported `failed` though it never ran."""
+    latest: dict[tuple[str, str], NodeCommand] = {}
+    for cmd in session.scalars(select(NodeCommand).join(Job, Job.id == NodeCommand.job_id)
+                               .where(Job.state.in_(NEVER_STARTED), NodeCommand.kind == "start")
+                               .order_by(NodeCommand.created_at)).all():
+        latest[cmd.job_id, cmd.node] = cmd  # this run's start: the last one sent to that node
+    parts: dict[str, list[Allocation]] = defaultdict(list)
+    for part in session.scalars(select(Allocation).join(Job, Job.id == Allocation.job_id)
+                                .where(Job.state.in_(NEVER_STARTED))).all():
+        parts[part.job_id].append(part)
+    requeued = []
+    for job_id, held in sorted(parts.items()):
+        sent = [latest.get((job_id, p.node)) for p in held]
+        if not all(c is not None and c.delivered_at is None and c.expires_at <= now and p.state == "starting"
+                   for c, p in zip(sent, held, strict=True)):
+            continue
+        job = session.get(Job, job_id)
+        if job is None:
+            continue
+        nodes = sorted(p.node for p in held)
+        for p in held:
+            session.delete(p)
+        session.flush()  # gone before this cycle may place the job again, on the same node (one row per node)
+        job.placement = []
+        priority_history.ensure(session, job).borrowed = False  # it holds nothing, owned or borrowed
+        reason = (f"its start command expired before node {', '.join(nodes)} fetched it; nothing ran, and it is "
+                  "back in the queue in its place")
+        ledger_transition(gw, job, "pending", now, by="scheduler", reason=reason, nodes=nodes)
+        notify(session, job.owner, "start_not_delivered", {"job_id": job.id, "nodes": nodes, "reason": reason}, now)
+        requeued.append(job_id)
+    return requeued
+
+
+def _admit(gw: Native, session: Session, result: CycleResult, now: datetime) -> None:
+    """The cycle's admissions: each job's rows (gateway/jobs/placement.py), then a signed start per part."""
+    for admit in result.admits:
+        job = session.get(Job, admit.job_id)
+        if job is None or job.state != "pending":
+            continue
+        parts = [(str(p.node), list(p.gpus)) for p in admit.placement]
+        placement.admit(gw, session, job, parts, borrowed=admit.borrowed, priority=admit.priority.as_dict(), now=now)
+        for node, gpus in parts:
+            enqueue(gw, session, node, job.id, "start", {
+                "argv": list(job.command), "gpus": gpus, "grace_seconds": job.grace_seconds,
+                "stop_signal": job.stop_signal, "env": dict(job.env),
+                # H1: a node that maps people to Unix accounts runs the job as its submitter's account.
+                "run_as": job.creator if job.creator_kind == "person" else None})
+
+
+def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: datetime,
+             config: SchedulerConfig) -> None:
+    """Q10: keep each waiting job's position, priority parts, reason and estimated start (cached per cycle);
+    Q3: record a priority change when it moved by at least AGING_STEP."""
+    blocked = {b.job_id: b for b in result.blocked}
+    by_id = {j.id: j for j in snapshot.pending}
+    # A job a quota holds back takes no GPUs in the simulation of the others: that says when GPUs are free, so it
+    # told such a job it would start now, and pushed the jobs behind it back. It is estimated on its own, below.
+    order = sorted((j for j in snapshot.pending if j.id in blocked and not blocked[j.id].quota_tier),
+                   key=lambda j: (-result.priorities[j.id].total, j.submitted_at, j.id))
+    after = after_admits(snapshot, result.admits, now=now)
+    known = {b.job_id: b.expected_start for b in result.blocked if b.expected_start is not None}
+    estimates = estimate_starts(after, order, now=now, config=config, known=known)
+    # Those a quota holds back: when running jobs' ends let the quota allow them (rule 5 of scheduler.estimate).
+    held = quota_starts(after, [j for j in snapshot.pending if j.id in blocked and blocked[j.id].quota_tier],
+                        now=now, config=config)
+    reason_of = {b.job_id: b.reason for b in result.blocked}
+    for job_id, wait in held.items():
+        estimates[job_id] = wait.start
+        reason_of[job_id] += reasons.quota_allows(wait.allowed_at, wait.ending, wait.start, wait.ending_count)
+    pending_rows = session.execute(
+        select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+        .where(Job.state == "pending")).all()
+    for job, row in pending_rows:
+        b = blocked.get(JobId(job.id))
+        if b is None or JobId(job.id) not in by_id:
+            continue
+        if row is None:
+            row = priority_history.ensure(session, job)
+        parts = result.priorities[JobId(job.id)].as_dict()
+        last = row.recorded_priority if row.recorded_priority is not None else row.priority
+        if abs(parts["total"] - last) >= priority_history.AGING_STEP:
+            basis = priority_history.basis_of_change(row.parts or {}, parts)
+            priority_history.record(session, job.id, now, basis, last, parts)
+            row.recorded_priority = parts["total"]
+        row.priority, row.parts = parts["total"], parts
+        reason = reason_of[b.job_id]
+        if job.state_reason != reason:
+            job.state_reason = reason
+        row.position, row.blocked_reason = b.position, reason
+        row.estimated_start, row.estimated_at = estimates.get(JobId(job.id)), now
+        if row.restart_notice_pending:  # Q9: tell a preempted job's owner when it is expected to run again
+            row.restart_notice_pending = False
+            notify(session, job.owner, "expected_restart", {
+                "job_id": job.id, "position": b.position, "queue": job.queue, "reason": reason,
+                "expected_restart": row.estimated_start.isoformat() if row.estimated_start else None}, now)
+
+
+class SchedulerLoop(threading.Thread):
+    """Runs a cycle every interval, or sooner when something changed (submit, release, new node)."""
+
+    def __init__(self, gw: Native) -> None:
+        super().__init__(name="jobgate-scheduler", daemon=True)
+        self.gw = gw
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.gw.scheduler_kick.wait(self.gw.settings.scheduler_interval_s)
+            self.gw.scheduler_kick.clear()
+            if self._stop_event.is_set():
+                break
+            try:
+                run_once(self.gw)
+            except Exception:  # the loop must outlive one bad cycle; the error is logged with its trace
+                log.exception("scheduler cycle failed")
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.gw.scheduler_kick.set()
+        self.join(timeout=10)
+
+
+def cycle_chores(gw: Native, session: Session, now: datetime) -> None:
+    """Called once per scheduler cycle, in its transaction: node health, stop escalation and runtime limits
+    (seconds matter).
+    Retention, R4 auto-offline and purges run in the slower housekeeping loop (gateway/jobs/lifecycle.py)."""
+    mark_lost_nodes(gw, session, now)
+    escalate_unconfirmed_stops(gw, session, now)
+    stop_overrunning(gw, session, now)  # Q6: a reservation counts on declared runtime limits being kept

@@ -1,0 +1,193 @@
+"""Business database: engine set-up for SQLite (embedded default) and PostgreSQL.
+
+On SQLite a transaction that reads, decides and then writes the same rows (stops, approvals, placement)
+starts with BEGIN IMMEDIATE, so no other writer can interleave; other transactions start deferred, so they
+read concurrently and take the write lock only for their short write (and, crucially, not while they
+wait for the ledger). PostgreSQL uses row locks (SELECT ... FOR UPDATE) instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.errors import DatabaseInUse
+from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
+
+# How often the business database's WAL is copied back (SQLite). Each round fsyncs the pages it copied, and
+# while it does the ledger's fsyncs on the same disk wait for it: at 500 submissions/s a round a second copied
+# about 2,000 pages and every request stalled 20-30 ms once a second; rounds four times as often stall
+# requests for a few ms. An idle database costs nothing (a round with no new frames copies and syncs nothing).
+CHECKPOINT_INTERVAL_S = 0.25
+# A connection execution option (SQLite): issue no BEGIN, so that each statement is a transaction of its own.
+SINGLE_STATEMENT = "jobgate_single_statement"
+
+
+# How long a PostgreSQL statement waits for a lock (a job's row, a table) before its request is refused (503):
+# a session left open in a transaction after a manual UPDATE of a job, or a migration's ALTER TABLE, otherwise
+# held every request on those rows, each an API thread, until the gateway answered nothing at all.
+LOCK_TIMEOUT_S = 30.0
+
+
+def make_engine(url: str, *, immediate: bool = False, lock_timeout_s: float = LOCK_TIMEOUT_S) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, pool_size=20)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below own the transaction
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(AUTOCHECKPOINT_OFF)  # Database's WalCheckpointer does it, outside the requests' commits
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Any) -> None:
+            if not conn.get_execution_options().get(SINGLE_STATEMENT):
+                conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+    engine = create_engine(sqlalchemy_url(url), pool_size=20, max_overflow=20, pool_pre_ping=True)
+    if "lock_timeout" not in str(engine.url.query.get("options", "")):  # a URL that sets its own keeps it
+
+        @event.listens_for(engine, "connect")
+        def _bounds(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.execute(f"SET lock_timeout = {int(lock_timeout_s * 1000)}")
+            dbapi_conn.commit()  # a SET inside the driver's implicit transaction would be rolled back with it
+
+    return engine
+
+
+def sqlalchemy_url(url: str) -> str:
+    """A PostgreSQL URL as given (postgresql:// or postgres://, as the ledger and libpq take them) with the driver
+    SQLAlchemy is to use; `postgres://` was refused as "Can't load plugin: sqlalchemy.dialects:postgres"."""
+    for scheme in ("postgresql://", "postgres://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url.removeprefix(scheme)
+    return url
+
+
+_INSERTS: dict[Table, Insert] = {}
+_GATEWAY_LOCK = 7305617  # advisory lock key of the one gateway process on a business database (see Database.claim)
+
+
+def insert_new(session: Session, *objects: Any) -> None:
+    """INSERT new ORM objects with one Core statement each, in the given order, without adding them to
+    the session.
+
+    For the hottest write (a submission's rows), where the unit of work's flush costs more than the
+    inserts themselves. Column defaults are filled into each object first, so it reads as its stored row
+    would; an autoincrement key left unset is assigned by the database and not read back. The objects stay
+    outside the session: to change one later, load it.
+    """
+    conn = session.connection()
+    for obj in objects:
+        table: Table = obj.__table__
+        statement = _INSERTS.get(table)
+        if statement is None:
+            statement = _INSERTS[table] = table.insert()
+        conn.execute(statement, row_values(obj))
+
+
+def row_values(obj: Any) -> dict[str, Any]:
+    """A new object's column values by key, its unset column defaults filled in (into the object too); an
+    unset autoincrement key is left out."""
+    values: dict[str, Any] = {}
+    for key, default, database_assigns in _column_plan(obj.__table__):
+        value = getattr(obj, key)
+        if value is None:
+            if default is not None:
+                # SQLAlchemy wraps a callable default (list, dict) to take an execution context.
+                value = default.arg(None) if default.is_callable else default.arg
+                setattr(obj, key, value)
+            elif database_assigns:
+                continue
+        values[key] = value
+    return values
+
+
+@functools.cache
+def _column_plan(table: Table) -> tuple[tuple[str, ColumnDefault | None, bool], ...]:
+    """Per column: its key, its Python-side default, whether the database assigns it when left unset. Read
+    once per table: on the submission path, asking the column each time cost more than the insert."""
+    return tuple((col.key, col.default if isinstance(col.default, ColumnDefault) else None,
+                  bool(col.primary_key and col.autoincrement)) for col in table.columns)
+
+
+class Database:
+    """Owns the engine and hands out sessions, one transaction each."""
+
+    def __init__(self, url: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> None:
+        self.url = url
+        self.engine = make_engine(url, lock_timeout_s=lock_timeout_s)
+        self.is_sqlite = url.startswith("sqlite")
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        # SQLite only: a second pool whose transactions take the write lock up front.
+        self._immediate_engine = make_engine(url, immediate=True) if self.is_sqlite else self.engine
+        self._immediate_sessions = sessionmaker(self._immediate_engine, expire_on_commit=False)
+        self._write_lock = threading.Lock()
+        self._claim: Connection | None = None
+        file = self.engine.url.database if self.is_sqlite else None
+        self._checkpointer = (WalCheckpointer(Path(file), interval_s=CHECKPOINT_INTERVAL_S)
+                              if file and file != ":memory:" else None)
+
+    def claim(self) -> None:
+        """Become the only gateway process on this business database (PostgreSQL) until close().
+
+        Its rows cite ledger entries by seq (approvals, the reconciliation watermark, outcomes of decisions another
+        process took) and one process writes a ledger: a second gateway on the same database with a ledger of its
+        own forked the audit trail, its outcomes citing seqs that name other entries in its ledger, unnoticed. The
+        claim is a session advisory lock, so it ends with the process, even one killed with kill -9. SQLite: the
+        ledger's own claim already keeps a second `jobgate up` on one data dir out. Raises DatabaseInUse."""
+        if self.is_sqlite or self._claim is not None:
+            return
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _GATEWAY_LOCK}).scalar():
+            conn.close()
+            raise DatabaseInUse("another gateway process runs on this business database (its records cite one"
+                                " ledger, which one process writes); stop it first")
+        self._claim = conn
+
+    @contextmanager
+    def transaction(self, *, immediate: bool = True) -> Iterator[Session]:
+        """One transaction; `immediate=False` only for reads (or writes nobody else can race with)."""
+        if not (immediate and self.is_sqlite):
+            with self._sessions() as session, session.begin():
+                yield session
+            return
+        # SQLite has one writer. Queue this process's writers on a lock rather than in SQLite's busy
+        # handler, which sleeps in growing steps and turns contention into seconds of latency.
+        with self._write_lock, self._immediate_sessions() as session, session.begin():
+            yield session
+
+    @property
+    def writer_busy(self) -> bool:
+        """Another thread of this process holds the write lock now (a hint: it may be let go the next moment)."""
+        return self._write_lock.locked()
+
+    @contextmanager
+    def single_statement(self) -> Iterator[Connection]:
+        """SQLite: a connection, under the write lock, on which each statement commits on its own (no BEGIN);
+        for a write done by one statement (gateway/store/submission_rows.py)."""
+        with self._write_lock, self._immediate_engine.connect() as connection:
+            yield connection.execution_options(**{SINGLE_STATEMENT: True})
+            connection.commit()  # nothing left to commit; ends SQLAlchemy's view of a transaction
+
+    def close(self) -> None:
+        if self._claim is not None:
+            self._claim.close()  # ends the session, and the claim with it
+            self._claim = None
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+        self.engine.dispose()
+        self._immediate_engine.dispose()
