@@ -58,7 +58,11 @@ def _write_fails(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     def disk_full(*args: object, **kwargs: object) -> None:
         raise StoreError("disk full")
 
-    monkeypatch.setattr(api.gateway.ledger._store, "write_batch", disk_full)
+    store = api.gateway.ledger._store
+    # SQLite numbers a batch in this process (write_batch); PostgreSQL numbers it from the head row it locks.
+    for write in ("write_batch", "write_sequenced"):
+        if hasattr(store, write):
+            monkeypatch.setattr(store, write, disk_full)
 
 
 @pytest.mark.parametrize("break_ledger", [_closed, _write_fails], ids=["ledger closed", "ledger write fails"])
