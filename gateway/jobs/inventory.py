@@ -17,6 +17,7 @@ from gateway.decisions.pipeline import visible_projects
 from gateway.identity.auth import Caller
 from gateway.jobs.deps import Jobs
 from gateway.store.models import Job, Node, Project
+from gateway.store.oversight_tables import SlurmForeignJob
 
 LIVE_STATES = ("pending", "starting", "running", "lost", "stop_requested", "stopping", "stop_failed", "paused")
 
@@ -72,11 +73,37 @@ def workloads(gw: Jobs, session: Session, caller: Caller, *, environment: str | 
               "jobs": w["not_stoppable_jobs"],
               "why": "tracked but not stoppable: an emergency stop cannot reach it; its owner must stop it"}
              for w in out if w["trackable"] and not w["stoppable"]]
+    blind += ungoverned(gw, session, caller)
     untracked = [w["workload"] for w in out if not w["trackable"]]
     # H1: where jobs run as the agent's own user, any of them could act as the node (its token is readable).
     bare = sorted({p["node"] for j in jobs for p in j.placement if isolation.get(p["node"]) == "none"})
     return {"workloads": out, "blind_spots": blind, "untracked": untracked,
             "unisolated_nodes": [{"node": n, "why": "isolation none: its jobs run as the agent's own user and could "
                                                    "act as the node"} for n in bare],
-            "totals": {"workloads": len(out), "jobs": len(jobs), "blind_spots": len(blind)},
+            "totals": {"workloads": len(out), "jobs": len(jobs), "blind_spots": len(blind),
+                       "ungoverned": sum(1 for b in blind if b.get("governed") is False)},
             "scope": {"environment": environment, "labels": labels or {}}}
+
+
+UNGOVERNED_WHY = ("submitted straight to Slurm, not through jobgate: tracked, not governed (no decision, approval "
+                  "or ledgered stop; an emergency stop does not reach it); stop it in Slurm or resubmit it through "
+                  "jobgate")
+
+
+def ungoverned(gw: Jobs, session: Session, caller: Caller) -> list[dict[str, Any]]:
+    """R5: jobs a Slurm cluster holds that jobgate did not submit (gateway/execution/slurm/oversight.py keeps them),
+    of the accounts the caller may view, as blind spots."""
+    rows = list(session.scalars(select(SlurmForeignJob).where(SlurmForeignJob.live.is_(True))
+                                .order_by(SlurmForeignJob.first_seen, SlurmForeignJob.id)))
+    if not rows:
+        return []
+    allowed = visible_projects(gw, session, caller, sorted({r.account for r in rows}))
+    return [{"workload": f"slurm:{r.cluster}:{r.slurm_job_id}", "environments": [], "responsible": [r.user],
+             "jobs": [], "governed": False,
+             "slurm": {"cluster": r.cluster, "job_id": r.slurm_job_id, "user": r.user, "account": r.account,
+                       "partition": r.partition, "state": r.state, "name": r.name, "nodes": r.nodes, "gpus": r.gpus,
+                       "claims_jobgate_id": r.claims, "first_seen": r.first_seen.isoformat(),
+                       "ledger_seq": r.ledger_seq},
+             "why": UNGOVERNED_WHY + (f"; its comment claims jobgate job {r.claims}, which jobgate did not submit"
+                                      if r.claims else "")}
+            for r in rows if r.account in allowed]

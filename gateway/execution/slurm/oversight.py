@@ -1,0 +1,293 @@
+"""The thin adapter around watch.py and associations.py: one look at the cluster per reconciliation cycle.
+
+A cycle reads Slurm (squeue, sacct of the governed jobs, slurmctld's log since the last cycle, the
+associations), jobgate's record (slurm_runs and the jobs), compares them (watch.compare) and, in one business
+transaction, hands every new finding to the jobs room to ledger and alert (`Oversight`, gateway/jobs/oversight.py
+implements it), keeps the jobs submitted straight to Slurm for the inventory, and sets the association limits
+jobgate's quotas give (associations.desired) where Slurm's differ. A limit someone changed in Slurm since
+jobgate set it is found like any other act behind jobgate's back, and set back: jobgate's quota is the one in force.
+
+This room may not ledger or alert itself (tests/test_house.py): it says what it found, the jobs room tells.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import re
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from gateway.execution.slurm import associations
+from gateway.execution.slurm.client import SlurmClient
+from gateway.execution.slurm.errors import SlurmError
+from gateway.execution.slurm.watch import Finding, Governed, LoggedAct, Look, compare, parse_log
+from gateway.store.models import Job
+from gateway.store.oversight_tables import SlurmAssocLimit, SlurmFindingRow, SlurmForeignJob
+from gateway.store.scheduler_tables import PreemptionRow
+from gateway.store.slurm_tables import SlurmRun
+from gateway.store.states import PAST_STATES, STOPPING_STATES
+from scheduler.model import Quotas
+
+log = logging.getLogger("jobgate.slurm.watch")
+# How long an ended run stays compared after slurm_runs says it ended: the executor's own poll may see the end
+# first, and the act that ended it must still be found.
+RECENT = timedelta(minutes=15)
+# A cancel whose author Slurm does not name yet (accounting lags slurmctld by seconds) waits this long for it.
+PATIENCE = timedelta(seconds=30)
+LOG_TAIL_BYTES = 1 << 20  # at start, the acts logged in the last MiB still count
+_LOG_FILE = re.compile(r"^\s*SlurmctldLogFile\s*=\s*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+class Oversight(Protocol):
+    """What the watch needs from the jobs room: jobgate's quotas, and the telling of what it found."""
+
+    def quotas(self, session: Session) -> Quotas | None:
+        """The quota tiers in effect now (None when none was ever set)."""
+
+    def projects(self, session: Session) -> list[str]:
+        """Every jobgate project (an account each on Slurm)."""
+
+    def out_of_band(self, session: Session, finding: Mapping[str, Any]) -> int:
+        """Ledger and alert an act jobgate did not do (F3); the ledger's seq."""
+
+    def ungoverned(self, session: Session, job: Mapping[str, Any]) -> int:
+        """Ledger the first sighting of a job submitted straight to Slurm (R5); the ledger's seq."""
+
+    def quotas_synced(self, session: Session, entry: Mapping[str, Any]) -> int:
+        """Ledger the association limits jobgate set to carry its quotas (Q4); the ledger's seq."""
+
+
+@dataclass
+class CycleResult:
+    """What one cycle did (for tests, the bench and the log)."""
+
+    findings: list[dict[str, Any]] = field(default_factory=list)  # ledgered now
+    ungoverned: list[int] = field(default_factory=list)  # Slurm ids first seen now
+    quota_changes: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    waiting: list[str] = field(default_factory=list)  # finding keys waiting for Slurm to name who
+
+
+def slurmctld_log(slurm_conf: Path) -> Path | None:
+    """slurmctld's log file as slurm.conf names it, if this process can read it."""
+    try:
+        m = _LOG_FILE.search(slurm_conf.read_text())
+    except OSError:
+        return None
+    path = Path(m.group(1)) if m else None
+    return path if path is not None and os.access(path, os.R_OK) else None
+
+
+def _aware(t: datetime | None) -> datetime | None:
+    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
+
+
+class LogReader:
+    """Reads slurmctld's log from where the last read stopped (from its last MiB the first time)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.offset: int | None = None
+
+    def acts(self) -> list[LoggedAct]:
+        if self.path is None:
+            return []
+        try:
+            with self.path.open("rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                if self.offset is None or self.offset > size:  # first read, or the log was rotated
+                    self.offset = max(0, size - LOG_TAIL_BYTES)
+                f.seek(self.offset)
+                data = f.read(size - self.offset)
+        except OSError as e:
+            log.warning("cannot read slurmctld's log %s: %s", self.path, e)
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += end
+        return parse_log(data[:end].decode("utf-8", "replace").splitlines())
+
+
+class SlurmWatch:
+    """One cluster's watch. `cycle()` is one look; nothing runs between calls."""
+
+    def __init__(self, client: SlurmClient, cluster: str, oversight: Oversight,
+                 transaction: Callable[[], AbstractContextManager[Session]], *, clock: Callable[[], datetime],
+                 log_path: Path | None = None, sync_quotas: bool = True) -> None:
+        self.client, self.cluster, self.oversight = client, cluster, oversight
+        self.transaction, self.clock = transaction, clock
+        self.service_user = client.user
+        self.log = LogReader(log_path if log_path is not None else slurmctld_log(client.conn.slurm_conf))
+        self.sync_quotas = sync_quotas
+        self._acts: list[LoggedAct] = []  # acts of the last hour: a finding may come a cycle after its log line
+        self._waiting: dict[str, datetime] = {}
+
+    def cycle(self) -> CycleResult:
+        """Look once: read Slurm, compare, tell. Raises SlurmError when Slurm cannot be read (nothing is told
+        from half a look; the next cycle tries again)."""
+        now = self.clock()
+        queued = self.client.jobs()
+        with self.transaction() as session:
+            governed = self._governed(session, now)
+        accounted = self.client.accounting(list(governed)) if governed else []
+        self._acts = [a for a in self._acts if a.at > now - timedelta(hours=1)] + self.log.acts()
+        look = compare(queued, accounted, governed, self._acts, service_user=self.service_user,
+                       names=_names(self._acts))
+        result = CycleResult()
+        with self.transaction() as session:
+            self._tell(session, look, governed, now, result)
+            if self.sync_quotas:
+                self._sync(session, now, result)
+        return result
+
+    # ----------------------------------------------------------------------------------------------- reads
+
+    def _governed(self, session: Session, now: datetime) -> dict[int, Governed]:
+        rows = session.execute(
+            select(SlurmRun, Job).join(Job, Job.id == SlurmRun.job_id)
+            .where(SlurmRun.cluster == self.cluster)
+            .where(or_(SlurmRun.live.is_(True), SlurmRun.updated_at >= now - RECENT))
+            .order_by(SlurmRun.id)).all()
+        preemptions = dict(session.execute(
+            select(PreemptionRow.victim, PreemptionRow.id).where(
+                PreemptionRow.victim.in_({job.id for _, job in rows}))).all()) if rows else {}
+        counts: dict[str, int] = {}
+        for victim in preemptions:
+            counts[victim] = counts.get(victim, 0) + 1
+        out: dict[int, Governed] = {}
+        for run, job in rows:
+            stop_asked = (run.stop_reference is not None or bool(job.stop_request) or job.state in STOPPING_STATES
+                          or job.state in PAST_STATES or job.state == "paused")
+            # Later rows win: a Slurm id reused after a reset names the newer run.
+            out[run.slurm_job_id] = Governed(
+                job_id=job.id, slurm_job_id=run.slurm_job_id, state=job.state, stop_asked=stop_asked,
+                paused=bool(run.held) or job.state == "paused", priority=run.priority_set,
+                requeues=max(counts.get(job.id, 0), 1 if run.stop_requeue else 0), owner=job.owner,
+                project=job.project, submitted_at=_aware(run.submitted_at))
+        return out
+
+    # ----------------------------------------------------------------------------------------------- telling
+
+    def _tell(self, session: Session, look: Look, governed: Mapping[int, Governed], now: datetime,
+              result: CycleResult) -> None:
+        by_job = {g.job_id: g for g in governed.values()}
+        for f in look.findings:
+            if session.get(SlurmFindingRow, self._key(f.key)) is not None:
+                self._waiting.pop(f.key, None)
+                continue
+            if f.act == "cancel" and f.by is None:
+                first = self._waiting.setdefault(f.key, now)
+                if now - first < PATIENCE:
+                    result.waiting.append(f.key)
+                    continue
+            self._waiting.pop(f.key, None)
+            g = by_job[f.job_id]
+            entry = {**f.as_json(), "cluster": self.cluster, "owner": g.owner, "project": g.project,
+                     "jobgate_state": g.state, "service_user": self.service_user, "seen_at": now.isoformat()}
+            self._found(session, entry, f, now)
+            result.findings.append(entry)
+        self._keep_ungoverned(session, look, now, result)
+
+    def _key(self, key: str) -> str:
+        return f"{self.cluster}:{key}"
+
+    def _found(self, session: Session, entry: Mapping[str, Any], f: Finding | None, now: datetime) -> None:
+        row = SlurmFindingRow(key=self._key(str(entry["key"])), cluster=self.cluster, act=str(entry["act"]),
+                              job_id=f.job_id if f else None, slurm_job_id=f.slurm_job_id if f else None,
+                              by=entry.get("by"), detail=str(entry.get("detail", ""))[:2000], at=now)
+        session.add(row)
+        session.flush()  # the key is taken before anything is told: a second look in parallel fails here
+        row.ledger_seq = self.oversight.out_of_band(session, entry)
+
+    def _keep_ungoverned(self, session: Session, look: Look, now: datetime, result: CycleResult) -> None:
+        live = {r.slurm_job_id: r for r in session.scalars(
+            select(SlurmForeignJob).where(SlurmForeignJob.cluster == self.cluster, SlurmForeignJob.live.is_(True)))}
+        seen = set()
+        for u in look.ungoverned:
+            seen.add(u.slurm_job_id)
+            row = live.get(u.slurm_job_id)
+            if row is None:
+                row = SlurmForeignJob(cluster=self.cluster, slurm_job_id=u.slurm_job_id, user=u.user,
+                                      account=u.account, partition=u.partition, state=u.state, name=u.name[:500],
+                                      nodes=u.nodes, gpus=u.gpus, claims=u.claims,
+                                      submitted_at=u.submit_time, first_seen=now, last_seen=now, live=True)
+                session.add(row)
+                session.flush()
+                row.ledger_seq = self.oversight.ungoverned(session, {**u.as_json(), "cluster": self.cluster,
+                                                                     "seen_at": now.isoformat()})
+                result.ungoverned.append(u.slurm_job_id)
+            else:
+                row.state, row.last_seen, row.gpus, row.nodes = u.state, now, u.gpus, u.nodes
+        for sid, row in live.items():
+            if sid not in seen:
+                row.live, row.last_seen = False, now
+
+    # ----------------------------------------------------------------------------------------------- quotas
+
+    def _sync(self, session: Session, now: datetime, result: CycleResult) -> None:
+        """Set the association limits jobgate's quotas give; an association someone else changed since is an
+        act behind jobgate's back, told as one, and set back."""
+        have = associations.parse_associations(self.client.runner.check(
+            ["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={self.cluster}",
+             "format=account,user,partition,grptres"]).stdout)
+        want, notes = associations.desired(self.oversight.quotas(session), have, service_user=self.service_user,
+                                           projects=self.oversight.projects(session))
+        result.notes = notes
+        if not want:
+            return
+        applied = {associations.Assoc(r.account, r.user): r for r in session.scalars(
+            select(SlurmAssocLimit).where(SlurmAssocLimit.cluster == self.cluster))}
+        todo = associations.changes(want, have)
+        for change in todo:
+            last = applied.get(change.assoc)
+            if last is not None and last.gpus != change.before:
+                key = f"association:{change.assoc.label()}:{last.applied_at.isoformat()}:{change.before}"
+                if session.get(SlurmFindingRow, self._key(key)) is None:
+                    entry = {"key": key, "act": "association", "association": change.assoc.label(),
+                             "by": None, "by_source": "sacctmgr show transactions names the actor",
+                             "detail": f"GPU limit {change.before} in Slurm; jobgate set {last.gpus} (set back to "
+                                       f"{change.after})", "cluster": self.cluster, "seen_at": now.isoformat(),
+                             "service_user": self.service_user}
+                    self._found(session, entry, None, now)
+                    result.findings.append(entry)
+        for change in todo:
+            try:
+                self.client.runner.check(associations.modify_argv(self.cluster, change))
+            except SlurmError as e:  # what was set stays set and is ledgered; the rest is tried next cycle
+                notes.append(f"could not set {change.assoc.label()}: {e}")
+                todo = todo[:todo.index(change)]
+                break
+        # What already holds counts as set by jobgate too: a later change of it is then seen as one.
+        for assoc, gpus in want.items():
+            if assoc in have and assoc not in applied and have[assoc] == gpus:
+                session.add(SlurmAssocLimit(cluster=self.cluster, account=assoc.account, user=assoc.user,
+                                            gpus=gpus, applied_at=now))
+        for change in todo:
+            row = applied.get(change.assoc)
+            if row is None:
+                session.add(SlurmAssocLimit(cluster=self.cluster, account=change.assoc.account,
+                                            user=change.assoc.user, gpus=change.after, applied_at=now))
+            else:
+                row.gpus, row.applied_at = change.after, now
+        if todo:
+            result.quota_changes = [c.as_json() for c in todo]
+            self.oversight.quotas_synced(session, {"cluster": self.cluster, "changes": result.quota_changes,
+                                                   "notes": notes, "by": self.service_user})
+
+
+def _names(acts: list[LoggedAct]) -> dict[int, str]:
+    out = {}
+    for uid in {a.uid for a in acts}:
+        try:
+            out[uid] = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            out[uid] = f"uid {uid}"
+    return out
