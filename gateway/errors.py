@@ -83,6 +83,13 @@ class DatabaseInUse(GatewayError):
     status, kind, title = 503, "database-in-use", "Business database in use by another gateway"
 
 
+class ExecutorUnavailable(GatewayError):
+    """What runs the jobs (a Slurm cluster's controller) does not answer: a change it would have to carry out is
+    refused before anything is recorded as asked."""
+
+    status, kind, title = 503, "executor-unavailable", "The cluster does not answer: mutation refused"
+
+
 class LedgerUnavailable(GatewayError):
     status, kind, title = 503, "ledger-unavailable", "Ledger unavailable: mutation refused"
 

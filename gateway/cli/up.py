@@ -129,10 +129,11 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
     inside uvicorn's start-up was a traceback of a hundred lines or more after a banner saying it ran."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from gateway.bootstrap import open_gateway
+    from gateway.bootstrap import execution_for, open_gateway
     from gateway.decisions.policy.errors import PolicyError, PolicyLoadError
     from gateway.demo import prepare_demo
     from gateway.errors import GatewayError
+    from gateway.execution.slurm import SlurmError
     from gateway.native.command_key import load_or_create_command_key
     from ledger.errors import LedgerError
 
@@ -142,7 +143,9 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
             settings.data_dir.mkdir(parents=True, exist_ok=True)
             load_or_create_command_key(settings.keys_dir)
             seeded = prepare_demo(settings)
-        return open_gateway(settings), seeded
+        return open_gateway(settings, execution=execution_for(settings)), seeded
+    except SlurmError as e:
+        raise click.ClickException(f"cannot start on Slurm ({settings.slurm_conf}): {e}") from e
     except PolicyLoadError as e:
         raise click.ClickException("cannot start: " + "; ".join(str(p) for p in e.errors)) from e
     except (LedgerError, PolicyError) as e:
@@ -181,6 +184,7 @@ def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True) -> 
     ]
     if demo:
         lines += [
+            "  node agents     none: Slurm's nodes run the jobs" if settings.backend == "slurm" else
             f"  node agents     {', '.join(DEMO_NODES)} ({DEMO_GPUS_PER_NODE} virtual GPUs each; "
             + ("each job under a uid of its own)" if isolated else "isolation: none)"),
             f"  demo tokens     {data_dir / 'demo-tokens.json'}",
@@ -209,7 +213,11 @@ def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True) -> 
               envvar="JOBGATE_POLICY_ENGINE", default="embedded", show_default=True,
               help="Decide with embedded Rego, an OPA server, or OPA's evaluator in-process.")
 @click.option("--opa-url", envvar="JOBGATE_OPA_URL", help="OPA server URL (with --policy-engine opa).")
-def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa_url: str | None) -> None:
+@click.option("--backend", type=click.Choice(["native", "slurm"]), envvar="JOBGATE_BACKEND", default="native",
+              show_default=True, help="What runs the jobs: jobgate's own nodes, or a Slurm cluster (JOBGATE_SLURM_CONF"
+                                      " names its slurm.conf; README, On Slurm).")
+def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa_url: str | None,
+       backend: str) -> None:
     """Start the gateway on the embedded default (SQLite business DB, separate SQLite ledger, embedded Rego)."""
     import uvicorn
 
@@ -219,7 +227,8 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     if policy_engine == "opa" and not opa_url:
         raise click.ClickException("--policy-engine opa needs --opa-url (or JOBGATE_OPA_URL)")
     _check_port_free(host, port)
-    settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url)
+    settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url,
+                        backend=backend)
     _check_startable(settings.policies_dir, settings.rate_limit_storage)
     url = f"http://{host}:{port}"
     gateway, seeded = _open(settings, demo)
@@ -227,11 +236,14 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     unisolated = None
     if demo:
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
+    if demo and backend == "native":  # on Slurm, Slurm's nodes run the jobs: no demo agents
         unisolated = demo_isolation(data_dir)
         if unisolated:
             click.echo(f"node agents: isolation none ({unisolated}): every demo job runs as your own user")
         agents = _start_agents(data_dir, url, isolate=unisolated is None)
     click.echo(_banner(url, settings, demo, isolated=unisolated is None))
+    if backend == "slurm":
+        click.echo(f"  jobs run on Slurm cluster {getattr(gateway.execution, 'cluster', '?')} ({settings.slurm_conf})")
 
     def _terminate(*_: object) -> None:
         raise KeyboardInterrupt
