@@ -25,8 +25,10 @@ from gateway.decisions.reconcile import reconcile_at_startup
 from gateway.decisions.refusals import flush_counts, on_api_refusal
 from gateway.errors import install_error_handlers
 from gateway.execution.slurm.execution import SlurmExecution
+from gateway.execution.slurm.oversight import SlurmWatch, SlurmWatchLoop
 from gateway.execution.slurm.poll import SlurmLoop
 from gateway.housekeeping import HousekeepingLoop
+from gateway.jobs.oversight import JobOversight
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
 from gateway.native.execution import NativeExecution
 from gateway.native.scheduler_loop import SchedulerLoop
@@ -92,13 +94,16 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         # process: keep it out of the cyclic collector's full passes, which otherwise walk all of it and
         # stalled requests for 60-90 ms every few seconds under load.
         gc.freeze()
-        loops: list[SchedulerLoop | SlurmLoop | HousekeepingLoop] = []
+        loops: list[SchedulerLoop | SlurmLoop | SlurmWatchLoop | HousekeepingLoop] = []
         if run_scheduler:
             # jobgate's scheduler places only on its own nodes; on Slurm, Slurm places and the loop reads it.
             if isinstance(gw.execution, NativeExecution):
                 loops = [SchedulerLoop(gw), HousekeepingLoop(gw)]
             elif isinstance(gw.execution, SlurmExecution):
-                loops = [SlurmLoop(gw.execution, settings.slurm_poll_interval_s), HousekeepingLoop(gw)]
+                watch = SlurmWatch(gw.execution.client, gw.execution.cluster, JobOversight(gw), gw.transaction,
+                                   clock=gw.clock)
+                loops = [SlurmLoop(gw.execution, settings.slurm_poll_interval_s),
+                         SlurmWatchLoop(watch, settings.slurm_watch_interval_s), HousekeepingLoop(gw)]
             else:
                 loops = [HousekeepingLoop(gw)]
         for loop in loops:

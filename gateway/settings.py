@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     slurm_timeout_s: float = Field(30.0, gt=0, description="Bound on one Slurm command (its clients retry an "
                                    "absent controller for MessageTimeout seconds first).")
     slurm_poll_interval_s: float = Field(1.0, gt=0, description="How often jobgate reads Slurm's queue.")
+    slurm_watch_interval_s: float = Field(3.0, gt=0, description="How often jobgate looks for acts done in Slurm "
+                                          "behind its back and jobs submitted straight to it, and sets its quotas "
+                                          "on Slurm's associations (one reconciliation cycle).")
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'jobgate.db').resolve()}"

@@ -16,6 +16,7 @@ import logging
 import os
 import pwd
 import re
+import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ log = logging.getLogger("jobgate.slurm.watch")
 # How long an ended run stays compared after slurm_runs says it ended: the executor's own poll may see the end
 # first, and the act that ended it must still be found.
 RECENT = timedelta(minutes=15)
-# A cancel whose author Slurm does not name yet (accounting lags slurmctld by seconds) waits this long for it.
+# A finding without an author waits this long for Slurm to name one, or to go away (see _tell).
 PATIENCE = timedelta(seconds=30)
 LOG_TAIL_BYTES = 1 << 20  # at start, the acts logged in the last MiB still count
 _LOG_FILE = re.compile(r"^\s*SlurmctldLogFile\s*=\s*(\S+)", re.IGNORECASE | re.MULTILINE)
@@ -179,11 +180,18 @@ class SlurmWatch:
     def _tell(self, session: Session, look: Look, governed: Mapping[int, Governed], now: datetime,
               result: CycleResult) -> None:
         by_job = {g.job_id: g for g in governed.values()}
+        current = {f.key for f in look.findings}
+        for key in [k for k in self._waiting if k not in current]:
+            del self._waiting[key]  # resolved before it was told: a race with jobgate's own ask, not an act
         for f in look.findings:
             if session.get(SlurmFindingRow, self._key(f.key)) is not None:
                 self._waiting.pop(f.key, None)
                 continue
-            if f.act == "cancel" and f.by is None:
+            # Slurm names no author yet (accounting lags), or jobgate's own ask has not reached Slurm yet (the
+            # executor's loop tells Slurm after the asking transaction commits): wait; a race then resolves
+            # itself, an act that lasts is told. A requeue never has an author, and jobgate's own are counted
+            # before they are made: told at once.
+            if f.by is None and f.act != "requeue":
                 first = self._waiting.setdefault(f.key, now)
                 if now - first < PATIENCE:
                     result.waiting.append(f.key)
@@ -291,3 +299,29 @@ def _names(acts: list[LoggedAct]) -> dict[int, str]:
         except KeyError:
             out[uid] = f"uid {uid}"
     return out
+
+
+class SlurmWatchLoop(threading.Thread):
+    """Runs the watch's cycle every `interval_s` (JOBGATE_SLURM_WATCH_INTERVAL_S): a reconciliation cycle."""
+
+    def __init__(self, watch: SlurmWatch, interval_s: float) -> None:
+        super().__init__(name="jobgate-slurm-watch", daemon=True)
+        self.watch, self.interval_s = watch, interval_s
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            try:
+                result = self.watch.cycle()
+            except SlurmError as e:  # Slurm down: nothing is told from half a look; the next cycle looks again
+                log.warning("Slurm watch: cannot look: %s", e)
+                continue
+            except Exception:  # the loop must outlive one bad cycle; the error is logged with its trace
+                log.exception("Slurm watch cycle failed")
+                continue
+            for f in result.findings:
+                log.warning("out of band on Slurm: %s", f.get("detail"))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=30)
