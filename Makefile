@@ -10,7 +10,7 @@ DEV_STAMP := $(VENV)/.dev-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 QUIET_PIP := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: run test lint bench clean venv slurm-up slurm-down
+.PHONY: run run-slurm test lint bench clean venv slurm-up slurm-down
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,5 +59,15 @@ slurm-up:
 slurm-down:
 	deploy/slurm/down
 
+## jobgate in front of that cluster (as root): `deploy/slurm/up`, then the gateway on it with the demo organisation
+## (no demo node agents: Slurm's nodes run the jobs), its data in var-slurm (`export JOBGATE_DATA_DIR=var-slurm`
+## for the CLI). `make slurm-down` stops the cluster.
+SLURM_DIR ?= /tmp/jobgate-slurm
+SLURM_DATA ?= var-slurm
+run-slurm: $(RUN_STAMP)
+	JOBGATE_SLURM_DIR=$(SLURM_DIR) deploy/slurm/up $(SLURM_NODES)
+	. $(SLURM_DIR)/env.sh && JOBGATE_SLURM_CONF="$$SLURM_CONF" JOBGATE_SLURM_USER="$$JOBGATE_SLURM_SERVICE_USER" \
+	  $(BIN)/jobgate up --backend slurm --demo --port $(PORT) --data-dir $(SLURM_DATA)
+
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) var var-slurm .pytest_cache .mypy_cache .ruff_cache
