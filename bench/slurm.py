@@ -10,8 +10,21 @@ as jobgate's service user three ways, interleaved in rounds:
 
 Then one `SlurmClient.jobs()` (squeue --json, parsed) with the 3 x N jobs queued, and `squeue --json` alone.
 
+Then, through jobgate on the same cluster (a gateway in this process on the Slurm backend, its Slurm loop and
+its watch running as in `jobgate up --backend slurm`):
+
+- `through_jobgate`: authorised submissions/s, each POST /v1/jobs decided by policy and ledgered, until Slurm
+  holds every one (its slurm_runs row), beside `sbatch` alone from Python's subprocess for as many jobs;
+- `reconciliation`: from an out-of-band `scancel` (as root) of a governed running job to its `out_of_band`
+  ledger entry, per trial, beside the watch's interval and the cost of one look;
+
+and on a full cluster of `--urgent-nodes` (64) nodes x 8 GPUs started for it: an urgent 2x8-GPU job from its
+submission to running, through jobgate (POST as a queue admin, Slurm preempts, jobgate requeues and keeps the
+victims' priority) beside Slurm's own partition preemption of the same fill submitted with sbatch alone (GraceTime
+0), with the victims lost (ended instead of back in the queue) for each.
+
     .venv/bin/python bench/slurm.py              # 300 jobs
-    .venv/bin/python bench/slurm.py --jobs 100
+    .venv/bin/python bench/slurm.py --jobs 100 --urgent-nodes 0   # no 64-node run
 
 Prints one JSON object.
 """
@@ -23,6 +36,7 @@ import json
 import pwd
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,9 +47,20 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path[:0] = [str(_HERE.parent), str(_HERE.parent / "tests" / "gateway" / "execution" / "slurm")]
 
+from fastapi.testclient import TestClient  # noqa: E402
 from slurm_testkit import LocalCluster, start_cluster, stop_cluster_dir, why_no_slurm  # noqa: E402
+from sqlalchemy import func, select  # noqa: E402
 
+from gateway.app import create_app  # noqa: E402
+from gateway.bootstrap import slurm_execution  # noqa: E402
+from gateway.demo import prepare_demo  # noqa: E402
 from gateway.execution.slurm import JobSpec  # noqa: E402
+from gateway.execution.slurm.oversight import SlurmWatch  # noqa: E402
+from gateway.jobs.oversight import JobOversight  # noqa: E402
+from gateway.settings import Settings  # noqa: E402
+from gateway.store.models import Job  # noqa: E402
+from gateway.store.oversight_tables import SlurmFindingRow  # noqa: E402
+from gateway.store.slurm_tables import SlurmRun  # noqa: E402
 
 SCRIPT = "#!/bin/sh\nexec sleep 600\n"
 
@@ -77,7 +102,170 @@ def queued(cluster: LocalCluster) -> int:
     return len(out.stdout.split())
 
 
-def run(n: int, nodes: int, rounds: int) -> dict[str, Any]:
+class Gate:
+    """A gateway in this process on the cluster, as `jobgate up --backend slurm --demo` runs it (its loops too)."""
+
+    def __init__(self, cluster: LocalCluster, data_dir: Path) -> None:
+        self.cluster = cluster
+        self.settings = Settings(data_dir=data_dir, backend="slurm", slurm_conf=cluster.slurm_conf,
+                                 slurm_user=cluster.service_user, slurm_checkpoint_dir=cluster.workdir / "jobgate",
+                                 policy_watch_interval_s=0)
+        prepare_demo(self.settings)
+        self.tokens = json.loads((data_dir / "demo-tokens.json").read_text())
+        self.client = TestClient(create_app(self.settings, run_scheduler=True, execution=slurm_execution))
+        self.client.__enter__()
+        self.gw = self.client.app.state.gateway  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.client.__exit__(None, None, None)
+
+    def submit(self, who: str, **spec: Any) -> str:
+        body = {"name": "bench", "project": "vision", "gpus_per_node": 1, "nodes": 1,
+                "command": ["sleep", "600"], **spec}
+        r = self.client.post("/v1/jobs", json=body, headers={"Authorization": f"Bearer {self.tokens[who]}"})
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    def states(self, job_ids: list[str]) -> dict[str, str]:
+        with self.gw.transaction(immediate=False) as session:
+            return dict(session.execute(select(Job.id, Job.state).where(Job.id.in_(job_ids))).all())
+
+    def in_slurm(self, job_ids: list[str]) -> int:
+        with self.gw.transaction(immediate=False) as session:
+            return int(session.scalar(select(func.count(func.distinct(SlurmRun.job_id)))
+                                      .where(SlurmRun.job_id.in_(job_ids))) or 0)
+
+    def finding(self, key: str) -> bool:
+        with self.gw.transaction(immediate=False) as session:
+            return session.get(SlurmFindingRow, f"{self.cluster.cluster}:{key}") is not None
+
+
+def until(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+    return value
+
+
+def cancel_to_ledger(gate: Gate, cluster: LocalCluster) -> float:
+    """Seconds from a root `scancel` of a governed running job to its out_of_band entry."""
+    job = gate.submit("alice", name="victim")
+    until(lambda: gate.states([job]).get(job) == "running", 60, "the job to run", 0.05)
+    with gate.gw.transaction(immediate=False) as session:
+        sid = session.scalar(select(SlurmRun.slurm_job_id).where(SlurmRun.job_id == job))
+    t0 = time.perf_counter()
+    cluster.run_as("root", "scancel", str(sid))
+    until(lambda: gate.finding(f"{job}:cancel"), 60, "the out_of_band entry", 0.01)
+    return time.perf_counter() - t0
+
+
+def through_jobgate(cluster: LocalCluster, data_dir: Path, n: int, trials: int) -> dict[str, Any]:
+    """Authorised submissions/s through jobgate beside sbatch alone; reconciliation of an out-of-band cancel."""
+    gate = Gate(cluster, data_dir)
+    try:
+        t0 = time.perf_counter()
+        ids = [gate.submit("alice", queue="batch", name=f"bench-{i}") for i in range(n)]
+        decided = time.perf_counter() - t0
+        until(lambda: gate.in_slurm(ids) == n, 300, f"{n} jobs in Slurm", 0.02)
+        through = time.perf_counter() - t0
+        cluster.cancel_everything()
+        args = JobSpec(script=SCRIPT, account="vision", partition="batch", name="bench", gpus_per_node=1,
+                       workdir=str(cluster.workdir), comment="jobgate:bench").sbatch_args()
+        alone = subprocess_loop(cluster, n, args)
+        cluster.cancel_everything()
+        until(lambda: all(s in ("failed", "stopped", "succeeded") for s in gate.states(ids).values()), 120,
+              "jobgate to read the cancelled jobs' ends", 0.2)
+        seconds = []
+        for _ in range(trials):
+            seconds.append(cancel_to_ledger(gate, cluster))
+        watch = SlurmWatch(gate.gw.execution.client, cluster.cluster, JobOversight(gate.gw), gate.gw.transaction,
+                           clock=gate.gw.clock)
+        watch.cycle()
+        t2 = time.perf_counter()
+        looks = 5
+        for _ in range(looks):
+            watch.cycle()
+        look_ms = (time.perf_counter() - t2) * 1000 / looks
+        cluster.cancel_everything()
+        return {
+            "submissions": n,
+            "jobgate_decided_per_s": round(n / decided, 1),
+            "jobgate_to_slurm_per_s": round(n / through, 1),
+            "sbatch_alone_per_s": round(n / alone, 1),
+            "jobgate_vs_sbatch_alone": round(alone / through, 3),
+            "reconciliation_s": [round(x, 2) for x in seconds],
+            "reconciliation_median_s": round(sorted(seconds)[len(seconds) // 2], 2),
+            "reconciliation_max_s": round(max(seconds), 2),
+            "watch_interval_s": gate.settings.slurm_watch_interval_s,
+            "one_look_ms": round(look_ms, 1),
+            "baseline": "sbatch alone: the same sbatch options from Python's subprocess, same user, same cluster; "
+                        "reconciliation beside the watch's interval (the wait for the next look) and one look's cost",
+        }
+    finally:
+        gate.close()
+
+
+def _slurm_states(cluster: LocalCluster) -> dict[int, str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%A %T"], capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "SLURM_CONF": str(cluster.slurm_conf)}).stdout
+    return {int(a): b for a, b in (ln.split() for ln in out.splitlines() if ln.strip())}
+
+
+def urgent_on_a_full_cluster(nodes: int, data_dir: Path) -> dict[str, Any]:
+    """An urgent 2x8-GPU job on a full cluster: through jobgate, and with Slurm's own preemption alone."""
+    cluster, up_s = start_cluster(nodes, prefix="jobgate-slurm-bench-urgent-")
+    try:
+        # Slurm alone: the fill and the urgent job with sbatch, as jobgate's service user.
+        fill = JobSpec(script=SCRIPT, account="vision", partition="normal", name="fill", gpus_per_node=8,
+                       workdir=str(cluster.workdir))
+        client = cluster.client()
+        victims = [int(client.submit(fill)) for _ in range(nodes)]
+        until(lambda: sum(1 for v in _slurm_states(cluster).values() if v == "RUNNING") == nodes, 300,
+              "the fill running", 0.2)
+        t0 = time.perf_counter()
+        urgent = int(client.submit(JobSpec(script=SCRIPT, account="vision", partition="urgent", name="urgent",
+                                           gpus_per_node=8, nodes=2, workdir=str(cluster.workdir))))
+        until(lambda: _slurm_states(cluster).get(urgent) == "RUNNING", 120, "the urgent job running", 0.02)
+        slurm_alone = time.perf_counter() - t0
+        time.sleep(2)
+        states = _slurm_states(cluster)
+        slurm_lost = sum(1 for v in victims if states.get(v) not in ("RUNNING", "PENDING", "CONFIGURING"))
+        cluster.cancel_everything()
+        # Through jobgate: the same fill and urgent job, submitted through the API.
+        gate = Gate(cluster, data_dir)
+        try:
+            fill_ids = [gate.submit("alice", name=f"fill-{i}", gpus_per_node=8) for i in range(nodes)]
+            until(lambda: list(gate.states(fill_ids).values()).count("running") == nodes, 300,
+                  "the fill running in jobgate", 0.2)
+            t1 = time.perf_counter()
+            job = gate.submit("carol", queue="urgent", name="urgent", gpus_per_node=8, nodes=2)
+            until(lambda: gate.states([job]).get(job) == "running", 120, "the urgent job running in jobgate", 0.02)
+            jobgate_s = time.perf_counter() - t1
+            until(lambda: list(gate.states(fill_ids).values()).count("pending") >= 2, 60,
+                  "the victims back in jobgate's queue", 0.1)
+            after = gate.states(fill_ids)
+            jobgate_lost = sum(1 for s in after.values() if s not in ("running", "pending"))
+        finally:
+            gate.close()
+        cluster.cancel_everything()
+        return {
+            "nodes": nodes, "gpus_per_node": cluster.gpus_per_node, "bring_up_s": round(up_s, 1),
+            "urgent_2x8_through_jobgate_s": round(jobgate_s, 2),
+            "urgent_2x8_slurm_preemption_alone_s": round(slurm_alone, 2),
+            "jobgate_vs_slurm_alone": round(jobgate_s / slurm_alone, 2),
+            "victims_lost_through_jobgate": jobgate_lost,
+            "victims_lost_slurm_alone": slurm_lost,
+            "baseline": "Slurm's own partition preemption (PreemptMode=REQUEUE, GraceTime=0) of the same fill "
+                        "submitted with sbatch, same cluster, same run",
+        }
+    finally:
+        stop_cluster_dir(cluster.env)
+
+
+def run(n: int, nodes: int, rounds: int, through: int, trials: int, urgent_nodes: int,
+        data_dir: Path) -> dict[str, Any]:
     cluster, up_s = start_cluster(nodes, prefix="jobgate-slurm-bench-")
     try:
         args = JobSpec(script=SCRIPT, account="vision", partition="batch", name="bench", gpus_per_node=1,
@@ -121,6 +309,7 @@ def run(n: int, nodes: int, rounds: int) -> dict[str, Any]:
                                                  3),
             "baseline": "sbatch_shell_loop: the same sbatch command in a bash loop, same user, same cluster, "
                         f"interleaved with the others in {rounds} rounds",
+            "through_jobgate": through_jobgate(cluster, data_dir / "gateway", through, trials) if through else None,
         }
     finally:
         stop_cluster_dir(cluster.env)
@@ -131,12 +320,19 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=300)
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--through-jobgate", type=int, default=100, help="jobs submitted through jobgate (0: none)")
+    ap.add_argument("--trials", type=int, default=5, help="out-of-band cancels timed")
+    ap.add_argument("--urgent-nodes", type=int, default=64, help="nodes of the full cluster (0: no urgent run)")
     a = ap.parse_args()
     reason = why_no_slurm()
     if reason:
         print(json.dumps({"benchmark": "slurm_submission", "skipped": reason}))
         return 0
-    print(json.dumps(run(a.jobs, a.nodes, a.rounds), indent=2))
+    with tempfile.TemporaryDirectory(prefix="jobgate-bench-slurm-") as tmp:
+        out = run(a.jobs, a.nodes, a.rounds, a.through_jobgate, a.trials, a.urgent_nodes, Path(tmp))
+        if a.urgent_nodes:
+            out["urgent_on_a_full_cluster"] = urgent_on_a_full_cluster(a.urgent_nodes, Path(tmp) / "urgent")
+    print(json.dumps(out, indent=2))
     return 0
 
 
