@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from gateway.execution.slurm import associations
 from gateway.execution.slurm.client import SlurmClient
 from gateway.execution.slurm.errors import SlurmError
-from gateway.execution.slurm.watch import Finding, Governed, LoggedAct, Look, compare, parse_log
+from gateway.execution.slurm.watch import LIVE, Finding, Governed, LoggedAct, Look, compare, parse_log
 from gateway.store.models import Job
 from gateway.store.oversight_tables import SlurmAssocLimit, SlurmFindingRow, SlurmForeignJob
 from gateway.store.scheduler_tables import PreemptionRow
@@ -130,6 +130,7 @@ class SlurmWatch:
         self.sync_quotas = sync_quotas
         self._acts: list[LoggedAct] = []  # acts of the last hour: a finding may come a cycle after its log line
         self._waiting: dict[str, datetime] = {}
+        self._managed: bool | None = None  # whether jobgate's quotas were on Slurm at the last sync (None: unknown)
 
     def cycle(self) -> CycleResult:
         """Look once: read Slurm, compare, tell. Raises SlurmError when Slurm cannot be read (nothing is told
@@ -138,7 +139,12 @@ class SlurmWatch:
         queued = self.client.jobs()
         with self.transaction() as session:
             governed = self._governed(session, now)
-        accounted = self.client.accounting(list(governed)) if governed else []
+        # Accounting only where squeue cannot tell it all: a job it no longer shows or shows ended, or one requeued
+        # (an attempt's end state says by whom: jobgate's preemption, Slurm's, or a person's requeue).
+        queued_by_id = {int(q.job_id): q for q in queued}
+        ask = [sid for sid, g in governed.items()
+               if (q := queued_by_id.get(sid)) is None or q.state not in LIVE or q.restarts > g.requeues]
+        accounted = self.client.accounting(ask) if ask else []
         self._acts = [a for a in self._acts if a.at > now - timedelta(hours=1)] + self.log.acts()
         look = compare(queued, accounted, governed, self._acts, service_user=self.service_user,
                        names=_names(self._acts))
@@ -243,11 +249,15 @@ class SlurmWatch:
     def _sync(self, session: Session, now: datetime, result: CycleResult) -> None:
         """Set the association limits jobgate's quotas give; an association someone else changed since is an
         act behind jobgate's back, told as one, and set back."""
+        quotas = self.oversight.quotas(session)
+        if quotas is None and self._managed is False:
+            return  # no quota in jobgate, none ever set on Slurm by it: nothing to read (one command less a cycle)
         have = associations.parse_associations(self.client.runner.check(
             ["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={self.cluster}",
              "format=account,user,partition,grptres"]).stdout)
-        want, notes = associations.desired(self.oversight.quotas(session), have, service_user=self.service_user,
+        want, notes = associations.desired(quotas, have, service_user=self.service_user,
                                            projects=self.oversight.projects(session))
+        self._managed = bool(want)
         result.notes = notes
         if not want:
             return
