@@ -240,7 +240,7 @@ def _cancel(g: Governed, q: QueuedJob | None, attempts: Sequence[AccountedJob], 
     mine = by == service_user
     detail = (f"cancelled in Slurm by {by or 'someone Slurm does not name'}"
               + (" with jobgate's own Slurm account, but jobgate asked no stop" if mine else "")
-              + f" while jobgate had it {g.state}")
+              + f" (jobgate's record of the job: {g.state})")
     return [Finding(key=f"{g.job_id}:cancel", act="cancel", job_id=g.job_id, slurm_job_id=g.slurm_job_id, by=by,
                     source=source, detail=detail, with_jobgate_account=mine)]
 

@@ -1,25 +1,28 @@
 """Governing a real Slurm cluster (H1, F3, R5, Q4): what is done behind jobgate's back is found in one look.
 
-The cluster is the session's (conftest.py); the gateway is the demo one on SQLite, shared by the module. A governed
-job is what jobgate's Slurm backend makes of a submission: the jobgate job, a Slurm job submitted as jobgate's
-service user carrying `jobgate:<id>` in its comment, and its slurm_runs row. People then act in Slurm as themselves,
-through Slurm's own commands (root for what Slurm lets only root do to jobgate's jobs).
+The cluster is the session's (conftest.py); the gateway is the demo one on the Slurm backend, shared by the module,
+its Slurm loop driven by the tests one cycle at a time (as in test_slurm_backend.py) and its watch likewise. People
+then act in Slurm as themselves, through Slurm's own commands (root for what Slurm lets only root do to jobgate's
+jobs).
 """
 
 from __future__ import annotations
 
+import secrets
+import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from gateway_testkit import Api, job_spec, ledger_entries, start_api
-from slurm_testkit import SLEEPS, LocalCluster, wait_for
+from slurm_testkit import LocalCluster, wait_for
 
-from gateway.execution.slurm import JobSpec
+from gateway.bootstrap import slurm_execution
 from gateway.execution.slurm.oversight import SlurmWatch
+from gateway.execution.slurm.poll import SlurmLoop
 from gateway.jobs.oversight import JobOversight
 from gateway.settings import Settings
+from gateway.store.models import Job
 from gateway.store.scheduler_tables import QuotaRow
 from gateway.store.slurm_tables import SlurmRun
 
@@ -27,27 +30,34 @@ pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
-    yield from start_api(Settings(data_dir=tmp_path_factory.mktemp("gov")))
+def api(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    settings = Settings(data_dir=tmp_path_factory.mktemp("gov"), backend="slurm", slurm_conf=slurm_cluster.slurm_conf,
+                        slurm_user=slurm_cluster.service_user, policy_watch_interval_s=0,
+                        slurm_checkpoint_dir=slurm_cluster.workdir / f"jobgate-gov-{secrets.token_hex(3)}")
+    yield from start_api(settings, execution=slurm_execution)
 
 
 def watch(api: Api, slurm: LocalCluster) -> SlurmWatch:
     gw = api.gateway
-    return SlurmWatch(slurm.client(), slurm.cluster, JobOversight(gw), gw.transaction, clock=gw.clock)
+    return SlurmWatch(gw.execution.client, slurm.cluster, JobOversight(gw), gw.transaction, clock=gw.clock)
 
 
-def governed(api: Api, slurm: LocalCluster, who: str = "alice") -> tuple[str, int]:
-    """A job submitted through jobgate and put on Slurm as jobgate's backend does: (jobgate id, Slurm id)."""
-    r = api.post("/v1/jobs", who, json=job_spec(name="governed", gpus_per_node=1))
+def governed(api: Api, who: str = "alice") -> tuple[str, int]:
+    """A job submitted through jobgate and running on Slurm: (jobgate id, Slurm id)."""
+    r = api.post("/v1/jobs", who, json=job_spec(name="governed", gpus_per_node=1, command=["sleep", "600"]))
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
-    sid = slurm.client().submit(JobSpec(script=SLEEPS, account="vision", partition="normal", gpus_per_node=1,
-                                        comment=f"jobgate:{job_id}", workdir=str(slurm.workdir)))
-    now = datetime.now(UTC)
-    with api.gateway.transaction() as session:
-        session.add(SlurmRun(job_id=job_id, cluster=slurm.cluster, slurm_job_id=sid, submitted_at=now, updated_at=now))
-    wait_for(lambda: (j := slurm.client().job(sid)) is not None and j.state == "RUNNING", 30, f"job {sid} to run")
-    return job_id, int(sid)
+    loop = SlurmLoop(api.gateway.execution)
+    deadline = time.monotonic() + 45
+    while True:
+        loop.cycle()
+        with api.gateway.transaction(immediate=False) as session:
+            job = session.get(Job, job_id)
+            run = session.query(SlurmRun).filter_by(job_id=job_id).one_or_none()
+            if job is not None and job.state == "running" and run is not None:
+                return job_id, run.slurm_job_id
+        assert time.monotonic() < deadline, f"{job_id} never ran on Slurm"
+        time.sleep(0.3)
 
 
 def entries(api: Api, kind: str) -> list[dict[str, Any]]:
@@ -57,8 +67,8 @@ def entries(api: Api, kind: str) -> list[dict[str, Any]]:
 def test_acts_behind_jobgates_back_are_ledgered_once_with_who_did_them_and_alerted(
         api: Api, slurm: LocalCluster) -> None:
     w = watch(api, slurm)
-    cancelled, cancelled_sid = governed(api, slurm)
-    held, held_sid = governed(api, slurm)
+    cancelled, cancelled_sid = governed(api)
+    held, held_sid = governed(api)
     assert w.cycle().findings == []
     # Slurm's own permission check keeps a researcher off jobgate's jobs: her try changes nothing, so it is no act
     refused = slurm.run_as("alice", "scancel", str(cancelled_sid), check=False)
