@@ -186,9 +186,12 @@ def through_jobgate(cluster: LocalCluster, data_dir: Path, n: int, trials: int) 
         watch.cycle()
         t2 = time.perf_counter()
         looks = 5
+        parts: dict[str, float] = {}
         for _ in range(looks):
-            watch.cycle()
+            for k, v in watch.cycle().ms.items():
+                parts[k] = parts.get(k, 0.0) + v / looks
         look_ms = (time.perf_counter() - t2) * 1000 / looks
+        held = len(_slurm_states(cluster, every=True))
     finally:
         gate.close()
     cluster.cancel_everything()
@@ -203,13 +206,17 @@ def through_jobgate(cluster: LocalCluster, data_dir: Path, n: int, trials: int) 
         "reconciliation_max_s": round(max(seconds), 2),
         "watch_interval_s": gate.settings.slurm_watch_interval_s,
         "one_look_ms": round(look_ms, 1),
+        "one_look_parts_ms": {k: round(v, 1) for k, v in parts.items()},
+        "jobs_slurmctld_held_at_the_looks": held,
         "baseline": "sbatch alone: the same sbatch options from Python's subprocess, same user, same cluster; "
                     "reconciliation beside the watch's interval (the wait for the next look) and one look's cost",
     }
 
 
-def _slurm_states(cluster: LocalCluster) -> dict[int, str]:
-    out = subprocess.run(["squeue", "-h", "-o", "%A %T"], capture_output=True, text=True, check=True,
+def _slurm_states(cluster: LocalCluster, every: bool = False) -> dict[int, str]:
+    """Slurm id -> state of the jobs squeue lists (`every`: with those ended less than MinJobAge ago)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%A %T", *(["-t", "all"] if every else [])],
+                         capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin", "SLURM_CONF": str(cluster.slurm_conf)}).stdout
     return {int(a): b for a, b in (ln.split() for ln in out.splitlines() if ln.strip())}
 

@@ -17,6 +17,7 @@ import os
 import pwd
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class CycleResult:
     quota_changes: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     waiting: list[str] = field(default_factory=list)  # finding keys waiting for Slurm to name who
+    ms: dict[str, float] = field(default_factory=dict)  # where the look's time went (squeue, sacct, log, ...)
 
 
 def slurmctld_log(slurm_conf: Path) -> Path | None:
@@ -136,7 +138,10 @@ class SlurmWatch:
         """Look once: read Slurm, compare, tell. Raises SlurmError when Slurm cannot be read (nothing is told
         from half a look; the next cycle tries again)."""
         now = self.clock()
+        ms: dict[str, float] = {}
+        t = time.perf_counter()
         queued = self.client.jobs()
+        ms["squeue"] = time.perf_counter() - t
         with self.transaction() as session:
             governed = self._governed(session, now)
         # Accounting only where squeue cannot tell it all: a job it no longer shows or shows ended, or one requeued
@@ -144,15 +149,24 @@ class SlurmWatch:
         queued_by_id = {int(q.job_id): q for q in queued}
         ask = [sid for sid, g in governed.items()
                if (q := queued_by_id.get(sid)) is None or q.state not in LIVE or q.restarts > g.requeues]
+        t = time.perf_counter()
         accounted = self.client.accounting(ask) if ask else []
+        ms["sacct"] = time.perf_counter() - t
+        t = time.perf_counter()
         self._acts = [a for a in self._acts if a.at > now - timedelta(hours=1)] + self.log.acts()
+        ms["log"] = time.perf_counter() - t
         look = compare(queued, accounted, governed, self._acts, service_user=self.service_user,
                        names=_names(self._acts))
         result = CycleResult()
         with self.transaction() as session:
+            t = time.perf_counter()
             self._tell(session, look, governed, now, result)
+            ms["tell"] = time.perf_counter() - t
             if self.sync_quotas:
+                t = time.perf_counter()
                 self._sync(session, now, result)
+                ms["quotas"] = time.perf_counter() - t
+        result.ms = {k: round(v * 1000, 1) for k, v in ms.items()}
         return result
 
     # ----------------------------------------------------------------------------------------------- reads
