@@ -145,10 +145,11 @@ class SlurmWatch:
         with self.transaction() as session:
             governed = self._governed(session, now)
         # Accounting only where squeue cannot tell it all: a job it no longer shows or shows ended, or one requeued
-        # (an attempt's end state says by whom: jobgate's preemption, Slurm's, or a person's requeue).
+        # (an attempt's end state says by whom: jobgate's preemption, Slurm's, or a person's requeue). Not for a run
+        # whose end jobgate's executor already read from accounting (slurm_runs keeps its state and canceller).
         queued_by_id = {int(q.job_id): q for q in queued}
-        ask = [sid for sid, g in governed.items()
-               if (q := queued_by_id.get(sid)) is None or q.state not in LIVE or q.restarts > g.requeues]
+        ask = [sid for sid, g in governed.items() if g.ended is None and (
+            (q := queued_by_id.get(sid)) is None or q.state not in LIVE or q.restarts > g.requeues)]
         t = time.perf_counter()
         accounted = self.client.accounting(ask) if ask else []
         ms["sacct"] = time.perf_counter() - t
@@ -192,7 +193,8 @@ class SlurmWatch:
                 job_id=job.id, slurm_job_id=run.slurm_job_id, state=job.state, stop_asked=stop_asked,
                 paused=bool(run.held) or job.state == "paused", priority=run.priority_set,
                 requeues=max(counts.get(job.id, 0), 1 if run.stop_requeue else 0), owner=job.owner,
-                project=job.project, submitted_at=_aware(run.submitted_at))
+                project=job.project, submitted_at=_aware(run.submitted_at),
+                ended=None if run.live else run.state, cancelled_by=None if run.live else run.cancelled_by)
         return out
 
     # ----------------------------------------------------------------------------------------------- telling

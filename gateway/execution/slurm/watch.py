@@ -56,6 +56,9 @@ class Governed:
     owner: str = ""
     project: str = ""
     submitted_at: datetime | None = None  # first submit (slurm_runs): older rows under the same id are another job's
+    # How it ended, as jobgate's executor read it from accounting (slurm_runs): None while Slurm may still run it.
+    ended: str | None = None
+    cancelled_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,12 +226,15 @@ def _same_job(g: Governed, row: AccountedJob) -> bool:
 def _cancel(g: Governed, q: QueuedJob | None, attempts: Sequence[AccountedJob], acts: Sequence[LoggedAct],
             service_user: str, who: Callable[[int], str]) -> list[Finding]:
     cancelled_rows = [r for r in attempts if r.state.startswith("CANCELLED")]
-    seen = (q is not None and q.state.startswith("CANCELLED")) or bool(cancelled_rows)
+    ended_cancelled = bool(g.ended and g.ended.startswith("CANCELLED"))
+    seen = (q is not None and q.state.startswith("CANCELLED")) or bool(cancelled_rows) or ended_cancelled
     if not seen:
         return []
     by, source = None, "Slurm does not say (yet)"
     logged = _last(acts, g.slurm_job_id, "cancel")
     recorded = next((r.cancelled_by for r in reversed(cancelled_rows) if r.cancelled_by), None)
+    if recorded is None and ended_cancelled:
+        recorded = g.cancelled_by
     if recorded:
         by, source = recorded, "accounting (kill_request_user)"
     elif logged is not None:

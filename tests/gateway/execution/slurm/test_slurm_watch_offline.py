@@ -54,6 +54,13 @@ def test_a_cancel_by_jobgate_for_its_own_stop_is_no_finding_but_one_without_a_st
     assert [(f.act, f.by, f.with_jobgate_account) for f in found] == [("cancel", SERVICE, True)]
 
 
+def test_a_cancel_read_by_jobgates_executor_at_the_runs_end_is_still_found() -> None:
+    # the executor saw the end first: slurm_runs holds accounting's state and canceller, squeue no longer the job
+    ended = replace(GOVERNED, ended="CANCELLED", cancelled_by="root", state="failed")
+    assert look([], [], ended) == [("cancel", "root")]
+    assert look([], [], replace(ended, ended="COMPLETED", cancelled_by=None)) == []
+
+
 def test_a_cancel_slurm_does_not_attribute_yet_is_named_from_the_log() -> None:
     log = "[2026-12-02T00:02:54.399] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=7 uid 0\n"
     assert look([queued(7, state="CANCELLED")], [], log=log) == [("cancel", "root")]
