@@ -34,6 +34,12 @@ def describe_why(q: dict[str, Any]) -> str:
         est = q["estimated_start"] or ("unknown (the GPUs it needs are withheld or on degraded nodes, or no running"
                                        " job's end makes room for it under its quota)")
         lines.append(f"  estimated start: {est}" + (f" (as of {q['estimated_at']})" if q["estimated_at"] else ""))
+    if q.get("slurm"):
+        s = q["slurm"]
+        est = f", expected start {s['estimated_start']} (squeue --start)" if s["estimated_start"] else ""
+        reason = f" ({s['reason']})" if s["reason"] and s["state"] == "PENDING" else ""
+        lines.append(f"  Slurm says: job {s['slurm_job_id']} on {s['cluster']} {s['state']}{reason}, priority "
+                     f"{s['priority'] if s['priority'] is not None else '-'}{est}")
     if q.get("quota"):
         lines.append(f"  {'running' if q['state'] in ('starting', 'running') else 'ran'} on {q['quota']} quota")
     if q["preemptions"]:

@@ -367,12 +367,19 @@ class SlurmLoop(threading.Thread):
         now = ex.clock()
         with ex.transaction() as session:
             for slurm_id in ids:
+                q, est = queued[slurm_id], estimates.get(slurm_id)
+                run = session.scalars(select(SlurmRun).where(SlurmRun.cluster == ex.cluster, SlurmRun.live.is_(True),
+                                                             SlurmRun.slurm_job_id == slurm_id)).first()
+                if run is not None:
+                    run.reason = (est.reason if est is not None and est.reason else q.reason) or ""
+                    run.estimated_start = est.start_time if est is not None else None
                 row = session.get(SchedJob, waiting[slurm_id])
                 if row is None:
                     continue
-                q, est = queued[slurm_id], estimates.get(slurm_id)
-                reason = est.reason if est is not None and est.reason else q.reason
-                row.blocked_reason = f"Slurm: {reason or 'waiting'} (Slurm job {slurm_id}, priority {q.priority})"
+                # jobgate's own word beside Slurm's (kept in the map row): what it asked, and that Slurm places.
+                held = " (held: paused in jobgate)" if run is not None and run.held else ""
+                row.blocked_reason = (f"queued in Slurm as job {slurm_id} on {ex.cluster}, partition {q.partition}"
+                                      f"{held}; Slurm places it")
                 row.estimated_start = est.start_time if est is not None else None
                 row.estimated_at = now
 
@@ -406,12 +413,4 @@ def _iso(when: datetime | None) -> str | None:
     return when.isoformat() if when is not None else None
 
 
-def runs_of(session: Session, job_id: str) -> list[dict[str, Any]]:
-    """The Slurm jobs a jobgate job became, for `job why` and the console (Q10)."""
-    out = []
-    for r in session.scalars(select(SlurmRun).where(SlurmRun.job_id == job_id).order_by(SlurmRun.id)):
-        out.append({"cluster": r.cluster, "slurm_job_id": r.slurm_job_id, "submitted_at": r.submitted_at.isoformat(),
-                    "state": r.state, "reason": r.reason, "priority": r.slurm_priority, "live": r.live,
-                    "node_list": r.node_list, "restarts": r.restarts})
-    return out
 

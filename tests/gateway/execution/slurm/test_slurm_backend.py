@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries, start_api
 from slurm_testkit import LocalCluster
 
 from gateway.bootstrap import slurm_execution
+from gateway.cli.queue import describe_why
+from gateway.cli.up import up
 from gateway.execution.slurm.execution import SlurmExecution
 from gateway.execution.slurm.poll import SlurmLoop
 from gateway.settings import Settings
@@ -183,12 +186,24 @@ def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their
         q = g.ex.client.job(row.slurm_job_id)
         # Victims lost: none. The same Slurm job waits again, its priority the one it had (P2), not restarted.
         assert q is not None and q.state == "PENDING" and q.restarts == 1 and row.live
-        g.until(f"{j}'s priority kept in Slurm",
-                lambda j=j, row=row: (q2 := g.ex.client.job(row.slurm_job_id)) and q2.priority >= before[j] > 0)
+        with g.api.gateway.transaction(immediate=False) as session:
+            kept = session.get(SchedJob, j).priority  # type: ignore[union-attr]
+        assert kept >= before[j] > 0  # jobgate's record: the priority before, plus its compensation (Q8)
+        # Slurm would start its age factor again; jobgate set the kept priority as Operator, and Slurm keeps it.
+        g.until(f"{j}'s priority kept in Slurm", lambda j=j, row=row, kept=kept: (
+            q2 := g.ex.client.job(row.slurm_job_id)) and q2.priority == round(kept) == g.run_row(j).priority_set)
         job = g.job(j)
         assert job["evidence"]["last_preemption"]["outcome"] == "forced"
         queue = g.api.get(f"/v1/jobs/{j}/queue", "alice").json()
         assert queue["preemptions"] == 1 and queue["priority"]["effective"] >= before[j]
+    # Q10: why it waits, in jobgate's words and beside them Slurm's own reason and estimate.
+    g.until("Slurm's reason read", lambda: all(g.api.get(f"/v1/jobs/{j}/queue", "alice").json()["slurm"]["reason"]
+                                               for j in requeued))
+    why = g.api.get(f"/v1/jobs/{requeued[0]}/queue", "alice").json()
+    assert why["blocking_reason"].startswith(f"queued in Slurm as job {why['slurm']['slurm_job_id']}")
+    assert why["slurm"]["state"] == "PENDING"
+    assert f"Slurm says: job {why['slurm']['slurm_job_id']} on {g.ex.cluster} PENDING ({why['slurm']['reason']})" \
+        in describe_why(why)
     preempts = [e["body"] for e in ledger_entries(g.api) if e["kind"] == "decision"
                 and e["body"].get("input", {}).get("action") == "job.preempt"]
     assert sorted(p["input"]["targets"][0] for p in preempts) == sorted(requeued)
@@ -214,7 +229,7 @@ def test_an_emergency_stop_of_an_environment_stops_its_jobs_in_slurm_and_only_th
     assert g.ex.client.job(g.run_row(other).slurm_job_id).state == "RUNNING"  # type: ignore[union-attr]
 
 
-def test_slurm_down_refuses_mutations_changes_nothing_and_is_caught_up_when_it_returns(g: Gate) -> None:
+def test_slurm_down_refuses_mutations_changes_nothing_and_is_caught_up_when_it_returns(g: Gate, tmp_path: Path) -> None:
     job_id = g.submit()
     g.running(job_id)
     slurm_id = g.run_row(job_id).slurm_job_id
@@ -234,6 +249,13 @@ def test_slurm_down_refuses_mutations_changes_nothing_and_is_caught_up_when_it_r
         assert g.state(waiting) == "pending" and g.ex.answering is False
         assert not [e for e in ledger_entries(g.api)[entries:] if e["kind"] == "transition"
                     and e["body"].get("job_id") == job_id]
+        # A gateway started now says why in one line.
+        started = CliRunner().invoke(up, ["--backend", "slurm", "--data-dir", str(tmp_path / "var"), "--port", "1"],
+                                     env={"JOBGATE_SLURM_CONF": str(g.cluster.slurm_conf),
+                                          "JOBGATE_SLURM_USER": g.cluster.service_user})
+        assert started.exit_code == 1, started.output
+        (line,) = started.output.strip().splitlines()
+        assert line.startswith("Error: cannot start on Slurm") and "does not answer" in line, line
     finally:
         g.cluster.up()
     g.until("the waiting job submitted and running", lambda: g.state(waiting) == "running", 60)
