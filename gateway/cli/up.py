@@ -128,7 +128,7 @@ def _check_slurm(settings: Settings) -> None:
     from gateway.execution.slurm import SlurmClient, SlurmConnection, SlurmError
 
     try:
-        SlurmClient(SlurmConnection(slurm_conf=settings.slurm_conf, user=settings.slurm_user,
+        SlurmClient(SlurmConnection(slurm_conf=settings.slurm_conf, user=settings.slurm_service_user,
                                     timeout_s=settings.slurm_timeout_s)).ping()
     except SlurmError as e:
         raise click.ClickException(f"cannot start on Slurm ({settings.slurm_conf}): {e}") from e

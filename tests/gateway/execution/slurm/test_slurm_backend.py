@@ -107,7 +107,7 @@ class Gate:
 @pytest.fixture(scope="module")
 def gate(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
     settings = Settings(data_dir=tmp_path_factory.mktemp("slurm-gateway"), backend="slurm",
-                        slurm_conf=slurm_cluster.slurm_conf, slurm_user=slurm_cluster.service_user,
+                        slurm_conf=slurm_cluster.slurm_conf, slurm_service_user=slurm_cluster.service_user,
                         slurm_checkpoint_dir=slurm_cluster.workdir / f"jobgate-{secrets.token_hex(3)}",
                         policy_watch_interval_s=0)
     gen = start_api(settings, execution=slurm_execution)
@@ -252,7 +252,7 @@ def test_slurm_down_refuses_mutations_changes_nothing_and_is_caught_up_when_it_r
         # A gateway started now says why in one line.
         started = CliRunner().invoke(up, ["--backend", "slurm", "--data-dir", str(tmp_path / "var"), "--port", "1"],
                                      env={"JOBGATE_SLURM_CONF": str(g.cluster.slurm_conf),
-                                          "JOBGATE_SLURM_USER": g.cluster.service_user})
+                                          "JOBGATE_SLURM_SERVICE_USER": g.cluster.service_user})
         assert started.exit_code == 1, started.output
         (line,) = started.output.strip().splitlines()
         assert line.startswith("Error: cannot start on Slurm") and "does not answer" in line, line
