@@ -188,9 +188,12 @@ class SlurmLoop(threading.Thread):
             run.updated_at = now
         if job is None:
             return
+        if q is None and run.state == "SUBMITTED" and (now - run.updated_at).total_seconds() < 30.0:
+            return  # submitted after this cycle read the queue
         if q is None or q.state not in ALIVE:
             self._ended(session, run, job, q)
             return
+        self._ended_seen.pop(run.id, None)  # alive after all (read before its end settled): wait afresh next time
         requeued_by_slurm = q.state == "PENDING" and (was_running or q.restarts > run.restarts)
         run.restarts = q.restarts
         if q.state == "PENDING":
@@ -255,16 +258,22 @@ class SlurmLoop(threading.Thread):
                        queued: Mapping[int, QueuedJob]) -> None:
         """Step 2's requeue: by jobgate at a preemption's window end, or by Slurm's own preemption."""
         ex = self.ex
-        ours = run.stop_requeue and run.forced_at is not None
-        forced = True
-        note = "requeued by jobgate in Slurm when the preemption's grace window ended"
-        if run.stop_requeue and run.signal_sent_at is not None and run.forced_at is None:
-            ours, forced = True, False  # the script exited in its window and Slurm requeued it
-        if not ours:
+        stopping = job.state in ("stop_requested", "stopping")
+        if stopping and not run.stop_requeue:
+            # jobgate is ending it, and Slurm put it back in its queue meanwhile: it must not run again. Cancelled,
+            # its end is read from accounting like any other (forced: it did not end in its window).
+            ex.client.cancel(run.slurm_job_id)
+            run.forced_at = run.forced_at or ex.clock()
+            return
+        forced = not (stopping and run.forced_at is None)  # a preemption's script that exited in its window
+        note = "requeued by jobgate in Slurm when the preemption's grace window ended" if forced else \
+            "exited within the preemption's grace window; requeued in Slurm"
+        if not stopping:
             preemptor = _preemptor(run, queued)
-            note = ("preempted by Slurm's partition priority"
-                    + (f" for Slurm job {preemptor.job_id}" if preemptor else "")
-                    + " and requeued at once (GraceTime 0 on this cluster: no prepare signal)")
+            note = (f"preempted by Slurm's partition priority for Slurm job {preemptor.job_id} and requeued at once "
+                    "(GraceTime 0 on this cluster: no prepare signal)" if preemptor else
+                    "put back in Slurm's queue by someone other than jobgate (no job of a higher partition took "
+                    "its nodes)")
             who = _jobgate_id(preemptor.comment) if preemptor else None
             if not ex.reports.preempted(session, job.id, preemptor=who, reason=note):
                 return
@@ -376,6 +385,10 @@ class SlurmLoop(threading.Thread):
                 row = session.get(SchedJob, waiting[slurm_id])
                 if row is None:
                     continue
+                if run is not None and run.priority_set is None and q.priority > 0:
+                    # A2, A3 compare a change with the priority that orders the queue, which is Slurm's here.
+                    slurm = float(q.priority)
+                    row.priority, row.parts = slurm, {"slurm": slurm, "total": slurm}
                 # jobgate's own word beside Slurm's (kept in the map row): what it asked, and that Slurm places.
                 held = " (held: paused in jobgate)" if run is not None and run.held else ""
                 row.blocked_reason = (f"queued in Slurm as job {slurm_id} on {ex.cluster}, partition {q.partition}"

@@ -222,8 +222,11 @@ def test_an_emergency_stop_of_an_environment_stops_its_jobs_in_slurm_and_only_th
     assert done.status_code == 200, done.text
     g.until("staging stopped", lambda: all(g.state(j) == "stopped" for j in staging))
     for j in staging:
-        (node,) = g.job(j)["evidence"]["nodes"].values()
-        assert node["slurm"]["state"] in ("CANCELLED", "COMPLETED")
+        stopped = g.job(j)
+        (node,) = stopped["evidence"]["nodes"].values()
+        # Grace 0: the prepare signal, and at once jobgate's scancel; Slurm's accounting names who cancelled.
+        assert stopped["outcome"] == node["outcome"] == "forced" and node["signal"] == "SIGTERM"
+        assert (node["slurm"]["state"], node["slurm"]["cancelled_by"]) == ("CANCELLED", g.cluster.service_user)
         assert g.ex.client.job(g.run_row(j).slurm_job_id).state not in ("RUNNING", "PENDING")  # type: ignore[union-attr]
     assert g.state(other) == "running"
     assert g.ex.client.job(g.run_row(other).slurm_job_id).state == "RUNNING"  # type: ignore[union-attr]
