@@ -47,6 +47,9 @@ RUNS = ("RUNNING", "CONFIGURING", "SIGNALING", "STAGE_OUT")
 GONE = ("stopped", "succeeded", "failed", "deleted", "stop_failed")
 ACCOUNTING_WAIT_S = 20.0  # how long an ended job's evidence waits for its accounting row before it goes without
 REFUSED_RETRY_S = 60.0  # a submission Slurm refused is tried again after this long (its quota may have changed)
+PREEMPTOR_WAIT_S = 10.0  # how long a victim's report waits for Slurm to start the job that preempted it
+# The starter's partitions by PriorityTier (deploy/slurm): a higher one's jobs requeue a lower one's.
+TIERS = {"urgent": 3, "normal": 2, "batch": 1}
 _GPU = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 10: "SIGUSR1", 12: "SIGUSR2", 15: "SIGTERM"}
 
@@ -65,6 +68,7 @@ class SlurmLoop(threading.Thread):
         self._stop_event = threading.Event()
         self._ended_seen: dict[int, float] = {}  # map row id -> monotonic time its job was first seen ended
         self._refused: dict[str, float] = {}  # job id -> monotonic time its submission may be tried again
+        self._requeue_seen: dict[int, float] = {}  # map row id -> when its job was first seen back in the queue
         self._nodes_read = 0.0
 
     def run(self) -> None:
@@ -180,7 +184,6 @@ class SlurmLoop(threading.Thread):
         ex = self.ex
         job = session.get(Job, run.job_id)
         now = ex.clock()
-        was_running = run.state in RUNS
         if q is not None:
             run.state, run.reason, run.slurm_priority = q.state, q.reason, q.priority
             if q.node_list:
@@ -194,10 +197,11 @@ class SlurmLoop(threading.Thread):
             self._ended(session, run, job, q)
             return
         self._ended_seen.pop(run.id, None)  # alive after all (read before its end settled): wait afresh next time
-        requeued_by_slurm = q.state == "PENDING" and (was_running or q.restarts > run.restarts)
         run.restarts = q.restarts
         if q.state == "PENDING":
-            if requeued_by_slurm and job.state in ("starting", "running", "stop_requested", "stopping"):
+            # Waiting in Slurm while jobgate holds it placed: Slurm put it back in its queue. Judged by jobgate's
+            # state, not by what the last cycle saw: a cycle may have seen it only COMPLETING on its way back.
+            if job.state in ("starting", "running", "stop_requested", "stopping"):
                 self._back_in_queue(session, run, job, q, queued)
             elif job.state == "paused" and not run.held:
                 ex.client.hold(run.slurm_job_id)
@@ -265,11 +269,17 @@ class SlurmLoop(threading.Thread):
             ex.client.cancel(run.slurm_job_id)
             run.forced_at = run.forced_at or ex.clock()
             return
-        forced = not (stopping and run.forced_at is None)  # a preemption's script that exited in its window
+        forced = not (stopping and run.signal_sent_at is not None and run.forced_at is None)  # exited in its window
         note = "requeued by jobgate in Slurm when the preemption's grace window ended" if forced else \
             "exited within the preemption's grace window; requeued in Slurm"
         if not stopping:
-            preemptor = _preemptor(run, queued)
+            preemptor = _preemptor(run, job.queue, queued)
+            first = self._requeue_seen.setdefault(run.id, time.monotonic())
+            if preemptor is None and time.monotonic() - first < PREEMPTOR_WAIT_S and any(
+                    q.state == "PENDING" and TIERS.get(q.partition, 0) > TIERS.get(job.queue, 0)
+                    for q in queued.values()):
+                return  # Slurm starts the preemptor only once its victims are gone: name it next cycle
+            self._requeue_seen.pop(run.id, None)
             note = (f"preempted by Slurm's partition priority for Slurm job {preemptor.job_id} and requeued at once "
                     "(GraceTime 0 on this cluster: no prepare signal)" if preemptor else
                     "put back in Slurm's queue by someone other than jobgate (no job of a higher partition took "
@@ -405,11 +415,12 @@ def _jobgate_id(comment: str) -> str | None:
     return comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) else None
 
 
-def _preemptor(run: SlurmRun, queued: Mapping[int, QueuedJob]) -> QueuedJob | None:
-    """The running job of a higher partition on the nodes the victim had, if Slurm shows one."""
+def _preemptor(run: SlurmRun, queue: str, queued: Mapping[int, QueuedJob]) -> QueuedJob | None:
+    """The latest started job of a higher partition on the nodes the victim had, if Slurm shows one."""
     had = set(expand(run.node_list))
-    for q in sorted(queued.values(), key=lambda j: j.start_time or datetime.max.replace(tzinfo=UTC), reverse=True):
-        if q.state in RUNS and q.job_id != run.slurm_job_id and had & set(expand(q.node_list)):
+    for q in sorted(queued.values(), key=lambda j: j.start_time or datetime.min.replace(tzinfo=UTC), reverse=True):
+        if q.state in RUNS and q.job_id != run.slurm_job_id and TIERS.get(q.partition, 0) > TIERS.get(queue, 0) \
+                and had & set(expand(q.node_list)):
             return q
     return None
 
