@@ -14,7 +14,7 @@ from gateway.cli.jobs import job_group
 def _parts(parts: dict[str, Any]) -> str:
     """`baseline 500 + contribution 20 + aging 0.42`: two decimals at most, and parts that round to 0 left out
     (aging a few seconds old is 7e-06, which only reads as noise)."""
-    keys = ("baseline", "contribution", "aging", "fairshare", "compensation", "manual")
+    keys = ("baseline", "contribution", "aging", "fairshare", "compensation", "manual", "slurm")
     shown = ((k, round(float(parts[k]), 2)) for k in keys if parts.get(k))
     return " + ".join(f"{k} {v:g}" for k, v in shown if v)
 
