@@ -30,7 +30,7 @@ from gateway.settings import Settings
 from gateway.store.scheduler_tables import SchedJob
 from gateway.store.slurm_tables import SlurmRun
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 # The README's train.py: on SIGTERM it writes its checkpoint and exits 0. It says when its handler is in place (a
 # prepare signal before that would kill python instead), beside its checkpoint directory, not in it.
