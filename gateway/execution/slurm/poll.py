@@ -252,10 +252,16 @@ class SlurmLoop(threading.Thread):
                                                 "grace_seconds": run.stop_grace_s or 0.0})
         end = run.stop_asked_at.timestamp() + (run.stop_grace_s or 0.0)
         if run.forced_at is None and now.timestamp() >= end:
-            if run.stop_requeue:
-                ex.client.requeue(run.slurm_job_id)
-            else:
-                ex.client.cancel(run.slurm_job_id)
+            try:
+                if run.stop_requeue:
+                    ex.client.requeue(run.slurm_job_id)
+                else:
+                    ex.client.cancel(run.slurm_job_id)
+            except SlurmRefused as e:
+                # It ended between the read and the cancel: within its window, on the prepare signal (its end,
+                # read next cycle, is graceful).
+                log.info("Slurm job %s ended before its window's end was enforced: %s", run.slurm_job_id, e)
+                return
             run.forced_at = now
 
     def _back_in_queue(self, session: Session, run: SlurmRun, job: Job, q: QueuedJob,

@@ -44,6 +44,13 @@ signal.signal(signal.SIGTERM, on_term)
 pathlib.Path(ckpt + ".ready").touch()
 while True: time.sleep(1)
 """
+# A job that ignores its prepare signal: only jobgate's scancel at the window's end stops it.
+IGNORES_TERM = """
+import os, pathlib, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(os.environ["JOBGATE_CHECKPOINT_DIR"] + ".ready").touch()
+while True: time.sleep(1)
+"""
 
 
 class Gate:
@@ -66,8 +73,8 @@ class Gate:
             assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
             time.sleep(0.3)
 
-    def submit(self, who: str = "alice", **spec: Any) -> str:
-        body = job_spec(command=["python3", "-c", TRAIN], **spec)
+    def submit(self, who: str = "alice", program: str = TRAIN, **spec: Any) -> str:
+        body = job_spec(command=["python3", "-c", program], **spec)
         r = self.api.post("/v1/jobs", who, json=body)
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
@@ -211,7 +218,7 @@ def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their
 
 
 def test_an_emergency_stop_of_an_environment_stops_its_jobs_in_slurm_and_only_those(g: Gate) -> None:
-    staging = [g.submit(environment="staging", name=f"staging-{i}") for i in range(2)]
+    staging = [g.submit(environment="staging", name=f"staging-{i}", program=IGNORES_TERM) for i in range(2)]
     other = g.submit(environment="research", name="research")
     g.running(*staging, other)
     r = g.api.post("/v1/emergency-stops", "dave", json={"scope": {"kind": "environment", "value": "staging"},
@@ -224,7 +231,7 @@ def test_an_emergency_stop_of_an_environment_stops_its_jobs_in_slurm_and_only_th
     for j in staging:
         stopped = g.job(j)
         (node,) = stopped["evidence"]["nodes"].values()
-        # Grace 0: the prepare signal, and at once jobgate's scancel; Slurm's accounting names who cancelled.
+        # Grace 0: the prepare signal (ignored), and at once jobgate's scancel; Slurm's accounting names who cancelled.
         assert stopped["outcome"] == node["outcome"] == "forced" and node["signal"] == "SIGTERM"
         assert (node["slurm"]["state"], node["slurm"]["cancelled_by"]) == ("CANCELLED", g.cluster.service_user)
         assert g.ex.client.job(g.run_row(j).slurm_job_id).state not in ("RUNNING", "PENDING")  # type: ignore[union-attr]
