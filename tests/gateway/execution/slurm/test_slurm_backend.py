@@ -176,7 +176,8 @@ def test_the_walk_through_on_slurm_submit_refused_stop_graceful_stop_with_its_ch
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their_priority(g: Gate) -> None:
+def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their_priority_hold_and_lower(
+        g: Gate) -> None:
     victims = [g.submit(gpus_per_node=8, name=f"fill-{i}") for i in range(g.cluster.nodes)]
     g.running(*victims)
     with g.api.gateway.transaction(immediate=False) as session:
@@ -215,6 +216,21 @@ def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their
                 and e["body"].get("input", {}).get("action") == "job.preempt"]
     assert sorted(p["input"]["targets"][0] for p in preempts) == sorted(requeued)
     assert all(p["input"]["preemptor"] == urgent for p in preempts)
+
+    # A waiting job paused in jobgate is held in Slurm, and released with its kept priority when resumed.
+    paused, lowered = requeued
+    slurm_id = g.run_row(paused).slurm_job_id
+    r = g.api.post(f"/v1/jobs/{paused}/pause", "alice", json={"reason": "fix the data loader"})
+    assert r.status_code in (200, 202), r.text
+    g.until("held in Slurm", lambda: g.ex.client.job(slurm_id).held)  # type: ignore[union-attr]
+    assert g.state(paused) == "paused"
+    assert g.api.post(f"/v1/jobs/{paused}/resume", "alice", json={"reason": "fixed"}).status_code == 200
+    g.until("released with its priority", lambda: (q := g.ex.client.job(slurm_id)) and not q.held
+            and q.priority == g.run_row(paused).priority_set)
+    # The owner gives way (A2): the number is Slurm's priority at once.
+    r = g.api.post(f"/v1/jobs/{lowered}/priority", "alice", json={"priority": 100, "reason": "give way"})
+    assert r.status_code == 200, r.text
+    g.until("Slurm priority 100", lambda: g.ex.client.job(g.run_row(lowered).slurm_job_id).priority == 100)  # type: ignore[union-attr]
 
 
 def test_an_emergency_stop_of_an_environment_stops_its_jobs_in_slurm_and_only_those(g: Gate) -> None:
