@@ -47,6 +47,7 @@ RUNS = ("RUNNING", "CONFIGURING", "SIGNALING", "STAGE_OUT")
 GONE = ("stopped", "succeeded", "failed", "deleted", "stop_failed")
 ACCOUNTING_WAIT_S = 20.0  # how long an ended job's evidence waits for its accounting row before it goes without
 REFUSED_RETRY_S = 60.0  # a submission Slurm refused is tried again after this long (its quota may have changed)
+MAX_UNSTARTED = 3  # Slurm jobs of one jobgate job that may end before they ran; then it is not submitted again
 PREEMPTOR_WAIT_S = 10.0  # how long a victim's report waits for Slurm to start the job that preempted it
 # The starter's partitions by PriorityTier (deploy/slurm): a higher one's jobs requeue a lower one's.
 TIERS = {"urgent": 3, "normal": 2, "batch": 1}
@@ -163,6 +164,14 @@ class SlurmLoop(threading.Thread):
                         select(SlurmRun.id).where(SlurmRun.job_id == job_id, SlurmRun.live.is_(True))).first():
                     continue
                 now = ex.clock()
+                never_ran = session.scalars(select(SlurmRun.slurm_job_id).where(
+                    SlurmRun.job_id == job_id, SlurmRun.live.is_(False), SlurmRun.node_list == "")).all()
+                if adopt is None and len(never_ran) >= MAX_UNSTARTED:
+                    # Fail closed: Slurm ends it before it runs (or someone cancels it there); not submitted again.
+                    job.state_reason = (f"Slurm ended its last {len(never_ran)} submissions (jobs "
+                                        f"{', '.join(map(str, never_ran[-MAX_UNSTARTED:]))}) before they ran; "
+                                        "not submitted again: stop it, or ask on-call")
+                    continue
                 if adopt is not None:
                     slurm_id, submitted = int(adopt.job_id), adopt.submit_time or now
                 else:
