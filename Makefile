@@ -60,13 +60,13 @@ slurm-down:
 	deploy/slurm/down
 
 ## jobgate in front of that cluster (as root): `deploy/slurm/up`, then the gateway on it with the demo organisation
-## (no demo node agents: Slurm's nodes run the jobs), its data in var-slurm (`export JOBGATE_DATA_DIR=var-slurm`
-## for the CLI). `make slurm-down` stops the cluster.
+## (no demo node agents: Slurm's nodes run the jobs; env.sh names slurm.conf and jobgate's service user), its data
+## in var-slurm, the jobs' checkpoints where the service user and the nodes reach them. `make slurm-down` stops it.
 SLURM_DIR ?= /tmp/jobgate-slurm
 SLURM_DATA ?= var-slurm
 run-slurm: $(RUN_STAMP)
 	JOBGATE_SLURM_DIR=$(SLURM_DIR) deploy/slurm/up $(SLURM_NODES)
-	. $(SLURM_DIR)/env.sh && JOBGATE_SLURM_CONF="$$SLURM_CONF" JOBGATE_SLURM_USER="$$JOBGATE_SLURM_SERVICE_USER" \
+	. $(SLURM_DIR)/env.sh && JOBGATE_SLURM_CHECKPOINT_DIR=$(SLURM_DIR)/work/checkpoints \
 	  $(BIN)/jobgate up --backend slurm --demo --port $(PORT) --data-dir $(SLURM_DATA)
 
 clean:

@@ -108,8 +108,8 @@ class Gate:
     def __init__(self, cluster: LocalCluster, data_dir: Path) -> None:
         self.cluster = cluster
         self.settings = Settings(data_dir=data_dir, backend="slurm", slurm_conf=cluster.slurm_conf,
-                                 slurm_user=cluster.service_user, slurm_checkpoint_dir=cluster.workdir / "jobgate",
-                                 policy_watch_interval_s=0)
+                                 slurm_service_user=cluster.service_user, policy_watch_interval_s=0,
+                                 slurm_checkpoint_dir=cluster.workdir / "jobgate")
         prepare_demo(self.settings)
         self.tokens = json.loads((data_dir / "demo-tokens.json").read_text())
         self.client = TestClient(create_app(self.settings, run_scheduler=True, execution=slurm_execution))

@@ -66,7 +66,7 @@ def slurm_execution(gateway: Gateway) -> Execution:
     """A Slurm cluster's (gateway/execution/slurm/execution.py), from the settings. Raises SlurmError (one line)
     when the cluster cannot be used: no slurm.conf, no such user, or slurmctld does not answer."""
     s = gateway.settings
-    conn = SlurmConnection(slurm_conf=s.slurm_conf, user=s.slurm_user, timeout_s=s.slurm_timeout_s,
+    conn = SlurmConnection(slurm_conf=s.slurm_conf, user=s.slurm_service_user, timeout_s=s.slurm_timeout_s,
                            rest_url=s.slurm_rest_url, jwt_key=s.slurm_jwt_key)
     if s.slurm_jwt_key is not None and not s.slurm_jwt_key.is_file():
         raise SlurmConfigError("slurm", f"no JWT key at {s.slurm_jwt_key}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nodeagent.protocol import MAX_COMMAND_TTL_S
@@ -14,7 +14,7 @@ REPO_POLICIES = Path(__file__).resolve().parent.parent / "policies"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="JOBGATE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="JOBGATE_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Field(Path("var"), description="Keys, SQLite files, blobs and demo tokens live here.")
     database_url: str | None = Field(None, description="Business DB; default: SQLite file in data_dir.")
@@ -74,8 +74,9 @@ class Settings(BaseSettings):
     backend: Literal["native", "slurm"] = Field(
         "native", description="What runs the jobs: jobgate's own scheduler and node agents, or a Slurm cluster.")
     slurm_conf: Path = Field(Path("/etc/slurm/slurm.conf"), description="The Slurm cluster's slurm.conf (backend "
-                             "slurm; the client commands get it as SLURM_CONF).")
-    slurm_user: str | None = Field(None, description="Unix user jobgate acts as in Slurm, the cluster's only "
+                             "slurm; the client commands get it as SLURM_CONF). JOBGATE_SLURM_CONF, else SLURM_CONF.",
+                             validation_alias=AliasChoices("JOBGATE_SLURM_CONF", "SLURM_CONF", "slurm_conf"))
+    slurm_service_user: str | None = Field(None, description="Unix user jobgate acts as in Slurm, the cluster's only "
                                    "Operator; default: the gateway process's own user.")
     slurm_cluster: str | None = Field(None, description="Name of the cluster in jobgate's map of Slurm jobs; "
                                       "default: ClusterName in slurm.conf.")

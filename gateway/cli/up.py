@@ -122,6 +122,18 @@ def _check_startable(policies_dir: Path, rate_limit_storage: str) -> None:
         raise click.ClickException(f"rate limit storage {rate_limit_storage!r} cannot be used: {e}") from e
 
 
+def _check_slurm(settings: Settings) -> None:
+    """Raises ClickException, in one line, when the Slurm cluster cannot be used (no slurm.conf, no such user,
+    slurmctld does not answer): checked first, before the policy set is compiled, so the answer comes at once."""
+    from gateway.execution.slurm import SlurmClient, SlurmConnection, SlurmError
+
+    try:
+        SlurmClient(SlurmConnection(slurm_conf=settings.slurm_conf, user=settings.slurm_service_user,
+                                    timeout_s=settings.slurm_timeout_s)).ping()
+    except SlurmError as e:
+        raise click.ClickException(f"cannot start on Slurm ({settings.slurm_conf}): {e}") from e
+
+
 def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
     """Seed the demo (if asked) and open the gateway's stores, keys and policy engine before uvicorn starts:
     (the gateway, whether the demo was seeded now). Raises ClickException with the reason in one line (another
@@ -229,6 +241,8 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     _check_port_free(host, port)
     settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url,
                         backend=backend)
+    if backend == "slurm":
+        _check_slurm(settings)
     _check_startable(settings.policies_dir, settings.rate_limit_storage)
     url = f"http://{host}:{port}"
     gateway, seeded = _open(settings, demo)

@@ -31,6 +31,7 @@ class SlurmRun(Base):
     # the first read after sbatch.
     state: Mapped[str] = mapped_column(String(24), default="SUBMITTED")
     reason: Mapped[str] = mapped_column(Text, default="")  # Slurm's reason for a pending job (Q10)
+    estimated_start: Mapped[datetime | None] = mapped_column(nullable=True)  # `squeue --start` (Q10)
     node_list: Mapped[str] = mapped_column(Text, default="")
     restarts: Mapped[int] = mapped_column(Integer, default=0)  # Slurm's requeue count, as last seen
     slurm_priority: Mapped[int | None] = mapped_column(Integer, nullable=True)  # as last seen

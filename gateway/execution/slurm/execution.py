@@ -101,6 +101,18 @@ def list_files(directory: Path) -> list[CheckpointFile]:
     return out
 
 
+def slurm_view(session: Session, job_id: str) -> dict[str, object] | None:
+    """Q10: what Slurm says of the job's latest Slurm job (its reason, priority and `squeue --start` estimate),
+    shown beside jobgate's explanation by `job why` and the console; None off this backend."""
+    r = session.scalars(select(SlurmRun).where(SlurmRun.job_id == job_id).order_by(SlurmRun.id.desc())).first()
+    if r is None:
+        return None
+    return {"cluster": r.cluster, "slurm_job_id": r.slurm_job_id, "submitted_at": r.submitted_at.isoformat(),
+            "state": r.state, "reason": r.reason, "priority": r.slurm_priority, "node_list": r.node_list,
+            "restarts": r.restarts, "held": r.held,
+            "estimated_start": r.estimated_start.isoformat() if r.estimated_start else None}
+
+
 def live_run(session: Session, job_id: str) -> SlurmRun | None:
     return session.scalars(select(SlurmRun).where(SlurmRun.job_id == job_id, SlurmRun.live.is_(True))
                            .order_by(SlurmRun.id.desc())).first()

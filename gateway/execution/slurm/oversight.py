@@ -178,12 +178,13 @@ class SlurmWatch:
             .where(SlurmRun.cluster == self.cluster)
             .where(or_(SlurmRun.live.is_(True), SlurmRun.updated_at >= now - RECENT))
             .order_by(SlurmRun.id)).all()
-        preemptions = dict(session.execute(
-            select(PreemptionRow.victim, PreemptionRow.id).where(
-                PreemptionRow.victim.in_({job.id for _, job in rows}))).all()) if rows else {}
+        # The requeues jobgate explains: preemptions naming their preemptor. One the executor found no preemptor
+        # for (someone else put the job back in Slurm's queue) is recorded with none, and is not jobgate's.
         counts: dict[str, int] = {}
-        for victim in preemptions:
-            counts[victim] = counts.get(victim, 0) + 1
+        if rows:
+            for victim in session.scalars(select(PreemptionRow.victim).where(
+                    PreemptionRow.victim.in_({job.id for _, job in rows}), PreemptionRow.preemptor != "")):
+                counts[victim] = counts.get(victim, 0) + 1
         out: dict[int, Governed] = {}
         for run, job in rows:
             stop_asked = (run.stop_reference is not None or bool(job.stop_request) or job.state in STOPPING_STATES

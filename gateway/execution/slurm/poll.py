@@ -47,6 +47,10 @@ RUNS = ("RUNNING", "CONFIGURING", "SIGNALING", "STAGE_OUT")
 GONE = ("stopped", "succeeded", "failed", "deleted", "stop_failed")
 ACCOUNTING_WAIT_S = 20.0  # how long an ended job's evidence waits for its accounting row before it goes without
 REFUSED_RETRY_S = 60.0  # a submission Slurm refused is tried again after this long (its quota may have changed)
+MAX_UNSTARTED = 3  # Slurm jobs of one jobgate job that may end before they ran; then it is not submitted again
+PREEMPTOR_WAIT_S = 10.0  # how long a victim's report waits for Slurm to start the job that preempted it
+# The starter's partitions by PriorityTier (deploy/slurm): a higher one's jobs requeue a lower one's.
+TIERS = {"urgent": 3, "normal": 2, "batch": 1}
 _GPU = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 10: "SIGUSR1", 12: "SIGUSR2", 15: "SIGTERM"}
 
@@ -65,6 +69,7 @@ class SlurmLoop(threading.Thread):
         self._stop_event = threading.Event()
         self._ended_seen: dict[int, float] = {}  # map row id -> monotonic time its job was first seen ended
         self._refused: dict[str, float] = {}  # job id -> monotonic time its submission may be tried again
+        self._requeue_seen: dict[int, float] = {}  # map row id -> when its job was first seen back in the queue
         self._nodes_read = 0.0
 
     def run(self) -> None:
@@ -159,6 +164,14 @@ class SlurmLoop(threading.Thread):
                         select(SlurmRun.id).where(SlurmRun.job_id == job_id, SlurmRun.live.is_(True))).first():
                     continue
                 now = ex.clock()
+                never_ran = session.scalars(select(SlurmRun.slurm_job_id).where(
+                    SlurmRun.job_id == job_id, SlurmRun.live.is_(False), SlurmRun.node_list == "")).all()
+                if adopt is None and len(never_ran) >= MAX_UNSTARTED:
+                    # Fail closed: Slurm ends it before it runs (or someone cancels it there); not submitted again.
+                    job.state_reason = (f"Slurm ended its last {len(never_ran)} submissions (jobs "
+                                        f"{', '.join(map(str, never_ran[-MAX_UNSTARTED:]))}) before they ran; "
+                                        "not submitted again: stop it, or ask on-call")
+                    continue
                 if adopt is not None:
                     slurm_id, submitted = int(adopt.job_id), adopt.submit_time or now
                 else:
@@ -180,7 +193,6 @@ class SlurmLoop(threading.Thread):
         ex = self.ex
         job = session.get(Job, run.job_id)
         now = ex.clock()
-        was_running = run.state in RUNS
         if q is not None:
             run.state, run.reason, run.slurm_priority = q.state, q.reason, q.priority
             if q.node_list:
@@ -188,13 +200,17 @@ class SlurmLoop(threading.Thread):
             run.updated_at = now
         if job is None:
             return
+        if q is None and run.state == "SUBMITTED" and (now - run.updated_at).total_seconds() < 30.0:
+            return  # submitted after this cycle read the queue
         if q is None or q.state not in ALIVE:
             self._ended(session, run, job, q)
             return
-        requeued_by_slurm = q.state == "PENDING" and (was_running or q.restarts > run.restarts)
+        self._ended_seen.pop(run.id, None)  # alive after all (read before its end settled): wait afresh next time
         run.restarts = q.restarts
         if q.state == "PENDING":
-            if requeued_by_slurm and job.state in ("starting", "running", "stop_requested", "stopping"):
+            # Waiting in Slurm while jobgate holds it placed: Slurm put it back in its queue. Judged by jobgate's
+            # state, not by what the last cycle saw: a cycle may have seen it only COMPLETING on its way back.
+            if job.state in ("starting", "running", "stop_requested", "stopping"):
                 self._back_in_queue(session, run, job, q, queued)
             elif job.state == "paused" and not run.held:
                 ex.client.hold(run.slurm_job_id)
@@ -245,26 +261,44 @@ class SlurmLoop(threading.Thread):
                                                 "grace_seconds": run.stop_grace_s or 0.0})
         end = run.stop_asked_at.timestamp() + (run.stop_grace_s or 0.0)
         if run.forced_at is None and now.timestamp() >= end:
-            if run.stop_requeue:
-                ex.client.requeue(run.slurm_job_id)
-            else:
-                ex.client.cancel(run.slurm_job_id)
+            try:
+                if run.stop_requeue:
+                    ex.client.requeue(run.slurm_job_id)
+                else:
+                    ex.client.cancel(run.slurm_job_id)
+            except SlurmRefused as e:
+                # It ended between the read and the cancel: within its window, on the prepare signal (its end,
+                # read next cycle, is graceful).
+                log.info("Slurm job %s ended before its window's end was enforced: %s", run.slurm_job_id, e)
+                return
             run.forced_at = now
 
     def _back_in_queue(self, session: Session, run: SlurmRun, job: Job, q: QueuedJob,
                        queued: Mapping[int, QueuedJob]) -> None:
         """Step 2's requeue: by jobgate at a preemption's window end, or by Slurm's own preemption."""
         ex = self.ex
-        ours = run.stop_requeue and run.forced_at is not None
-        forced = True
-        note = "requeued by jobgate in Slurm when the preemption's grace window ended"
-        if run.stop_requeue and run.signal_sent_at is not None and run.forced_at is None:
-            ours, forced = True, False  # the script exited in its window and Slurm requeued it
-        if not ours:
-            preemptor = _preemptor(run, queued)
-            note = ("preempted by Slurm's partition priority"
-                    + (f" for Slurm job {preemptor.job_id}" if preemptor else "")
-                    + " and requeued at once (GraceTime 0 on this cluster: no prepare signal)")
+        stopping = job.state in ("stop_requested", "stopping")
+        if stopping and not run.stop_requeue:
+            # jobgate is ending it, and Slurm put it back in its queue meanwhile: it must not run again. Cancelled,
+            # its end is read from accounting like any other (forced: it did not end in its window).
+            ex.client.cancel(run.slurm_job_id)
+            run.forced_at = run.forced_at or ex.clock()
+            return
+        forced = not (stopping and run.signal_sent_at is not None and run.forced_at is None)  # exited in its window
+        note = "requeued by jobgate in Slurm when the preemption's grace window ended" if forced else \
+            "exited within the preemption's grace window; requeued in Slurm"
+        if not stopping:
+            preemptor = _preemptor(run, job.queue, queued)
+            first = self._requeue_seen.setdefault(run.id, time.monotonic())
+            if preemptor is None and time.monotonic() - first < PREEMPTOR_WAIT_S and any(
+                    q.state == "PENDING" and TIERS.get(q.partition, 0) > TIERS.get(job.queue, 0)
+                    for q in queued.values()):
+                return  # Slurm starts the preemptor only once its victims are gone: name it next cycle
+            self._requeue_seen.pop(run.id, None)
+            note = (f"preempted by Slurm's partition priority for Slurm job {preemptor.job_id} and requeued at once "
+                    "(GraceTime 0 on this cluster: no prepare signal)" if preemptor else
+                    "put back in Slurm's queue by someone other than jobgate (no job of a higher partition took "
+                    "its nodes)")
             who = _jobgate_id(preemptor.comment) if preemptor else None
             if not ex.reports.preempted(session, job.id, preemptor=who, reason=note):
                 return
@@ -367,12 +401,23 @@ class SlurmLoop(threading.Thread):
         now = ex.clock()
         with ex.transaction() as session:
             for slurm_id in ids:
+                q, est = queued[slurm_id], estimates.get(slurm_id)
+                run = session.scalars(select(SlurmRun).where(SlurmRun.cluster == ex.cluster, SlurmRun.live.is_(True),
+                                                             SlurmRun.slurm_job_id == slurm_id)).first()
+                if run is not None:
+                    run.reason = (est.reason if est is not None and est.reason else q.reason) or ""
+                    run.estimated_start = est.start_time if est is not None else None
                 row = session.get(SchedJob, waiting[slurm_id])
                 if row is None:
                     continue
-                q, est = queued[slurm_id], estimates.get(slurm_id)
-                reason = est.reason if est is not None and est.reason else q.reason
-                row.blocked_reason = f"Slurm: {reason or 'waiting'} (Slurm job {slurm_id}, priority {q.priority})"
+                if run is not None and run.priority_set is None and q.priority > 0:
+                    # A2, A3 compare a change with the priority that orders the queue, which is Slurm's here.
+                    slurm = float(q.priority)
+                    row.priority, row.parts = slurm, {"slurm": slurm, "total": slurm}
+                # jobgate's own word beside Slurm's (kept in the map row): what it asked, and that Slurm places.
+                held = " (held: paused in jobgate)" if run is not None and run.held else ""
+                row.blocked_reason = (f"queued in Slurm as job {slurm_id} on {ex.cluster}, partition {q.partition}"
+                                      f"{held}; Slurm places it")
                 row.estimated_start = est.start_time if est is not None else None
                 row.estimated_at = now
 
@@ -385,11 +430,12 @@ def _jobgate_id(comment: str) -> str | None:
     return comment[len(COMMENT_PREFIX):] if comment.startswith(COMMENT_PREFIX) else None
 
 
-def _preemptor(run: SlurmRun, queued: Mapping[int, QueuedJob]) -> QueuedJob | None:
-    """The running job of a higher partition on the nodes the victim had, if Slurm shows one."""
+def _preemptor(run: SlurmRun, queue: str, queued: Mapping[int, QueuedJob]) -> QueuedJob | None:
+    """The latest started job of a higher partition on the nodes the victim had, if Slurm shows one."""
     had = set(expand(run.node_list))
-    for q in sorted(queued.values(), key=lambda j: j.start_time or datetime.max.replace(tzinfo=UTC), reverse=True):
-        if q.state in RUNS and q.job_id != run.slurm_job_id and had & set(expand(q.node_list)):
+    for q in sorted(queued.values(), key=lambda j: j.start_time or datetime.min.replace(tzinfo=UTC), reverse=True):
+        if q.state in RUNS and q.job_id != run.slurm_job_id and TIERS.get(q.partition, 0) > TIERS.get(queue, 0) \
+                and had & set(expand(q.node_list)):
             return q
     return None
 
@@ -406,12 +452,4 @@ def _iso(when: datetime | None) -> str | None:
     return when.isoformat() if when is not None else None
 
 
-def runs_of(session: Session, job_id: str) -> list[dict[str, Any]]:
-    """The Slurm jobs a jobgate job became, for `job why` and the console (Q10)."""
-    out = []
-    for r in session.scalars(select(SlurmRun).where(SlurmRun.job_id == job_id).order_by(SlurmRun.id)):
-        out.append({"cluster": r.cluster, "slurm_job_id": r.slurm_job_id, "submitted_at": r.submitted_at.isoformat(),
-                    "state": r.state, "reason": r.reason, "priority": r.slurm_priority, "live": r.live,
-                    "node_list": r.node_list, "restarts": r.restarts})
-    return out
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Literal
 
 from gateway.execution.slurm.records import AccountedJob, QueuedJob
@@ -130,9 +130,10 @@ _SET_PRIORITY = re.compile(r"_update_job: set priority to (\d+) for JobId=(\d+)"
 _UPDATE_DONE = re.compile(r"_slurm_rpc_update_job: complete JobId=(\d+) uid=(\d+)")
 
 
-def parse_log(lines: Iterable[str]) -> list[LoggedAct]:
+def parse_log(lines: Iterable[str], *, zone: tzinfo | None = None) -> list[LoggedAct]:
     """The acts on jobs in slurmctld log lines, in order. A kill Slurm refused (someone else's job) is not an
-    act: nothing happened to the job. Lines it does not know are skipped."""
+    act: nothing happened to the job. Lines it does not know are skipped. slurmctld writes its host's local
+    time: `zone` is that host's zone (None: this process's)."""
     acts: list[LoggedAct] = []
     kills: dict[tuple[int, int], int] = {}  # (job, uid) -> index of the kill in acts, until refused
     priorities: dict[int, int] = {}  # job -> priority set by the update being logged
@@ -140,7 +141,8 @@ def parse_log(lines: Iterable[str]) -> list[LoggedAct]:
         m = _LOG_TIME.match(line.strip())
         if not m:
             continue
-        at = datetime.fromisoformat(m.group(1)).replace(tzinfo=UTC)
+        naive = datetime.fromisoformat(m.group(1))
+        at = (naive.replace(tzinfo=zone) if zone is not None else naive.astimezone()).astimezone(UTC)
         text = m.group(2)
         if k := _KILL.search(text):
             job, uid = int(k.group(1)), int(k.group(2))
@@ -213,7 +215,31 @@ def compare(queued: Sequence[QueuedJob], accounted: Sequence[AccountedJob], gove
         if mine is not None and mine.state in LIVE:
             findings += _hold_release(g, mine, acts, service_user, who)
             findings += _priority(g, mine, acts, service_user, who)
+        findings += _logged_only(g, acts, {f.key for f in findings}, service_user, who)
     return Look(findings=findings, ungoverned=ungoverned)
+
+
+def _logged_only(g: Governed, acts: Sequence[LoggedAct], found: set[str], service_user: str,
+                 who: Callable[[int], str]) -> list[Finding]:
+    """Holds, releases and priority changes slurmctld logged by someone other than jobgate's account, which the
+    state no longer shows: undone between two looks (jobgate's executor itself puts a governed job back as
+    jobgate has it within a second), yet done."""
+    out = []
+    for a in acts:
+        if a.slurm_job_id != g.slurm_job_id or a.act not in ("hold", "release", "priority"):
+            continue
+        by = who(a.uid)
+        key = f"{g.job_id}:{a.act}:{a.at.isoformat()}"
+        if by == service_user or key in found:
+            continue
+        if g.submitted_at is not None and a.at < g.submitted_at - _SLACK:
+            continue  # an act on an earlier job under the same Slurm id
+        what = f"priority set to {a.priority}" if a.act == "priority" else "held" if a.act == "hold" else "released"
+        out.append(Finding(key=key, act=a.act, job_id=g.job_id, slurm_job_id=g.slurm_job_id, by=by,
+                           source="slurmctld log", detail=f"{what} in Slurm at {a.at.isoformat()} "
+                                                          f"(jobgate's record of the job: {g.state})"))
+        found.add(key)
+    return out
 
 
 def _same_job(g: Governed, row: AccountedJob) -> bool:
@@ -279,7 +305,8 @@ def _hold_release(g: Governed, q: QueuedJob, acts: Sequence[LoggedAct], service_
         by, source = None, f"squeue reason {q.reason or 'None'}: an operator or administrator"
     detail = (f"held in Slurm ({q.reason}) while jobgate has it {g.state}" if held
               else f"released in Slurm ({q.state}) while jobgate holds it {g.state}")
-    return [Finding(key=f"{g.job_id}:{act}:{q.restarts}", act=act, job_id=g.job_id, slurm_job_id=g.slurm_job_id,
+    key = f"{g.job_id}:{act}:{logged.at.isoformat()}" if logged is not None else f"{g.job_id}:{act}:r{q.restarts}"
+    return [Finding(key=key, act=act, job_id=g.job_id, slurm_job_id=g.slurm_job_id,
                     by=by, source=source, detail=detail, with_jobgate_account=by == service_user)]
 
 
@@ -290,14 +317,16 @@ def _priority(g: Governed, q: QueuedJob, acts: Sequence[LoggedAct], service_user
     logged = _last(acts, g.slurm_job_id, "priority")
     if g.priority is not None and q.priority != g.priority:
         by = who(logged.uid) if logged is not None else None
-        return [Finding(key=f"{g.job_id}:priority:{q.priority}", act="priority", job_id=g.job_id,
+        key = f"{g.job_id}:priority:{logged.at.isoformat()}" if logged is not None else \
+            f"{g.job_id}:priority:{q.priority}"
+        return [Finding(key=key, act="priority", job_id=g.job_id,
                         slurm_job_id=g.slurm_job_id, by=by,
                         source="slurmctld log" if logged else "Slurm does not say who",
                         detail=f"priority {q.priority} in Slurm; jobgate set {g.priority}",
                         with_jobgate_account=by == service_user)]
     if g.priority is None and logged is not None and who(logged.uid) != service_user:
         # jobgate set none, so Slurm's own factors rule; someone else fixed one.
-        return [Finding(key=f"{g.job_id}:priority:{logged.priority}", act="priority", job_id=g.job_id,
+        return [Finding(key=f"{g.job_id}:priority:{logged.at.isoformat()}", act="priority", job_id=g.job_id,
                         slurm_job_id=g.slurm_job_id, by=who(logged.uid), source="slurmctld log",
                         detail=f"priority set to {logged.priority} in Slurm; jobgate set none")]
     return []

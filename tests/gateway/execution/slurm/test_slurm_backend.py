@@ -17,17 +17,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries, start_api
 from slurm_testkit import LocalCluster
 
 from gateway.bootstrap import slurm_execution
+from gateway.cli.queue import describe_why
+from gateway.cli.up import up
 from gateway.execution.slurm.execution import SlurmExecution
 from gateway.execution.slurm.poll import SlurmLoop
 from gateway.settings import Settings
 from gateway.store.scheduler_tables import SchedJob
 from gateway.store.slurm_tables import SlurmRun
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 # The README's train.py: on SIGTERM it writes its checkpoint and exits 0. It says when its handler is in place (a
 # prepare signal before that would kill python instead), beside its checkpoint directory, not in it.
@@ -39,6 +42,13 @@ def on_term(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 pathlib.Path(ckpt + ".ready").touch()
+while True: time.sleep(1)
+"""
+# A job that ignores its prepare signal: only jobgate's scancel at the window's end stops it.
+IGNORES_TERM = """
+import os, pathlib, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+pathlib.Path(os.environ["JOBGATE_CHECKPOINT_DIR"] + ".ready").touch()
 while True: time.sleep(1)
 """
 
@@ -63,8 +73,8 @@ class Gate:
             assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
             time.sleep(0.3)
 
-    def submit(self, who: str = "alice", **spec: Any) -> str:
-        body = job_spec(command=["python3", "-c", TRAIN], **spec)
+    def submit(self, who: str = "alice", program: str = TRAIN, **spec: Any) -> str:
+        body = job_spec(command=["python3", "-c", program], **spec)
         r = self.api.post("/v1/jobs", who, json=body)
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
@@ -104,7 +114,7 @@ class Gate:
 @pytest.fixture(scope="module")
 def gate(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gate]:
     settings = Settings(data_dir=tmp_path_factory.mktemp("slurm-gateway"), backend="slurm",
-                        slurm_conf=slurm_cluster.slurm_conf, slurm_user=slurm_cluster.service_user,
+                        slurm_conf=slurm_cluster.slurm_conf, slurm_service_user=slurm_cluster.service_user,
                         slurm_checkpoint_dir=slurm_cluster.workdir / f"jobgate-{secrets.token_hex(3)}",
                         policy_watch_interval_s=0)
     gen = start_api(settings, execution=slurm_execution)
@@ -166,7 +176,8 @@ def test_the_walk_through_on_slurm_submit_refused_stop_graceful_stop_with_its_ch
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their_priority(g: Gate) -> None:
+def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their_priority_hold_and_lower(
+        g: Gate) -> None:
     victims = [g.submit(gpus_per_node=8, name=f"fill-{i}") for i in range(g.cluster.nodes)]
     g.running(*victims)
     with g.api.gateway.transaction(immediate=False) as session:
@@ -183,20 +194,47 @@ def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their
         q = g.ex.client.job(row.slurm_job_id)
         # Victims lost: none. The same Slurm job waits again, its priority the one it had (P2), not restarted.
         assert q is not None and q.state == "PENDING" and q.restarts == 1 and row.live
-        g.until(f"{j}'s priority kept in Slurm",
-                lambda j=j, row=row: (q2 := g.ex.client.job(row.slurm_job_id)) and q2.priority >= before[j] > 0)
+        with g.api.gateway.transaction(immediate=False) as session:
+            kept = session.get(SchedJob, j).priority  # type: ignore[union-attr]
+        assert kept >= before[j] > 0  # jobgate's record: the priority before, plus its compensation (Q8)
+        # Slurm would start its age factor again; jobgate set the kept priority as Operator, and Slurm keeps it.
+        g.until(f"{j}'s priority kept in Slurm", lambda j=j, row=row, kept=kept: (
+            q2 := g.ex.client.job(row.slurm_job_id)) and q2.priority == round(kept) == g.run_row(j).priority_set)
         job = g.job(j)
         assert job["evidence"]["last_preemption"]["outcome"] == "forced"
         queue = g.api.get(f"/v1/jobs/{j}/queue", "alice").json()
         assert queue["preemptions"] == 1 and queue["priority"]["effective"] >= before[j]
+    # Q10: why it waits, in jobgate's words and beside them Slurm's own reason and estimate.
+    g.until("Slurm's reason read", lambda: all(g.api.get(f"/v1/jobs/{j}/queue", "alice").json()["slurm"]["reason"]
+                                               for j in requeued))
+    why = g.api.get(f"/v1/jobs/{requeued[0]}/queue", "alice").json()
+    assert why["blocking_reason"].startswith(f"queued in Slurm as job {why['slurm']['slurm_job_id']}")
+    assert why["slurm"]["state"] == "PENDING"
+    assert f"Slurm says: job {why['slurm']['slurm_job_id']} on {g.ex.cluster} PENDING ({why['slurm']['reason']})" \
+        in describe_why(why)
     preempts = [e["body"] for e in ledger_entries(g.api) if e["kind"] == "decision"
                 and e["body"].get("input", {}).get("action") == "job.preempt"]
     assert sorted(p["input"]["targets"][0] for p in preempts) == sorted(requeued)
     assert all(p["input"]["preemptor"] == urgent for p in preempts)
 
+    # A waiting job paused in jobgate is held in Slurm, and released with its kept priority when resumed.
+    paused, lowered = requeued
+    slurm_id = g.run_row(paused).slurm_job_id
+    r = g.api.post(f"/v1/jobs/{paused}/pause", "alice", json={"reason": "fix the data loader"})
+    assert r.status_code in (200, 202), r.text
+    g.until("held in Slurm", lambda: g.ex.client.job(slurm_id).held)  # type: ignore[union-attr]
+    assert g.state(paused) == "paused"
+    assert g.api.post(f"/v1/jobs/{paused}/resume", "alice", json={"reason": "fixed"}).status_code == 200
+    g.until("released with its priority", lambda: (q := g.ex.client.job(slurm_id)) and not q.held
+            and q.priority == g.run_row(paused).priority_set)
+    # The owner gives way (A2): the number is Slurm's priority at once.
+    r = g.api.post(f"/v1/jobs/{lowered}/priority", "alice", json={"priority": 100, "reason": "give way"})
+    assert r.status_code == 200, r.text
+    g.until("Slurm priority 100", lambda: g.ex.client.job(g.run_row(lowered).slurm_job_id).priority == 100)  # type: ignore[union-attr]
+
 
 def test_an_emergency_stop_of_an_environment_stops_its_jobs_in_slurm_and_only_those(g: Gate) -> None:
-    staging = [g.submit(environment="staging", name=f"staging-{i}") for i in range(2)]
+    staging = [g.submit(environment="staging", name=f"staging-{i}", program=IGNORES_TERM) for i in range(2)]
     other = g.submit(environment="research", name="research")
     g.running(*staging, other)
     r = g.api.post("/v1/emergency-stops", "dave", json={"scope": {"kind": "environment", "value": "staging"},
@@ -207,14 +245,17 @@ def test_an_emergency_stop_of_an_environment_stops_its_jobs_in_slurm_and_only_th
     assert done.status_code == 200, done.text
     g.until("staging stopped", lambda: all(g.state(j) == "stopped" for j in staging))
     for j in staging:
-        (node,) = g.job(j)["evidence"]["nodes"].values()
-        assert node["slurm"]["state"] in ("CANCELLED", "COMPLETED")
+        stopped = g.job(j)
+        (node,) = stopped["evidence"]["nodes"].values()
+        # Grace 0: the prepare signal (ignored), and at once jobgate's scancel; Slurm's accounting names who cancelled.
+        assert stopped["outcome"] == node["outcome"] == "forced" and node["signal"] == "SIGTERM"
+        assert (node["slurm"]["state"], node["slurm"]["cancelled_by"]) == ("CANCELLED", g.cluster.service_user)
         assert g.ex.client.job(g.run_row(j).slurm_job_id).state not in ("RUNNING", "PENDING")  # type: ignore[union-attr]
     assert g.state(other) == "running"
     assert g.ex.client.job(g.run_row(other).slurm_job_id).state == "RUNNING"  # type: ignore[union-attr]
 
 
-def test_slurm_down_refuses_mutations_changes_nothing_and_is_caught_up_when_it_returns(g: Gate) -> None:
+def test_slurm_down_refuses_mutations_changes_nothing_and_is_caught_up_when_it_returns(g: Gate, tmp_path: Path) -> None:
     job_id = g.submit()
     g.running(job_id)
     slurm_id = g.run_row(job_id).slurm_job_id
@@ -234,6 +275,13 @@ def test_slurm_down_refuses_mutations_changes_nothing_and_is_caught_up_when_it_r
         assert g.state(waiting) == "pending" and g.ex.answering is False
         assert not [e for e in ledger_entries(g.api)[entries:] if e["kind"] == "transition"
                     and e["body"].get("job_id") == job_id]
+        # A gateway started now says why in one line.
+        started = CliRunner().invoke(up, ["--backend", "slurm", "--data-dir", str(tmp_path / "var"), "--port", "1"],
+                                     env={"JOBGATE_SLURM_CONF": str(g.cluster.slurm_conf),
+                                          "JOBGATE_SLURM_SERVICE_USER": g.cluster.service_user})
+        assert started.exit_code == 1, started.output
+        (line,) = started.output.strip().splitlines()
+        assert line.startswith("Error: cannot start on Slurm") and "does not answer" in line, line
     finally:
         g.cluster.up()
     g.until("the waiting job submitted and running", lambda: g.state(waiting) == "running", 60)

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 @pytest.fixture(scope="module")
 def api(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     settings = Settings(data_dir=tmp_path_factory.mktemp("gov"), backend="slurm", slurm_conf=slurm_cluster.slurm_conf,
-                        slurm_user=slurm_cluster.service_user, policy_watch_interval_s=0,
+                        slurm_service_user=slurm_cluster.service_user, policy_watch_interval_s=0,
                         slurm_checkpoint_dir=slurm_cluster.workdir / f"jobgate-gov-{secrets.token_hex(3)}")
     yield from start_api(settings, execution=slurm_execution)
 

@@ -38,7 +38,7 @@ GOVERNED = Governed(job_id="j-1", slurm_job_id=7, state="running", owner="alice"
 
 def look(q: list[QueuedJob], a: list[AccountedJob], g: Governed = GOVERNED,
          log: str = "") -> list[tuple[str, str | None]]:
-    found = compare(q, a, {g.slurm_job_id: g}, parse_log(log.splitlines()), service_user=SERVICE, names=NAMES)
+    found = compare(q, a, {g.slurm_job_id: g}, parse_log(log.splitlines(), zone=UTC), service_user=SERVICE, names=NAMES)
     return [(f.act, f.by) for f in found.findings]
 
 
@@ -72,7 +72,7 @@ def test_a_kill_slurm_refused_is_not_an_act() -> None:
            "[2026-12-02T00:02:54.395] error: Security violation, REQUEST_KILL_JOB RPC for JobId=7 from uid 1001\n"
            "[2026-12-02T00:02:54.395] _slurm_rpc_kill_job: job_str_signal() uid=1001 JobId=7 sig=9 returned: "
            "Access/permission denied\n")
-    assert parse_log(log.splitlines()) == []
+    assert parse_log(log.splitlines(), zone=UTC) == []
     assert look([queued(7)], [], log=log) == []
 
 
@@ -93,6 +93,15 @@ def test_holds_releases_and_priorities_jobgate_did_not_set() -> None:
     # jobgate set none (Slurm's own factors rule): a fixed priority by someone else is still seen, its own is not
     assert look([queued(7, priority=777)], [], GOVERNED, log.replace("uid=1009", "uid=0")) == [("priority", "root")]
     assert look([queued(7, priority=777)], [], GOVERNED, log) == []
+
+
+def test_a_hold_undone_before_the_next_look_is_still_found_in_the_log_and_jobgates_own_acts_are_not() -> None:
+    log = ("[2026-12-02T00:02:54.530] sched: _hold_job_rec: hold on JobId=7 by uid 0\n"
+           "[2026-12-02T00:02:55.100] sched: _release_job_rec: release hold on JobId=7 by uid 1009\n")
+    assert look([queued(7, state="PENDING", reason="Priority")], [], log=log) == [("hold", "root")]
+    # the same hold, also seen held in Slurm, is one finding
+    held = queued(7, state="PENDING", reason="JobHeldAdmin", priority=0)
+    assert look([held], [], log=log.splitlines()[0]) == [("hold", "root")]
 
 
 def test_requeues_beyond_those_jobgate_asked_for_and_not_slurms_own_preemption() -> None:
