@@ -90,6 +90,18 @@ def test_acts_behind_jobgates_back_are_ledgered_once_with_who_did_them_and_alert
     assert len(entries(api, "out_of_band")) == 2
 
 
+def test_a_requeue_jobgate_did_not_ask_for_is_found_though_slurm_does_not_say_who(
+        api: Api, slurm: LocalCluster) -> None:
+    w = watch(api, slurm)
+    job_id, sid = governed(api)
+    w.cycle()
+    slurm.run_as("root", "scontrol", "requeue", str(sid))
+    # accounting writes the requeued attempt's row a moment after slurmctld requeues it: a look or two
+    (found,) = wait_for(lambda: w.cycle().findings, 30, "the requeue to be found", interval=0.5)
+    assert (found["job_id"], found["act"], found["by"]) == (job_id, "requeue", None)
+    assert "no requeuer" in found["by_source"]
+
+
 def test_a_job_submitted_straight_to_slurm_is_tracked_but_not_governed(api: Api, slurm: LocalCluster) -> None:
     w = watch(api, slurm)
     sid = int(slurm.run_as("alice", "sbatch", "--parsable", "-A", "vision", "-p", "normal", "--gres=gpu:1",
