@@ -73,11 +73,12 @@ def test_replicas_on_one_postgresql_ledger_share_the_database_and_one_on_another
     elsewhere = Settings(data_dir=tmp_path / "d", database_url=biz, ledger_url=fresh_pg_database("jobgate_ledger"))
     prepare_demo(first)
     tokens = json.loads((first.data_dir / "demo-tokens.json").read_text())
-    with TestClient(create_app(first, run_scheduler=False)) as a, TestClient(create_app(second, run_scheduler=False)) as b:
+    with TestClient(create_app(first, run_scheduler=False)) as a, \
+            TestClient(create_app(second, run_scheduler=False)) as b:
         job = Api(a, tokens, first).post("/v1/jobs", "alice", json=job_spec()).json()["id"]
         assert Api(b, tokens, second).get(f"/v1/jobs/{job}", "alice").status_code == 200
         assert a.get("/healthz").json()["role"] == "leader" and b.get("/healthz").json()["role"] == "follower"
-        with pytest.raises(LedgerMismatch, match="cite the ledger whose entry 0 has hash .* this ledger's is empty"), \
+        with pytest.raises(LedgerMismatch, match=r"cite the ledger whose entry 0 has hash .* this ledger's is empty"), \
                 TestClient(create_app(elsewhere, run_scheduler=False)):
             pass
 
