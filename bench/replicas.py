@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -317,6 +318,7 @@ def bench_failover(server: str, kills: int) -> dict[str, Any]:
         replicas.stop()
         for url in urls:
             drop_database(server, url)
+        shutil.rmtree(tmp, ignore_errors=True)
 
     def summary(key: str) -> dict[str, float]:
         xs = [r[key] for r in rounds]
