@@ -55,8 +55,11 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     urls = _databases(pg_server_url, 2)
     replicas = Replicas(tmp / "var", *urls)
     try:
-        a = replicas.start(demo=True)
-        b = replicas.start(demo=True)
+        a = replicas.start(demo=True, wait_ready=False)
+        wait_for(lambda: "this replica leads" in a.output() or a.proc.poll() is not None, 120, "the first to lead")
+        b = replicas.start(demo=True, wait_ready=False)  # seeded and elected: the second starts beside it
+        replicas.wait_ready(a)
+        replicas.wait_ready(b)
         replicas.wait_nodes_alive(b)
         yield replicas, a, b
     finally:
