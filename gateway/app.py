@@ -24,6 +24,8 @@ from gateway.decisions.policy_reload import PolicyReloader
 from gateway.decisions.reconcile import reconcile_at_startup
 from gateway.decisions.refusals import flush_counts, on_api_refusal
 from gateway.errors import install_error_handlers
+from gateway.execution.slurm.execution import SlurmExecution
+from gateway.execution.slurm.poll import SlurmLoop
 from gateway.housekeeping import HousekeepingLoop
 from gateway.leadership import FencedWork
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
@@ -109,13 +111,16 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         # process: keep it out of the cyclic collector's full passes, which otherwise walk all of it and
         # stalled requests for 60-90 ms every few seconds under load.
         gc.freeze()
-        loops: list[SchedulerLoop | HousekeepingLoop] = []
+        loops: list[SchedulerLoop | SlurmLoop | HousekeepingLoop] = []
         if run_scheduler:
             # Every replica has its loops; each round runs only where it leads, and fenced (gateway/leadership.py).
+            # jobgate's scheduler places only on its own nodes; on Slurm, Slurm places and the loop reads it.
             leads = gw.leadership.leads
             loops = [HousekeepingLoop(cast(Gateway, FencedWork(gw, gw.leadership, "housekeeping")), leads=leads)]
             if isinstance(gw.execution, NativeExecution):
                 loops.insert(0, SchedulerLoop(cast(Gateway, FencedWork(gw, gw.leadership, "scheduler")), leads=leads))
+            elif isinstance(gw.execution, SlurmExecution):
+                loops.insert(0, SlurmLoop(gw.execution, settings.slurm_poll_interval_s, leads=leads))
         for loop in loops:
             loop.start()
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from functools import partial
+from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -18,6 +19,8 @@ from gateway.decisions.ratelimit import RateLimiter
 from gateway.errors import LedgerMismatch, LedgerUnavailable
 from gateway.execution.inprocess import InProcessExecution
 from gateway.execution.port import Execution
+from gateway.execution.slurm import SlurmClient, SlurmConfigError, SlurmConnection
+from gateway.execution.slurm.execution import SlurmExecution
 from gateway.identity.token_cache import TokenCache
 from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
 from gateway.jobs.reports import JobReports
@@ -48,6 +51,42 @@ def in_process_execution(nodes: Mapping[str, int]) -> ExecutionFactory:
                                   reports=JobReports(gateway))
 
     return make
+
+
+def slurm_cluster_name(slurm_conf: Path) -> str:
+    """ClusterName in slurm.conf (Slurm's own default, "cluster", when it sets none)."""
+    try:
+        text = slurm_conf.read_text()
+    except OSError:
+        return "cluster"
+    for line in text.splitlines():
+        key, sep, value = line.split("#", 1)[0].partition("=")
+        if sep and key.strip().lower() == "clustername":
+            return value.strip()
+    return "cluster"
+
+
+def slurm_execution(gateway: Gateway) -> Execution:
+    """A Slurm cluster's (gateway/execution/slurm/execution.py), from the settings. Raises SlurmError (one line)
+    when the cluster cannot be used: no slurm.conf, no such user, or slurmctld does not answer."""
+    s = gateway.settings
+    conn = SlurmConnection(slurm_conf=s.slurm_conf, user=s.slurm_service_user, timeout_s=s.slurm_timeout_s,
+                           rest_url=s.slurm_rest_url, jwt_key=s.slurm_jwt_key)
+    if s.slurm_jwt_key is not None and not s.slurm_jwt_key.is_file():
+        raise SlurmConfigError("slurm", f"no JWT key at {s.slurm_jwt_key}")
+    client = SlurmClient(conn)
+    client.ping()
+    execution = SlurmExecution(client, cluster=s.slurm_cluster or slurm_cluster_name(s.slurm_conf),
+                               checkpoint_root=s.slurm_checkpoint_dir or s.data_dir / "slurm-checkpoints",
+                               transaction=gateway.transaction, clock=lambda: gateway.clock(),
+                               reports=JobReports(gateway), after_commit=gateway.after_commit)
+    execution.prepare_storage()
+    return execution
+
+
+def execution_for(settings: Settings) -> ExecutionFactory:
+    """The executor the settings name (JOBGATE_BACKEND)."""
+    return slurm_execution if settings.backend == "slurm" else native_execution
 
 
 def is_replicated(settings: Settings) -> bool:
@@ -104,7 +143,11 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
         token_cache=TokenCache(settings.auth_cache_s),
         leadership=leadership,
     )
-    gateway.execution = execution(gateway)
+    try:
+        gateway.execution = execution(gateway)
+    except BaseException:
+        gateway.close()
+        raise
     register_executors(gateway)
     register_chores(gateway)
     gateway.figures.extend([approvals.figures, figures.figures])  # /metrics, in this order

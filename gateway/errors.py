@@ -91,6 +91,13 @@ class LedgerMismatch(GatewayError):
     status, kind, title = 503, "ledger-mismatch", "Ledger is not the one the business database cites"
 
 
+class ExecutorUnavailable(GatewayError):
+    """What runs the jobs (a Slurm cluster's controller) does not answer: a change it would have to carry out is
+    refused before anything is recorded as asked."""
+
+    status, kind, title = 503, "executor-unavailable", "The cluster does not answer: mutation refused"
+
+
 class LedgerUnavailable(GatewayError):
     status, kind, title = 503, "ledger-unavailable", "Ledger unavailable: mutation refused"
 

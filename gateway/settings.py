@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nodeagent.protocol import MAX_COMMAND_TTL_S
@@ -14,7 +14,7 @@ REPO_POLICIES = Path(__file__).resolve().parent.parent / "policies"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="JOBGATE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="JOBGATE_", extra="ignore", populate_by_name=True)
 
     data_dir: Path = Field(Path("var"), description="Keys, SQLite files, blobs and demo tokens live here.")
     database_url: str | None = Field(None, description="Business DB; default: SQLite file in data_dir.")
@@ -70,6 +70,25 @@ class Settings(BaseSettings):
         1.0, gt=0, description="How long a mutating call waits for the rate-limit storage (Redis) before it is"
         " refused as counts unavailable.",
     )
+
+    backend: Literal["native", "slurm"] = Field(
+        "native", description="What runs the jobs: jobgate's own scheduler and node agents, or a Slurm cluster.")
+    slurm_conf: Path = Field(Path("/etc/slurm/slurm.conf"), description="The Slurm cluster's slurm.conf (backend "
+                             "slurm; the client commands get it as SLURM_CONF). JOBGATE_SLURM_CONF, else SLURM_CONF.",
+                             validation_alias=AliasChoices("JOBGATE_SLURM_CONF", "SLURM_CONF", "slurm_conf"))
+    slurm_service_user: str | None = Field(None, description="Unix user jobgate acts as in Slurm, the cluster's only "
+                                   "Operator; default: the gateway process's own user.")
+    slurm_cluster: str | None = Field(None, description="Name of the cluster in jobgate's map of Slurm jobs; "
+                                      "default: ClusterName in slurm.conf.")
+    slurm_rest_url: str | None = Field(None, description="slurmrestd URL (optional, reads only; the commands are "
+                                       "used for every change).")
+    slurm_jwt_key: Path | None = Field(None, description="HS256 key to sign slurmrestd tokens with (with "
+                                       "slurm_rest_url).")
+    slurm_checkpoint_dir: Path | None = Field(None, description="Storage shared by the gateway and every Slurm "
+                                              "node where jobs write checkpoints; default: data_dir/slurm-checkpoints.")
+    slurm_timeout_s: float = Field(30.0, gt=0, description="Bound on one Slurm command (its clients retry an "
+                                   "absent controller for MessageTimeout seconds first).")
+    slurm_poll_interval_s: float = Field(1.0, gt=0, description="How often jobgate reads Slurm's queue.")
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{(self.data_dir / 'jobgate.db').resolve()}"

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from gateway.api.deps import Ctx, JobId
 from gateway.decisions import pipeline
 from gateway.errors import Invalid
+from gateway.execution.slurm.execution import slurm_view
 from gateway.jobs import preemption, priority_history, records
 from gateway.jobs.quotas import alive_capacity, usage_by_tenant
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
@@ -73,6 +74,8 @@ def job_queue(job_id: JobId, ctx: Ctx) -> dict[str, Any]:
             "renewals": list(row.renewals) if row else [],
             "others_in_queue": others,
             "priority_history": priority_history.history(session, job.id),
+            # On the Slurm backend, Slurm's own reason and estimate beside jobgate's (Q10); null elsewhere.
+            "slurm": slurm_view(session, job.id),
         }
 
 

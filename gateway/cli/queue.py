@@ -14,7 +14,7 @@ from gateway.cli.jobs import job_group
 def _parts(parts: dict[str, Any]) -> str:
     """`baseline 500 + contribution 20 + aging 0.42`: two decimals at most, and parts that round to 0 left out
     (aging a few seconds old is 7e-06, which only reads as noise)."""
-    keys = ("baseline", "contribution", "aging", "fairshare", "compensation", "manual")
+    keys = ("baseline", "contribution", "aging", "fairshare", "compensation", "manual", "slurm")
     shown = ((k, round(float(parts[k]), 2)) for k in keys if parts.get(k))
     return " + ".join(f"{k} {v:g}" for k, v in shown if v)
 
@@ -34,6 +34,12 @@ def describe_why(q: dict[str, Any]) -> str:
         est = q["estimated_start"] or ("unknown (the GPUs it needs are withheld or on degraded nodes, or no running"
                                        " job's end makes room for it under its quota)")
         lines.append(f"  estimated start: {est}" + (f" (as of {q['estimated_at']})" if q["estimated_at"] else ""))
+    if q.get("slurm"):
+        s = q["slurm"]
+        est = f", expected start {s['estimated_start']} (squeue --start)" if s["estimated_start"] else ""
+        reason = f" ({s['reason']})" if s["reason"] and s["state"] == "PENDING" else ""
+        lines.append(f"  Slurm says: job {s['slurm_job_id']} on {s['cluster']} {s['state']}{reason}, priority "
+                     f"{s['priority'] if s['priority'] is not None else '-'}{est}")
     if q.get("quota"):
         lines.append(f"  {'running' if q['state'] in ('starting', 'running') else 'ran'} on {q['quota']} quota")
     if q["preemptions"]:

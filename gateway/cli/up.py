@@ -122,6 +122,18 @@ def _check_startable(policies_dir: Path, rate_limit_storage: str) -> None:
         raise click.ClickException(f"rate limit storage {rate_limit_storage!r} cannot be used: {e}") from e
 
 
+def _check_slurm(settings: Settings) -> None:
+    """Raises ClickException, in one line, when the Slurm cluster cannot be used (no slurm.conf, no such user,
+    slurmctld does not answer): checked first, before the policy set is compiled, so the answer comes at once."""
+    from gateway.execution.slurm import SlurmClient, SlurmConnection, SlurmError
+
+    try:
+        SlurmClient(SlurmConnection(slurm_conf=settings.slurm_conf, user=settings.slurm_service_user,
+                                    timeout_s=settings.slurm_timeout_s)).ping()
+    except SlurmError as e:
+        raise click.ClickException(f"cannot start on Slurm ({settings.slurm_conf}): {e}") from e
+
+
 def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
     """Seed the demo (if asked) and open the gateway's stores, keys and policy engine before uvicorn starts:
     (the gateway, whether the demo was seeded now). Raises ClickException with the reason in one line (another
@@ -129,10 +141,11 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
     inside uvicorn's start-up was a traceback of a hundred lines or more after a banner saying it ran."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from gateway.bootstrap import open_gateway
+    from gateway.bootstrap import execution_for, open_gateway
     from gateway.decisions.policy.errors import PolicyError, PolicyLoadError
     from gateway.demo import prepare_demo
     from gateway.errors import GatewayError
+    from gateway.execution.slurm import SlurmError
     from gateway.native.command_key import load_or_create_command_key
     from ledger.errors import LedgerError
 
@@ -142,7 +155,9 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
             settings.data_dir.mkdir(parents=True, exist_ok=True)
             load_or_create_command_key(settings.keys_dir)
             seeded = prepare_demo(settings)
-        return open_gateway(settings), seeded
+        return open_gateway(settings, execution=execution_for(settings)), seeded
+    except SlurmError as e:
+        raise click.ClickException(f"cannot start on Slurm ({settings.slurm_conf}): {e}") from e
     except PolicyLoadError as e:
         raise click.ClickException("cannot start: " + "; ".join(str(p) for p in e.errors)) from e
     except (LedgerError, PolicyError) as e:
@@ -212,6 +227,7 @@ def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True, age
     ]
     if demo:
         lines += [
+            "  node agents     none: Slurm's nodes run the jobs" if settings.backend == "slurm" else
             (f"  node agents     {', '.join(DEMO_NODES)} ({DEMO_GPUS_PER_NODE} virtual GPUs each; "
              + ("each job under a uid of its own)" if isolated else "isolation: none)")) if agents else
             "  node agents     beside the replica that seeded the demo",
@@ -241,7 +257,11 @@ def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True, age
               envvar="JOBGATE_POLICY_ENGINE", default="embedded", show_default=True,
               help="Decide with embedded Rego, an OPA server, or OPA's evaluator in-process.")
 @click.option("--opa-url", envvar="JOBGATE_OPA_URL", help="OPA server URL (with --policy-engine opa).")
-def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa_url: str | None) -> None:
+@click.option("--backend", type=click.Choice(["native", "slurm"]), envvar="JOBGATE_BACKEND", default="native",
+              show_default=True, help="What runs the jobs: jobgate's own nodes, or a Slurm cluster (JOBGATE_SLURM_CONF"
+                                      " names its slurm.conf; README, On Slurm).")
+def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa_url: str | None,
+       backend: str) -> None:
     """Start the gateway on the embedded default (SQLite business DB, separate SQLite ledger, embedded Rego)."""
     import uvicorn
 
@@ -252,7 +272,10 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     if policy_engine == "opa" and not opa_url:
         raise click.ClickException("--policy-engine opa needs --opa-url (or JOBGATE_OPA_URL)")
     _check_port_free(host, port)
-    settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url)
+    settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url,
+                        backend=backend)
+    if backend == "slurm":
+        _check_slurm(settings)
     _check_startable(settings.policies_dir, settings.rate_limit_storage)
     url = f"http://{host}:{port}"
     gateway, seeded = _open(settings, demo)
@@ -262,7 +285,9 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     unisolated = None
     if demo:
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
-        if seeded or not replicated:
+        if backend != "native":
+            pass  # on Slurm, Slurm's nodes run the jobs: no demo agents
+        elif seeded or not replicated:
             unisolated = demo_isolation(data_dir)
             if unisolated:
                 click.echo(f"node agents: isolation none ({unisolated}): every demo job runs as your own user")
@@ -273,6 +298,8 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
             click.echo("node agents: none started here; the demo's run beside the replica that seeded it")
     click.echo(_role_line(gateway))
     click.echo(_banner(url, settings, demo, isolated=unisolated is None, agents=bool(agents) or not demo))
+    if backend == "slurm":
+        click.echo(f"  jobs run on Slurm cluster {getattr(gateway.execution, 'cluster', '?')} ({settings.slurm_conf})")
 
     def _terminate(*_: object) -> None:
         raise KeyboardInterrupt

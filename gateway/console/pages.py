@@ -18,6 +18,7 @@ from gateway.decisions import approvals, pipeline
 from gateway.decisions.obligations import acknowledge, note_json
 from gateway.decisions.policy_reload import load_bindings
 from gateway.errors import Forbidden, GatewayError, Invalid
+from gateway.execution.slurm.execution import slurm_view
 from gateway.jobs import insights, priority_history, records, stops
 from gateway.schemas import StopRequest
 from gateway.store.models import Job, Project
@@ -160,7 +161,7 @@ def job_page(request: Request, job_id: str) -> Response:
         caller = view.caller(session)
         job = records.get_job(view.gw, session, caller, job_id)
         row = session.get(SchedJob, job.id)
-        facts = _queue_facts(job, row)
+        facts = {**_queue_facts(job, row), "slurm": slurm_view(session, job.id)}
         history = priority_history.history(session, job.id)
         offers = job_actions.offers(view.gw, session, caller, job, row)
     # Reload while the job moves by itself (starting, stopping); never while someone may be typing a reason.

@@ -7,8 +7,9 @@ it, change its priority, remove its files, say where they are and what runs. Wha
 `Reports`, which the jobs room implements (gateway/jobs/reports.py): a run was placed, a part of it started, is
 stopping, ended with its evidence, or removed files. Implementations: gateway/native/ (jobgate's scheduler loop
 and node agents) and gateway/execution/inprocess.py (complete, in this process, for tests that are not about
-agents); a Slurm one is to come beside them. Every call is made inside the caller's business transaction
-(`session`), so what it asks is carried out only if that transaction commits.
+agents); gateway/execution/slurm/execution.py on a Slurm cluster, whose placement is Slurm's. Every call is made
+inside the caller's business transaction (`session`), so what it asks is carried out only if that transaction
+commits.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Evidence(TypedDict, total=False):
     artifacts: list[CheckpointFile]
     log_tail: list[str]
     note: str
+    slurm: dict[str, Any]  # what Slurm itself said of the run (its job id, state, accounting row)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,11 @@ class Reports(Protocol):
                    detail: str = "") -> None:
         """A part of a run started, is stopping, stopped or exited (`evidence` for the last two), at `at` (epoch
         seconds); `reference` names the request it answers."""
+
+    def preempted(self, session: Session, job_id: str, *, preemptor: str | None, reason: str) -> bool:
+        """The executor's own scheduler preempted a running job and already stopped it (Slurm's partition
+        preemption): ledgered as a preemption, so that the `stopped` report that follows requeues it keeping its
+        priority and wait (P2). False if the job was not running (nothing was recorded)."""
 
     def deleted(self, session: Session, job_id: str, node: str, *, objects: Sequence[Mapping[str, Any]],
                 reason: str, left: Sequence[str] = (), unlisted: int = 0) -> None:

@@ -63,9 +63,28 @@ def execute(gw: Jobs, session: Session, plan: Preempt, snapshot: Snapshot, now: 
     return seq
 
 
+def executor_preempted(gw: Jobs, session: Session, job: Job, *, preemptor: str | None, reason: str) -> int:
+    """An executor's own scheduler preempted `job` and stopped it already (Slurm's partition preemption): the
+    decision is ledgered as the system's, naming the executor's rule, and the job is marked a preemption's victim
+    (no stop is sent: it is over), so that its `stopped` report requeues it with its priority and wait (P2)."""
+    now = gw.clock()
+    request_id = "req-" + secrets.token_hex(8)
+    seq = record_outcome(gw, "decision", {
+        "request_id": request_id,
+        "actor": {"id": "executor", "kind": "system", "real_identity": "executor's scheduler"},
+        "input": {"action": "job.preempt", "preemptor": preemptor, "kind": "executor", "targets": [job.id]},
+        "decision": {"effect": "allow", "reasons": [reason], "rules": ["Q8.executor_preemption"]},
+    })
+    preemptor_job = session.get(Job, preemptor) if preemptor else None
+    _stop_and_requeue_later(gw, session, job, request_id=request_id, seq=seq, preemptor=preemptor,
+                            preemptor_project=preemptor_job.project if preemptor_job else None, kind="priority",
+                            reason=reason, now=now, ask_executor=False)
+    return seq
+
+
 def _stop_and_requeue_later(gw: Jobs, session: Session, job: Job, *, request_id: str, seq: int,
                             preemptor: str | None, preemptor_project: str | None, kind: str, reason: str,
-                            now: datetime) -> None:
+                            now: datetime, ask_executor: bool = True) -> None:
     row = priority_history.ensure(session, job)
     ran_h = max(0.0, (now - (job.started_at or now)).total_seconds()) / 3600.0
     gpus = job.gpus_per_node * job.nodes
@@ -74,7 +93,7 @@ def _stop_and_requeue_later(gw: Jobs, session: Session, job: Job, *, request_id:
                         "request_id": request_id, "decision_seq": seq,
                         "preemption": {"preemptor": preemptor, "kind": kind}}
     transition(job, "stop_requested", now, by="scheduler", reason=reason)
-    for part in job.placement:
+    for part in job.placement if ask_executor else ():
         gw.execution.stop(session, job, part["node"], grace_seconds=job.grace_seconds, reason=reason)
     session.add(PreemptionRow(victim=job.id, preemptor=preemptor or "", kind=kind, project=job.project,
                               owner=job.owner, gpus=gpus, borrowed=row.borrowed, priority_before=row.priority,

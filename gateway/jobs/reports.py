@@ -20,7 +20,7 @@ from gateway.execution.port import Evidence, PartEvent
 from gateway.identity.auth import SYSTEM
 from gateway.jobs import lifecycle, placement, retention, stops
 from gateway.jobs.deps import Jobs
-from gateway.jobs.preemption import ended_before_stop, requeue
+from gateway.jobs.preemption import ended_before_stop, executor_preempted, requeue
 from gateway.jobs.records import lock_jobs
 from gateway.jobs.stops import PART_DONE, escalate, ledger_transition
 from gateway.store.models import Allocation, Job
@@ -195,7 +195,8 @@ def _finish(gw: Jobs, job: Job, parts: list[Allocation], target: str, now: datet
 
 class JobReports:
     """The execution port's Reports (gateway/execution/port.py) for an executor whose word needs no vouching: one
-    this process runs (gateway/execution/inprocess.py). Node agents' reports are vouched for first and then folded
+    this process runs (gateway/execution/inprocess.py) or one that reads its word from its own
+    scheduler (gateway/execution/slurm/). Node agents' reports are vouched for first and then folded
     the same way (gateway/native/agents.py)."""
 
     def __init__(self, gw: Jobs) -> None:
@@ -221,6 +222,14 @@ class JobReports:
         with session.no_autoflush, ledger_batch(self.gw, session):
             fold(self.gw, session, job, part, parts, node, event, at=at, pid=pid,
                  evidence=dict(evidence) if evidence is not None else None, reference=reference, detail=detail)
+
+    def preempted(self, session: Session, job_id: str, *, preemptor: str | None, reason: str) -> bool:
+        job = lock_jobs(session, [job_id]).get(job_id)
+        if job is None or job.state not in ("starting", "running"):
+            return False
+        with session.no_autoflush, ledger_batch(self.gw, session):
+            executor_preempted(self.gw, session, job, preemptor=preemptor, reason=reason)
+        return True
 
     def deleted(self, session: Session, job_id: str, node: str, *, objects: Sequence[Mapping[str, Any]],
                 reason: str, left: Sequence[str] = (), unlisted: int = 0) -> None:
