@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio.to_thread
 import fastapi.routing
@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from gateway.api import docs_pages, openapi_doc
 from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.routes import ROUTERS
-from gateway.bootstrap import ExecutionFactory, native_execution, open_gateway
+from gateway.bootstrap import ExecutionFactory, bind_ledger, native_execution, open_gateway
 from gateway.console.routes import ROUTERS as CONSOLE_ROUTERS
 from gateway.console.web import ConsoleHeadersMiddleware
 from gateway.context import Gateway
@@ -29,6 +29,7 @@ from gateway.execution.slurm.oversight import SlurmWatch, SlurmWatchLoop
 from gateway.execution.slurm.poll import SlurmLoop
 from gateway.housekeeping import HousekeepingLoop
 from gateway.jobs.oversight import JobOversight
+from gateway.leadership import FencedWork
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
 from gateway.native.execution import NativeExecution
 from gateway.native.scheduler_loop import SchedulerLoop
@@ -67,6 +68,21 @@ def serialize_responses_in_the_loop() -> None:
     fastapi.routing.serialize_response = in_the_loop
 
 
+def lead_or_follow(gw: Gateway) -> None:
+    """Start this replica's part in the election (once; `jobgate up` does it before it prints which part it has).
+    Whenever it comes to lead, first the allowed decisions a previous leader (or this database's last run) left
+    without an outcome are closed, then the scheduler cycles at once: the failover bound counts to that cycle.
+    Raises when the business database cannot be reached (psycopg.Error)."""
+    if gw.leadership.started:
+        return
+
+    def elected(_epoch: int) -> None:
+        reconcile_at_startup(cast(Gateway, FencedWork(gw, gw.leadership, "reconcile")))
+        gw.scheduler_kick.set()
+
+    gw.leadership.start(elected)
+
+
 def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
                gateway: Gateway | None = None, execution: ExecutionFactory = native_execution) -> FastAPI:
     """The app; it opens its gateway from `settings` when it starts, unless given one already open (`jobgate up`
@@ -83,12 +99,15 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         app.state.long_poll_limiter = anyio.CapacityLimiter(LONG_POLL_THREADS)
         gw = gateway or open_gateway(settings, execution=execution)
         app.state.gateway = gw
-        # Before serving: an allowed decision the last run left without an outcome is closed with one.
-        reconcile_at_startup(gw)
+        # Before serving, if this replica leads: an allowed decision the last run left without an outcome is
+        # closed with one.
+        lead_or_follow(gw)
         # Policy: ledger the start-up set, then watch the directory for reviewers' changes (issue 4).
         reloader = PolicyReloader(gw)
         app.state.policy_reloader = reloader
         reloader.record_startup()
+        if not gw.db.is_sqlite:
+            bind_ledger(gw.db, gw.ledger)  # a ledger that was empty at open has its first entry now
         reloader.start(settings.policy_watch_interval_s)
         # What start-up built (modules, the ORM's mappers, the policy engine, routes) lives as long as the
         # process: keep it out of the cyclic collector's full passes, which otherwise walk all of it and
@@ -96,16 +115,17 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         gc.freeze()
         loops: list[SchedulerLoop | SlurmLoop | SlurmWatchLoop | HousekeepingLoop] = []
         if run_scheduler:
+            # Every replica has its loops; each round runs only where it leads, and fenced (gateway/leadership.py).
             # jobgate's scheduler places only on its own nodes; on Slurm, Slurm places and the loop reads it.
+            leads = gw.leadership.leads
+            loops = [HousekeepingLoop(cast(Gateway, FencedWork(gw, gw.leadership, "housekeeping")), leads=leads)]
             if isinstance(gw.execution, NativeExecution):
-                loops = [SchedulerLoop(gw), HousekeepingLoop(gw)]
+                loops.insert(0, SchedulerLoop(cast(Gateway, FencedWork(gw, gw.leadership, "scheduler")), leads=leads))
             elif isinstance(gw.execution, SlurmExecution):
                 watch = SlurmWatch(gw.execution.client, gw.execution.cluster, JobOversight(gw), gw.transaction,
                                    clock=gw.clock)
-                loops = [SlurmLoop(gw.execution, settings.slurm_poll_interval_s),
-                         SlurmWatchLoop(watch, settings.slurm_watch_interval_s), HousekeepingLoop(gw)]
-            else:
-                loops = [HousekeepingLoop(gw)]
+                loops[:0] = [SlurmLoop(gw.execution, settings.slurm_poll_interval_s, leads=leads),
+                             SlurmWatchLoop(watch, settings.slurm_watch_interval_s, leads=leads)]
         for loop in loops:
             loop.start()
         try:

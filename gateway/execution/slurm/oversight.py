@@ -331,13 +331,16 @@ def _names(acts: list[LoggedAct]) -> dict[int, str]:
 class SlurmWatchLoop(threading.Thread):
     """Runs the watch's cycle every `interval_s` (JOBGATE_SLURM_WATCH_INTERVAL_S): a reconciliation cycle."""
 
-    def __init__(self, watch: SlurmWatch, interval_s: float) -> None:
+    def __init__(self, watch: SlurmWatch, interval_s: float, *, leads: Callable[[], bool] = lambda: True) -> None:
         super().__init__(name="jobgate-slurm-watch", daemon=True)
         self.watch, self.interval_s = watch, interval_s
+        self.leads = leads  # the leader's work (gateway/leadership.py): one replica ledgers each finding
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
+            if not self.leads():
+                continue
             try:
                 result = self.watch.cycle()
             except SlurmError as e:  # Slurm down: nothing is told from half a look; the next cycle looks again

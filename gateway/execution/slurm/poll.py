@@ -22,7 +22,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,10 +62,12 @@ def _ts(when: datetime | None) -> float | None:
 class SlurmLoop(threading.Thread):
     """Runs a cycle every `interval_s`, or at once when the execution was asked something (its kick)."""
 
-    def __init__(self, ex: SlurmExecution, interval_s: float = 1.0) -> None:
+    def __init__(self, ex: SlurmExecution, interval_s: float = 1.0, *,
+                 leads: Callable[[], bool] = lambda: True) -> None:
         super().__init__(name="jobgate-slurm", daemon=True)
         self.ex = ex
         self.interval_s = interval_s
+        self.leads = leads  # the loop is the leader's (gateway/leadership.py): a follower's only waits
         self._stop_event = threading.Event()
         self._ended_seen: dict[int, float] = {}  # map row id -> monotonic time its job was first seen ended
         self._refused: dict[str, float] = {}  # job id -> monotonic time its submission may be tried again
@@ -78,6 +80,8 @@ class SlurmLoop(threading.Thread):
             self.ex.kick.clear()
             if self._stop_event.is_set():
                 break
+            if not self.leads():
+                continue
             try:
                 self.cycle()
             except Exception:  # the loop must outlive one bad cycle; the error is logged with its trace
