@@ -22,6 +22,7 @@ from gateway.jobs.reports import JobReports
 from gateway.native.command_key import load_or_create_command_key
 from gateway.native.execution import NativeExecution
 from gateway.settings import Settings
+from gateway.store import idempotency
 from gateway.store.db import Database
 from gateway.store.schema import create_schema
 from ledger.keys import load_or_create_signer
@@ -95,5 +96,7 @@ def register_chores(gateway: Gateway) -> None:
     chores: list[tuple[str, Callable[[Gateway, Session], object]]] = [
         ("receipts", obligations.sweep_timed_out_receipts), ("break-glass expiry", breakglass.sweep_expired),
         ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
-        ("counts of repeated refusals", lambda gw, _session: refusals.flush_counts(gw)), *lifecycle.CHORES]
+        ("counts of repeated refusals", lambda gw, _session: refusals.flush_counts(gw)),
+        ("idempotency keys past retention", lambda gw, session: idempotency.purge(session, gw.clock())),
+        *lifecycle.CHORES]
     gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)
