@@ -25,7 +25,7 @@ import secrets
 from functools import partial
 
 import anyio.to_thread
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access.breakglass import PREFIX as BREAKGLASS_PREFIX
@@ -46,6 +46,7 @@ TRANSIENT = frozenset({408, 409, 425, 429})
 _TOKEN = re.compile(r"[A-Za-z*][A-Za-z0-9!#$%&'*+\-.^_`|~:/]*")  # sf-token (RFC 8941 §3.3.4)
 _STRING_CHAR = re.compile(r'(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*')  # inside an sf-string's quotes
 _HEADER_KEY = HEADER.lower().encode()
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL: FOR UPDATE NOWAIT found the row locked
 log = logging.getLogger("jobgate.idempotency")
 
 
@@ -62,16 +63,23 @@ def parse_key(values: list[bytes]) -> str:
     except UnicodeDecodeError:
         raise BadKey(f"the {HEADER} header must be ASCII: a quoted string such as \"8e03978e-40d5-43e8-bc93-"
                      "6894a57f9324\"") from None
-    if len(raw) >= 2 and raw[0] == raw[-1] == '"' and _STRING_CHAR.fullmatch(raw[1:-1]):
-        key = re.sub(r'\\(["\\])', r"\1", raw[1:-1])
-    elif _TOKEN.fullmatch(raw):
-        key = raw
-    else:
+    key = _item(raw)
+    if key is None:
+        # Two header fields joined into one by a proxy or client (RFC 9110 §5.3) are two keys, not a malformed one.
+        if "," in raw and all(_item(part.strip()) is not None for part in raw.split(",")):
+            raise BadKey(f"send one {HEADER} header, not {len(raw.split(','))}")
         raise BadKey(f"the {HEADER} header must be a quoted string of printable ASCII (RFC 8941 sf-string), such"
                      " as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"")
     if not key or len(key) > MAX_KEY:
         raise BadKey(f"an {HEADER} holds 1 to {MAX_KEY} characters; this one has {len(key)}")
     return key
+
+
+def _item(raw: str) -> str | None:
+    """The key an sf-string or bare token says, or None when `raw` is neither."""
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"' and _STRING_CHAR.fullmatch(raw[1:-1]):
+        return re.sub(r'\\(["\\])', r"\1", raw[1:-1])
+    return raw if _TOKEN.fullmatch(raw) else None
 
 
 def fingerprint(scope: Scope, body: bytes) -> str:
@@ -105,6 +113,10 @@ def _reserve(gw: Gateway, claim: Claim, print_: str) -> tuple[Found, int, list[l
             return found, row.status or 0, list(row.headers or []), bytes(row.body or b""), wait
     except IntegrityError:  # another attempt inserted the same key a moment ago
         return Found.BUSY, 0, [], b"", idempotency.LEASE.total_seconds()
+    except OperationalError as e:
+        if getattr(e.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise  # the database is unreachable: answered 503 as anywhere else
+        return Found.BUSY, 0, [], b"", 1.0  # the first request's write transaction holds the row: acting now
 
 
 def _finish(gw: Gateway, claim: Claim, status: int, headers: list[list[str]], body: bytes) -> None:
@@ -135,14 +147,22 @@ class IdempotencyMiddleware:
         body, receive = await _read_body(receive)
         gw: Gateway = scope["app"].state.gateway
         authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-        who = await anyio.to_thread.run_sync(partial(caller_scope, gw, authorization))
-        if who is None:
-            await self.app(scope, receive, send)
+        try:
+            who = await anyio.to_thread.run_sync(partial(caller_scope, gw, authorization))
+            claim = Claim(who or "", key, secrets.token_hex(16))
+            if who is not None:
+                found, status, headers, stored, wait = await anyio.to_thread.run_sync(
+                    partial(_reserve, gw, claim, fingerprint(scope, body)))
+        except OperationalError as e:  # out here the app's handlers do not answer it: the same 503 they would
+            log.error("%s %s: business database unavailable for its Idempotency-Key: %s", scope["method"],
+                      scope["path"], e.orig)
+            await problem(503, "database-unavailable", "Business database unavailable: request refused",
+                          "the business database could not be reached to look up this Idempotency-Key; nothing"
+                          " was changed, try again later", scope["path"])(scope, receive, send)
             return
-        claim = Claim(who, key, secrets.token_hex(16))
-        found, status, headers, stored, wait = await anyio.to_thread.run_sync(
-            partial(_reserve, gw, claim, fingerprint(scope, body)))
-        if found is Found.NEW:
+        if who is None:  # not authenticated: served without the key, and refused as it always was
+            await self.app(scope, receive, send)
+        elif found is Found.NEW:
             await self._run(gw, claim, scope, receive, send)
         elif found is Found.REPLAY:
             log.info("replayed the answer to %s %s for Idempotency-Key %r", scope["method"], scope["path"], key)

@@ -70,8 +70,9 @@ class Found(enum.Enum):
 
 def reserve(session: Session, claim: Claim, fingerprint: str, now: datetime) -> tuple[Found, IdempotencyKey]:
     """Reserve `claim`'s key for this attempt, or say why not. A concurrent first use of the same key raises
-    IntegrityError at the insert (the caller answers it as BUSY)."""
-    row = session.get(IdempotencyKey, (claim.scope, claim.key), with_for_update=True)
+    IntegrityError at the insert, and a row locked by the first request's write transaction (PostgreSQL, NOWAIT)
+    OperationalError 55P03, rather than waiting for it: the caller answers both as BUSY."""
+    row = session.get(IdempotencyKey, (claim.scope, claim.key), with_for_update={"nowait": True})
     if row is not None and row.created_at <= now - RETENTION:  # expired, not purged yet: forgotten all the same
         session.delete(row)
         session.flush()
