@@ -5,15 +5,17 @@ and a malformed one is refused (400)."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from gateway_testkit import Api, InBackground, assert_problem, job_spec, ledger_entries
+from gateway_testkit import Api, InBackground, assert_problem, job_spec, ledger_entries, start_api
 from sqlalchemy import func, select
 
 from gateway.app import create_app
@@ -22,6 +24,33 @@ from gateway.settings import Settings
 from gateway.store import idempotency
 from gateway.store.db import Database
 from gateway.store.models import Job
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def settings(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """One demo gateway per store for the whole module (each test uses keys and job names of its own)."""
+    data_dir = tmp_path_factory.mktemp("idempotency")
+    if request.param == "sqlite":
+        yield Settings(data_dir=data_dir)
+        return
+    import psycopg
+
+    server: str = request.getfixturevalue("pg_server_url")
+    names = [f"jobgate_idem_{what}_{secrets.token_hex(4)}" for what in ("biz", "ledger")]
+    with psycopg.connect(server, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    parts = urlsplit(server)
+    biz, ledger = (urlunsplit(parts._replace(path="/" + name)) for name in names)
+    yield Settings(data_dir=data_dir, database_url=biz, ledger_url=ledger)
+    with psycopg.connect(server, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def api(settings: Settings) -> Iterator[Api]:
+    yield from start_api(settings)
 
 
 def keyed(key: str) -> dict[str, str]:
@@ -192,16 +221,28 @@ def test_a_retry_while_the_first_is_in_flight_gets_409(
     assert again.json() == first.answer.json() and jobs_named(api, "held") == 1
 
 
-@pytest.fixture
-def second_replica(api: Api, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    """A second gateway on the fixture's PostgreSQL business database and ledger, in this process. (The
+@pytest.fixture(scope="module")
+def replica(api: Api, settings: Settings) -> Iterator[TestClient]:
+    """A second gateway on the module's PostgreSQL business database and ledger, in this process. (The
     one-gateway-per-database claim goes with issue 28's leader election, on another branch; stood down here.)"""
     if settings.database_url is None:
         pytest.skip("replicas share a PostgreSQL business database")
-    monkeypatch.setattr(Database, "claim", lambda self: None)
-    other = settings.model_copy(update={"data_dir": settings.data_dir})
-    with TestClient(create_app(other, run_scheduler=False, gateway=open_gateway(other))) as client:
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Database, "claim", lambda self: None)
+        gateway = open_gateway(settings)
+    with TestClient(create_app(settings, run_scheduler=False, gateway=gateway)) as client:
         yield client
+
+
+@pytest.fixture
+def second_replica(replica: TestClient) -> Iterator[TestClient]:
+    """The second gateway, its clock given back after the test."""
+    gw = replica.app.state.gateway  # type: ignore[attr-defined]
+    real_clock = gw.clock
+    try:
+        yield replica
+    finally:
+        gw.clock = real_clock
 
 
 def _on(client: TestClient, api: Api, who: str, **kw: Any) -> httpx.Response:
@@ -222,20 +263,20 @@ def test_a_retry_takes_over_from_a_replica_that_stopped_before_acting(
     wait until the reservation's lease runs out, then acts; when the first comes back, its write finds the key
     taken over and does nothing. The job exists once."""
     entered, release = held_decisions
-    first = InBackground(lambda: api.post("/v1/jobs", "alice", json=job_spec(name="held"), headers=keyed("k-dead")))
+    first = InBackground(lambda: api.post("/v1/jobs", "alice", json=job_spec(name="taken-over"), headers=keyed("k-dead")))
     assert entered.wait(20)
-    busy = _on(second_replica, api, "alice", json=job_spec(name="held"), headers=keyed("k-dead"))
+    busy = _on(second_replica, api, "alice", json=job_spec(name="taken-over"), headers=keyed("k-dead"))
     assert_problem(busy, 409, "idempotency-key-in-use")
     other_gw = second_replica.app.state.gateway  # type: ignore[attr-defined]
     after_lease = other_gw.clock() + idempotency.LEASE + timedelta(seconds=1)
     other_gw.clock = lambda: after_lease
-    took_over = _on(second_replica, api, "alice", json=job_spec(name="held"), headers=keyed("k-dead"))
+    took_over = _on(second_replica, api, "alice", json=job_spec(name="taken-over"), headers=keyed("k-dead"))
     assert took_over.status_code == 201, took_over.text
     release.set()
     first.wait(20)
     assert_problem(first.answer, 409, "idempotency-key-superseded")
-    assert jobs_named(api, "held") == 1
-    replay = api.post("/v1/jobs", "alice", json=job_spec(name="held"), headers=keyed("k-dead"))
+    assert jobs_named(api, "taken-over") == 1
+    replay = api.post("/v1/jobs", "alice", json=job_spec(name="taken-over"), headers=keyed("k-dead"))
     assert replay.json() == took_over.json() and replay.headers["idempotent-replayed"] == "true"
 
 
