@@ -263,7 +263,8 @@ def test_a_retry_takes_over_from_a_replica_that_stopped_before_acting(
     wait until the reservation's lease runs out, then acts; when the first comes back, its write finds the key
     taken over and does nothing. The job exists once."""
     entered, release = held_decisions
-    first = InBackground(lambda: api.post("/v1/jobs", "alice", json=job_spec(name="taken-over"), headers=keyed("k-dead")))
+    spec = job_spec(name="taken-over")
+    first = InBackground(lambda: api.post("/v1/jobs", "alice", json=spec, headers=keyed("k-dead")))
     assert entered.wait(20)
     busy = _on(second_replica, api, "alice", json=job_spec(name="taken-over"), headers=keyed("k-dead"))
     assert_problem(busy, 409, "idempotency-key-in-use")
@@ -301,3 +302,16 @@ def test_an_action_whose_answer_was_lost_is_not_done_again(api: Api, second_repl
 def _failing_finish(*args: Any) -> None:
     raise RuntimeError("the business database went away as the answer was kept")
 
+
+
+def test_the_openapi_document_names_the_key_on_every_post_and_delete() -> None:
+    doc = create_app(Settings()).openapi()
+    mutating = [(m, p, op) for p, ops in doc["paths"].items() for m, op in ops.items()
+                if m in ("post", "delete") and p.startswith("/v1/") and "security" in op]
+    assert len(mutating) >= 30
+    missing = [f"{m.upper()} {p}" for m, p, op in mutating
+               if not any(q["in"] == "header" and q["name"] == "Idempotency-Key" for q in op.get("parameters", []))
+               or not {"409", "422"} <= set(op["responses"])]
+    assert not missing, missing
+    reads = [op for ops in doc["paths"].values() for m, op in ops.items() if m == "get"]
+    assert not any(q["name"] == "Idempotency-Key" for op in reads for q in op.get("parameters", []))
