@@ -8,18 +8,25 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, Engine, MetaData, inspect, text
 
-from gateway.store import idempotency, scheduler_tables, service_tables, stop_tables
+from gateway.store import idempotency, replica_tables, scheduler_tables, service_tables, stop_tables
 from gateway.store.models import Base
 from gateway.store.snapshot_rows import add_rendered_rows
 from gateway.store.submission_rows import add_submission_view
 
-TABLE_MODULES = (idempotency, scheduler_tables, service_tables, stop_tables)  # besides gateway.store.models itself
+TABLE_MODULES = (idempotency, replica_tables, scheduler_tables, service_tables,
+                 stop_tables)  # besides gateway.store.models itself
+
+
+_SCHEMA_LOCK = 7305620  # transaction advisory lock (PostgreSQL): replicas starting at once create one schema
 
 
 def create_schema(engine: Engine) -> None:
-    Base.metadata.create_all(engine)
-    # create_all makes the indexes of new tables only: add those a newer version declares to older tables.
     with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            # CREATE TABLE IF NOT EXISTS races in PostgreSQL (two replicas' first starts: a duplicate pg_type row).
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
+        Base.metadata.create_all(conn)
+        # create_all makes the indexes of new tables only: add those a newer version declares to older tables.
         add_missing_columns(conn, Base.metadata)
         for table in Base.metadata.sorted_tables:
             for index in table.indexes:

@@ -22,7 +22,6 @@ from gateway.app import create_app
 from gateway.bootstrap import open_gateway
 from gateway.settings import Settings
 from gateway.store import idempotency
-from gateway.store.db import Database
 from gateway.store.models import Job
 
 
@@ -223,14 +222,11 @@ def test_a_retry_while_the_first_is_in_flight_gets_409(
 
 @pytest.fixture(scope="module")
 def replica(api: Api, settings: Settings) -> Iterator[TestClient]:
-    """A second gateway on the module's PostgreSQL business database and ledger, in this process. (The
-    one-gateway-per-database claim goes with issue 28's leader election, on another branch; stood down here.)"""
+    """A second replica on the module's PostgreSQL business database and ledger, in this process (its own
+    engine, ledger appender and policy engine); the processes' own test is tests/gateway/test_replica_retry.py."""
     if settings.database_url is None:
         pytest.skip("replicas share a PostgreSQL business database")
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(Database, "claim", lambda self: None)
-        gateway = open_gateway(settings)
-    with TestClient(create_app(settings, run_scheduler=False, gateway=gateway)) as client:
+    with TestClient(create_app(settings, run_scheduler=False, gateway=open_gateway(settings))) as client:
         yield client
 
 
