@@ -1,4 +1,4 @@
-"""Safe retries: an `Idempotency-Key` on any POST or DELETE of the API (issue 28; the IETF httpapi
+"""Safe retries: an `Idempotency-Key` on any POST, PUT or DELETE of the API (issue 28; the IETF httpapi
 idempotency-key draft's semantics).
 
 The key is an sf-string (`"8e03978e-..."`, RFC 8941 §3.3.3) or, as many clients send it, a bare token, of at most
@@ -39,7 +39,7 @@ from gateway.store.idempotency import Claim, Found
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
 MAX_KEY = 255
-METHODS = frozenset({"POST", "DELETE"})
+METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # every mutating method (a PUT is decided and ledgered too)
 PREFIX = "/v1/"
 # Answers a retry may change: not kept, unless the request acted (then whatever it answered is its answer).
 TRANSIENT = frozenset({408, 409, 425, 429})

@@ -57,8 +57,8 @@ _ERRORS = {
            " try again. 500: an unexpected failure; its changes were rolled back.",
 }
 _MUTATING = frozenset({"post", "put", "patch", "delete"})
-# gateway/api/idempotency.py: documented on every POST and DELETE that takes a token.
-_KEYED = frozenset({"post", "delete"})
+# gateway/api/idempotency.py: documented on every mutating operation that takes a token.
+_KEYED = _MUTATING
 _IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key", "in": "header", "required": False,
     "description": "Optional; makes a retry safe (IETF httpapi idempotency-key draft). A quoted string (RFC 8941"

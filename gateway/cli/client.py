@@ -17,7 +17,7 @@ import click
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-KEYED = frozenset({"POST", "DELETE"})  # the methods the CLI sends an Idempotency-Key with
+KEYED = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # the methods the CLI sends an Idempotency-Key with
 
 
 class ApiError(click.ClickException):
@@ -100,8 +100,8 @@ class Client:
         command's option for each body field, so that a 422 speaks of `--runtime-limit`, not of the API's
         `runtime_limit_seconds`."""
         if method.upper() in KEYED:
-            # One key per call, kept for its one retry: the gateway answers that retry with the first answer, so a
-            # connection lost after the request was sent never does the action twice (gateway/api/idempotency.py).
+            # One key per mutating call, kept for its one retry: the gateway answers that retry with the first answer,
+            # so a connection lost after the request was sent never does the action twice (gateway/api/idempotency.py).
             kwargs["headers"] = {**kwargs.get("headers", {}), "Idempotency-Key": f'"{uuid.uuid4()}"'}
         try:
             built = self.http.build_request(method, api_path(*segments), **kwargs)

@@ -89,6 +89,18 @@ def test_a_refusal_is_replayed_too_and_ledgered_once(api: Api) -> None:
     assert len(submit_decisions(api, "not-mine")) == 1
 
 
+def test_a_put_is_replayed_too(api: Api) -> None:
+    """A quota change asks a second platform admin (A7): its retry is the same approval request, not a second."""
+    body = {"gpus": 20, "reason": "a retried quota change"}
+    headers = {**api.headers("erin"), **keyed("k-put")}
+    first = api.client.put("/v1/quotas/vision", headers=headers, json=body)
+    again = api.client.put("/v1/quotas/vision", headers=headers, json=body)
+    assert first.status_code in (200, 202) and again.json() == first.json(), first.text
+    asked = [e for e in ledger_entries(api) if e["kind"] == "decision"
+             and e["body"]["input"]["action"] == "quota.change" and e["body"]["input"]["reason"] == body["reason"]]
+    assert len(asked) == 1, asked
+
+
 def test_the_same_key_with_another_body_or_route_is_refused(api: Api) -> None:
     assert api.post("/v1/jobs", "alice", json=job_spec(name="a"), headers=keyed("k-reused")).status_code == 201
     assert_problem(api.post("/v1/jobs", "alice", json=job_spec(name="b"), headers=keyed("k-reused")),
@@ -300,11 +312,11 @@ def _failing_finish(*args: Any) -> None:
 
 
 
-def test_the_openapi_document_names_the_key_on_every_post_and_delete() -> None:
+def test_the_openapi_document_names_the_key_on_every_mutating_operation() -> None:
     doc = create_app(Settings()).openapi()
     mutating = [(m, p, op) for p, ops in doc["paths"].items() for m, op in ops.items()
-                if m in ("post", "delete") and p.startswith("/v1/") and "security" in op]
-    assert len(mutating) >= 30
+                if m in ("post", "put", "delete") and p.startswith("/v1/") and "security" in op]
+    assert len(mutating) >= 31
     missing = [f"{m.upper()} {p}" for m, p, op in mutating
                if not any(q["in"] == "header" and q["name"] == "Idempotency-Key" for q in op.get("parameters", []))
                or not {"409", "422"} <= set(op["responses"])]

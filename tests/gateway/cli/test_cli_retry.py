@@ -1,6 +1,6 @@
-"""The CLI sends an Idempotency-Key with each POST and DELETE and retries once, with the same key, when the connection
-fails (gateway/cli/client.py): through a proxy that forwards the first request to a real gateway and then drops the
-connection before the answer, `jobgate job submit` reports the job, and the gateway holds it once."""
+"""The CLI sends an Idempotency-Key with each mutating request and retries once, with the same key, when the
+connection fails (gateway/cli/client.py): through a proxy that forwards the first request to a real gateway and then
+drops the connection before the answer, `jobgate job submit` reports the job, and the gateway holds it once."""
 
 from __future__ import annotations
 
