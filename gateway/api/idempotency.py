@@ -26,6 +26,7 @@ from functools import partial
 
 import anyio.to_thread
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.access.breakglass import PREFIX as BREAKGLASS_PREFIX
@@ -90,7 +91,7 @@ def fingerprint(scope: Scope, body: bytes) -> str:
     return h.hexdigest()
 
 
-def caller_scope(gw: Gateway, authorization: str | None) -> str | None:
+def caller_scope(gw: Gateway, session: Session, authorization: str | None) -> str | None:
     """Whose key this is: the authenticated principal, or (break-glass) the credential itself. None when the
     request does not authenticate: it is then served without the key, and refused as it always was."""
     scheme, _, secret = (authorization or "").partition(" ")
@@ -99,24 +100,36 @@ def caller_scope(gw: Gateway, authorization: str | None) -> str | None:
         return "breakglass:" + hashlib.sha256(secret.encode()).hexdigest()
     try:
         token_hash = hash_token(bearer_secret(authorization))
-        with gw.db.transaction(immediate=False) as session:
-            return "principal:" + token_facts(session, token_hash, gw.clock(), cache=gw.token_cache).principal_id
+        return "principal:" + token_facts(session, token_hash, gw.clock(), cache=gw.token_cache).principal_id
     except GatewayError:
         return None
 
 
-def _reserve(gw: Gateway, claim: Claim, print_: str) -> tuple[Found, int, list[list[str]], bytes, float]:
+Reserved = tuple[Found | None, int, list[list[str]], bytes, float]
+
+
+def _reserve(gw: Gateway, authorization: str | None, key: str, holder: str, print_: str) -> tuple[Claim | None,
+                                                                                                 Reserved]:
+    """Who calls and, for them, the key reserved or why not: one transaction, one hop off the event loop. No claim
+    when the request does not authenticate."""
+    claim = None
     try:
         with gw.db.transaction() as session:
+            who = caller_scope(gw, session, authorization)
+            if who is None:
+                return None, (None, 0, [], b"", 0.0)
+            claim = Claim(who, key, holder)
             found, row = idempotency.reserve(session, claim, print_, gw.clock())
             wait = max(1.0, (row.lease_until - gw.clock()).total_seconds())
-            return found, row.status or 0, list(row.headers or []), bytes(row.body or b""), wait
+            return claim, (found, row.status or 0, list(row.headers or []), bytes(row.body or b""), wait)
     except IntegrityError:  # another attempt inserted the same key a moment ago
-        return Found.BUSY, 0, [], b"", idempotency.LEASE.total_seconds()
+        if claim is None:
+            raise
+        return claim, (Found.BUSY, 0, [], b"", idempotency.LEASE.total_seconds())
     except OperationalError as e:
         if getattr(e.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
             raise  # the database is unreachable: answered 503 as anywhere else
-        return Found.BUSY, 0, [], b"", 1.0  # the first request's write transaction holds the row: acting now
+        return claim, (Found.BUSY, 0, [], b"", 1.0)  # the first request's write transaction holds the row: acting
 
 
 def _finish(gw: Gateway, claim: Claim, status: int, headers: list[list[str]], body: bytes) -> None:
@@ -148,11 +161,8 @@ class IdempotencyMiddleware:
         gw: Gateway = scope["app"].state.gateway
         authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         try:
-            who = await anyio.to_thread.run_sync(partial(caller_scope, gw, authorization))
-            claim = Claim(who or "", key, secrets.token_hex(16))
-            if who is not None:
-                found, status, headers, stored, wait = await anyio.to_thread.run_sync(
-                    partial(_reserve, gw, claim, fingerprint(scope, body)))
+            claim, (found, status, headers, stored, wait) = await anyio.to_thread.run_sync(
+                partial(_reserve, gw, authorization, key, secrets.token_hex(16), fingerprint(scope, body)))
         except OperationalError as e:  # out here the app's handlers do not answer it: the same 503 they would
             log.error("%s %s: business database unavailable for its Idempotency-Key: %s", scope["method"],
                       scope["path"], e.orig)
@@ -160,7 +170,7 @@ class IdempotencyMiddleware:
                           "the business database could not be reached to look up this Idempotency-Key; nothing"
                           " was changed, try again later", scope["path"])(scope, receive, send)
             return
-        if who is None:  # not authenticated: served without the key, and refused as it always was
+        if claim is None:  # not authenticated: served without the key, and refused as it always was
             await self.app(scope, receive, send)
         elif found is Found.NEW:
             await self._run(gw, claim, scope, receive, send)
