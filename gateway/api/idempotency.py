@@ -1,9 +1,9 @@
 """Safe retries: an `Idempotency-Key` on any POST, PUT or DELETE of the API (issue 28; the IETF httpapi
 idempotency-key draft's semantics).
 
-The key is an sf-string (`"8e03978e-..."`, RFC 8941 §3.3.3) or, as many clients send it, a bare token, of at most
-255 characters. It is optional: without one a request is served as it always was. With one, keys are scoped to
-the authenticated caller (a key of yours never finds my answer), and a request is fingerprinted by its method,
+The key is an sf-string (`"8e03978e-..."`, RFC 8941 §3.3.3) or, as many clients send it, bare (`8e03978e-...`),
+of at most 255 characters. It is optional: without one a request is served as it always was. With one, keys are
+scoped to the authenticated caller (a key of yours never finds my answer), and a request is fingerprinted by its method,
 path, query and body:
 
 - first use: the key is reserved, the request runs, and its answer is stored before it is sent;
@@ -44,7 +44,9 @@ METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # every mutating method
 PREFIX = "/v1/"
 # Answers a retry may change: not kept, unless the request acted (then whatever it answered is its answer).
 TRANSIENT = frozenset({408, 409, 425, 429})
-_TOKEN = re.compile(r"[A-Za-z*][A-Za-z0-9!#$%&'*+\-.^_`|~:/]*")  # sf-token (RFC 8941 §3.3.4)
+# A bare key: visible ASCII without quotes, backslashes, commas or spaces. Wider than an sf-token (RFC 8941 §3.3.4,
+# which must begin with a letter), since clients commonly send a bare UUID, and one in ten begins with a digit.
+_TOKEN = re.compile(r'[!#-+\--\[\]-~]+')
 _STRING_CHAR = re.compile(r'(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*')  # inside an sf-string's quotes
 _HEADER_KEY = HEADER.lower().encode()
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL: FOR UPDATE NOWAIT found the row locked
