@@ -28,7 +28,7 @@ from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.models import Job
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]  # two `jobgate up` processes
 
 CLIENTS = 8
 DEADLINE_S = 60  # (a bound on a test that would otherwise hang; no wall time is asserted)
