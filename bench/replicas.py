@@ -1,4 +1,4 @@
-"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger [--quick]`.
+"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger [--quick]`, `--failover`.
 
 --ledger: one PostgreSQL ledger (on the server JOBGATE_BENCH_PG_URL or JOBGATE_TEST_PG_URL names, a fresh database
 per run) appended to by real processes, each a Ledger with 64 threads appending 1 KiB entries in a closed loop
@@ -14,6 +14,13 @@ for a few seconds:
    precomputed entries from one connection (the database's part of a hold), and a one-row commit (the WAL flush).
 CPU seconds per append are given for the appending processes and for the PostgreSQL server's processes (all of
 them on this machine, read from /proc: the appenders' sessions, the WAL writer, and whatever else the server ran).
+
+--failover: two replicas (`jobgate up --port A/B --data-dir D`, real processes, one PostgreSQL business database and
+one PostgreSQL ledger, fresh databases per run); kill -9 of the leader, --kills times (10): each time, seconds from
+the kill to the survivor's election (its epoch row) and to its first scheduler cycle as leader (the replicas' own
+timestamps, read from /readyz), p50 and max beside the target (5 s) and beside the followers' retry interval
+(gateway/leadership.py RETRY_S, the part of the bound that is waiting by design); then the killed replica is
+started again as a follower.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -284,6 +292,43 @@ def bench_ledger(server: str, rounds: int, seconds: float) -> dict[str, Any]:
     }
 
 
+FAILOVER_TARGET_S = 5.0
+
+
+def bench_failover(server: str, kills: int) -> dict[str, Any]:
+    _here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(_here.parent / "tests"), str(_here.parent / "tests" / "e2e")]
+    from replicas_testkit import Replicas, failover
+
+    from gateway.leadership import RETRY_S
+
+    urls = [fresh_database(server), fresh_database(server)]
+    tmp = Path(tempfile.mkdtemp(prefix="jobgate-failover-"))
+    replicas = Replicas(tmp / "var", *urls)
+    rounds: list[dict[str, float]] = []
+    try:
+        leader = replicas.start(demo=False)
+        survivor = replicas.start(demo=False)
+        for _ in range(kills):
+            took = failover(replicas, leader, survivor)
+            rounds.append({k: round(v, 3) for k, v in took.items()})
+            replicas.replicas.remove(leader)
+            leader, survivor = survivor, replicas.start(demo=False)  # the killed one comes back, as a follower
+    finally:
+        replicas.stop()
+        for url in urls:
+            drop_database(server, url)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def summary(key: str) -> dict[str, float]:
+        xs = [r[key] for r in rounds]
+        return {"p50_s": round(statistics.median(xs), 3), "max_s": round(max(xs), 3)}
+
+    return {"kills": kills, "target_s": FAILOVER_TARGET_S, "baseline_retry_interval_s": RETRY_S,
+            "to_new_leader": summary("elected_s"), "to_first_cycle": summary("first_cycle_s"),
+            "within_target": all(r["first_cycle_s"] <= FAILOVER_TARGET_S for r in rounds), "rounds": rounds}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--ledger-worker":
         url, key_file, threads, seconds = sys.argv[2:6]
@@ -294,16 +339,21 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one short round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each with its own 1-process baseline")
     ap.add_argument("--seconds", type=float, default=None, help="appending time per run (default 5, quick 2)")
+    ap.add_argument("--failover", action="store_true", help="kill -9 of the leader replica, --kills times")
+    ap.add_argument("--kills", type=int, default=10, help="with --failover: how many kills (default 10)")
     args = ap.parse_args()
-    if not args.ledger:
-        ap.error("say what to measure: --ledger")
+    if not (args.ledger or args.failover):
+        ap.error("say what to measure: --ledger and/or --failover")
     server = os.environ.get("JOBGATE_BENCH_PG_URL") or os.environ.get("JOBGATE_TEST_PG_URL")
     if not server:
         ap.error("set JOBGATE_BENCH_PG_URL (or JOBGATE_TEST_PG_URL) to a PostgreSQL server URL")
     out: dict[str, Any] = {"benchmark": "replicas", "quick": args.quick, "cpus": os.cpu_count(),
                            "loadavg_start": os.getloadavg(), "machine": calibration()}
     seconds = args.seconds or (2.0 if args.quick else 5.0)
-    out["ledger"] = bench_ledger(server, 1 if args.quick else args.rounds, seconds)
+    if args.ledger:
+        out["ledger"] = bench_ledger(server, 1 if args.quick else args.rounds, seconds)
+    if args.failover:
+        out["failover"] = bench_failover(server, 2 if args.quick else args.kills)
     out["loadavg_end"] = os.getloadavg()
     print(json.dumps(out, indent=2))
 

@@ -90,6 +90,20 @@ def test_a_leader_that_lost_its_lock_cannot_write_leader_only_work_once_another_
         b.stop()
 
 
+def test_a_leader_stops_leading_at_its_first_round_after_its_lock_connection_fails(
+        shared_db: tuple[str, Database]) -> None:
+    url, db = shared_db
+    a = replica(url, db, "a")
+    try:
+        a.start(lambda _epoch: None)
+        _cut_lock_connection(url, a)
+        assert until(lambda: not a.leads(), 2.0)  # the loops skip their next round
+        assert until(a.leads, 3.0)  # back as a follower that finds the lock free: it leads again, a new epoch
+        assert a.epoch == 2
+    finally:
+        a.stop()
+
+
 def test_a_takeover_waits_for_the_old_leaders_fenced_transaction_to_end(shared_db: tuple[str, Database]) -> None:
     """The fence's share lock on leader_state: the old leader's cycle either commits before the next epoch
     begins or never (so two replicas' cycles never interleave)."""
