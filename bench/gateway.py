@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,9 @@ class Connection:
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         return self
 
-    async def request(self, method: str, path: str, body: object = None) -> Response:
+    async def request(self, method: str, path: str, body: object = None, extra: str = "") -> Response:
         data = b"" if body is None else json.dumps(body).encode()
-        head = (f"{method} {path} HTTP/1.1\r\nHost: bench\r\n{self.auth}Content-Type: application/json\r\n"
+        head = (f"{method} {path} HTTP/1.1\r\nHost: bench\r\n{self.auth}{extra}Content-Type: application/json\r\n"
                 f"Content-Length: {len(data)}\r\n\r\n")
         self.writer.write(head.encode() + data)
         status = int((await self.reader.readuntil(b"\r\n")).split(b" ", 2)[1])
@@ -290,6 +291,11 @@ async def submit(c: Connection, i: int) -> Response:
     return await c.request("POST", "/v1/jobs", SPEC)
 
 
+async def submit_keyed(c: Connection, i: int) -> Response:
+    """A submission as the CLI sends it: with an Idempotency-Key of its own (gateway/api/idempotency.py)."""
+    return await c.request("POST", "/v1/jobs", SPEC, f'Idempotency-Key: "{uuid.uuid4()}"\r\n')
+
+
 async def run(args: argparse.Namespace) -> None:
     machine = calibration()  # before the gateway starts: nothing else of ours is running
     submissions: dict[str, object] = {}
@@ -321,7 +327,8 @@ async def measure_submissions(port: int, tokens: dict[str, str], args: argparse.
     for _ in range(args.rounds):
         noop_cap = await closed_loop(port, alice, args.clients, args.seconds, noop, pid)
         submit_cap = await closed_loop(port, alice, args.clients, args.seconds, submit, pid)
-        capacity.append({"noop": noop_cap, "submit": submit_cap,
+        keyed_cap = await closed_loop(port, alice, args.clients, args.seconds, submit_keyed, pid)
+        capacity.append({"noop": noop_cap, "submit": submit_cap, "submit_keyed": keyed_cap,
                          "ratio": round(submit_cap["per_second"] / noop_cap["per_second"], 3)})
     at_rate: list[dict[str, Any]] = []
     for _ in range(args.rounds):
@@ -338,6 +345,10 @@ async def measure_submissions(port: int, tokens: dict[str, str], args: argparse.
         "noop": {"capacity": cap["noop"], "at_rate": lat["noop"]},
         "submit": {"capacity": cap["submit"], "at_rate": lat["submit"], "at_half_capacity": submit_half},
         "submit_vs_noop_ratio": cap["ratio"],
+        # The same submission with an Idempotency-Key (its reservation, its mark in the write, its stored answer),
+        # beside the one without in the same round.
+        "submit_with_idempotency_key": {"capacity": cap["submit_keyed"], "cpu_ratio_to_submit": round(
+            cap["submit_keyed"]["server_cpu_ms_per_request"] / cap["submit"]["server_cpu_ms_per_request"], 3)},
         "rounds": {
             "capacity_per_second": [[r["noop"]["per_second"], r["submit"]["per_second"]] for r in capacity],
             "capacity_server_cpu_ms_per_submit": [r["submit"]["server_cpu_ms_per_request"] for r in capacity],

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from gateway.api import docs_pages, openapi_doc
 from gateway.api.body_limit import BodyLimitMiddleware
+from gateway.api.idempotency import IdempotencyMiddleware
 from gateway.api.routes import ROUTERS
 from gateway.bootstrap import ExecutionFactory, bind_ledger, native_execution, open_gateway
 from gateway.console.routes import ROUTERS as CONSOLE_ROUTERS
@@ -149,6 +150,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         app.include_router(router)
     logging.getLogger("jobgate").setLevel(logging.INFO)
     configure_json_logging()
+    app.add_middleware(IdempotencyMiddleware)  # inside the body limit: it reads a keyed request's body whole
     app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(ConsoleHeadersMiddleware)
     app.add_middleware(RequestIdMiddleware)  # X-Request-Id on every response and log line (the outermost)

@@ -28,6 +28,7 @@ from gateway.leadership import ElectedLeadership, Leadership, SoleLeadership, ne
 from gateway.native.command_key import load_or_create_command_key
 from gateway.native.execution import NativeExecution
 from gateway.settings import Settings
+from gateway.store import idempotency
 from gateway.store.db import Database
 from gateway.store.models import Meta
 from gateway.store.schema import create_schema
@@ -194,5 +195,7 @@ def register_chores(gateway: Gateway) -> None:
     chores: list[tuple[str, Callable[[Gateway, Session], object]]] = [
         ("receipts", obligations.sweep_timed_out_receipts), ("break-glass expiry", breakglass.sweep_expired),
         ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
-        ("counts of repeated refusals", lambda gw, _session: refusals.flush_counts(gw)), *lifecycle.CHORES]
+        ("counts of repeated refusals", lambda gw, _session: refusals.flush_counts(gw)),
+        ("idempotency keys past retention", lambda gw, session: idempotency.purge(session, gw.clock())),
+        *lifecycle.CHORES]
     gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)

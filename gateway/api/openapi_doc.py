@@ -57,6 +57,23 @@ _ERRORS = {
            " try again. 500: an unexpected failure; its changes were rolled back.",
 }
 _MUTATING = frozenset({"post", "put", "patch", "delete"})
+# gateway/api/idempotency.py: documented on every mutating operation that takes a token.
+_KEYED = _MUTATING
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "description": "Optional; makes a retry safe (IETF httpapi idempotency-key draft). A quoted string (RFC 8941"
+                   " sf-string, e.g. `\"8e03978e-40d5-43e8-bc93-6894a57f9324\"`) or bare token of 1-255 printable"
+                   " ASCII characters, unique per request; scoped to the caller and kept 24 hours. The same key"
+                   " and request again gets the first answer, with `Idempotent-Replayed: true`, and nothing is done"
+                   " or ledgered again; the same key with another method, path or body: 422; while the first is"
+                   " still being processed: 409 with Retry-After. A 5xx, 408, 409 or 429 answer is not kept"
+                   " (unless the request acted), so a retry runs again. A malformed key: 400.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 257}}
+_KEY_ERRORS = {
+    "409": "Conflicting state; or a request with this Idempotency-Key is still being processed (Retry-After), or"
+           " was carried out and its answer lost.",
+    "422": "Invalid input (`errors` names each field), or an Idempotency-Key already used for another request.",
+}
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before making the call again (RFC 9110 §10.2.3).",
                                 "schema": {"type": "integer", "minimum": 1}}}
 
@@ -102,6 +119,10 @@ def document(app: FastAPI) -> dict[str, Any]:
                 if code == "429" and method not in _MUTATING:
                     continue  # reads are not counted
                 responses[code] = _problem(description)
+            if takes_token and method in _KEYED and path.startswith("/v1/"):
+                op.setdefault("parameters", []).append(dict(_IDEMPOTENCY_KEY))
+                for code, description in _KEY_ERRORS.items():
+                    responses[code] = _problem(description)
             if "429" in responses:
                 responses["429"]["headers"] = _RETRY_AFTER
             if takes_token:

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
@@ -16,6 +17,7 @@ import click
 import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+KEYED = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # the methods the CLI sends an Idempotency-Key with
 
 
 class ApiError(click.ClickException):
@@ -97,24 +99,39 @@ class Client:
         no command can put an id into it raw); the JSON answer, or the text of any other. `options` names the
         command's option for each body field, so that a 422 speaks of `--runtime-limit`, not of the API's
         `runtime_limit_seconds`."""
+        if method.upper() in KEYED:
+            # One key per mutating call, kept for its one retry: the gateway answers that retry with the first answer,
+            # so a connection lost after the request was sent never does the action twice (gateway/api/idempotency.py).
+            kwargs["headers"] = {**kwargs.get("headers", {}), "Idempotency-Key": f'"{uuid.uuid4()}"'}
         try:
             built = self.http.build_request(method, api_path(*segments), **kwargs)
         except httpx.InvalidURL as e:  # api_path quotes every id; kept so that nothing else can end in a traceback
             fail(f"cannot send this request: an id or name in it holds a character no URL can carry ({e})")
         except ValueError as e:  # JSON has no NaN or infinity
             fail(f"cannot send this request: a value in it cannot be written as JSON ({e})")
-        try:
-            r = self.http.send(built)
-        except httpx.LocalProtocolError as e:  # its text may quote a header: the token
-            fail(f"cannot send this request to {self.url} ({e.__class__.__name__}); check --token and --trigger")
-        except httpx.HTTPError as e:
-            fail(f"cannot reach the gateway at {self.url} ({e.__class__.__name__}: {e})")
+        r = self._send(built)
         if r.status_code >= 400:
             fail(f"{r.status_code} {self._problem(r, options or {})}")
         if r.headers.get("content-type", "").startswith("application/json"):
             return r.json()
         return r.text
 
+
+    def _send(self, built: httpx.Request) -> httpx.Response:
+        """Send, and once more on a connection error (refused, reset, closed before the answer): with the same
+        Idempotency-Key, so that the gateway (or another replica) does nothing twice. A timeout is not retried: the
+        first attempt may still be running, and would only be reported in flight. Raises ApiError."""
+        for attempt in (1, 2):
+            try:
+                return self.http.send(built)
+            except httpx.LocalProtocolError as e:  # its text may quote a header: the token
+                fail(f"cannot send this request to {self.url} ({e.__class__.__name__}); check --token and --trigger")
+            except (httpx.NetworkError, httpx.RemoteProtocolError) as e:
+                if attempt == 2:  # (silent before: an error stays one line)
+                    fail(f"cannot reach the gateway at {self.url} ({e.__class__.__name__}: {e})")
+            except httpx.HTTPError as e:
+                fail(f"cannot reach the gateway at {self.url} ({e.__class__.__name__}: {e})")
+        raise AssertionError("unreachable")
 
     def _problem(self, r: httpx.Response, options: Mapping[str, str]) -> str:
         """One line from a problem+json answer: its detail, plus what a CLI user needs next (the rule that refused

@@ -19,6 +19,7 @@ from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.errors import DatabaseInUse
+from gateway.store import idempotency
 from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
 
 # How often the business database's WAL is copied back (SQLite). Each round fsyncs the pages it copied, and
@@ -173,11 +174,14 @@ class Database:
         """One transaction; `immediate=False` only for reads (or writes nobody else can race with)."""
         if not (immediate and self.is_sqlite):
             with self._sessions() as session, session.begin():
+                if immediate:
+                    idempotency.claim_row(session)  # a request holding an Idempotency-Key acts in this transaction
                 yield session
             return
         # SQLite has one writer. Queue this process's writers on a lock rather than in SQLite's busy
         # handler, which sleeps in growing steps and turns contention into seconds of latency.
         with self._write_lock, self._immediate_sessions() as session, session.begin():
+            idempotency.claim_row(session)
             yield session
 
     @property

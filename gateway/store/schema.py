@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, Engine, MetaData, inspect, text
 
-from gateway.store import (oversight_tables, replica_tables, scheduler_tables, service_tables, slurm_tables,
-                           stop_tables)
+from gateway.store import (idempotency, oversight_tables, replica_tables, scheduler_tables, service_tables,
+                           slurm_tables, stop_tables)
 from gateway.store.models import Base
 from gateway.store.snapshot_rows import add_rendered_rows
 from gateway.store.submission_rows import add_submission_view
 
 # Besides gateway.store.models itself:
-TABLE_MODULES = (replica_tables, scheduler_tables, service_tables, stop_tables, slurm_tables, oversight_tables)
+TABLE_MODULES = (idempotency, replica_tables, scheduler_tables, service_tables, stop_tables, slurm_tables,
+                 oversight_tables)
 
 
 _SCHEMA_LOCK = 7305620  # transaction advisory lock (PostgreSQL): replicas starting at once create one schema

@@ -18,6 +18,7 @@ from typing import Any, cast
 from sqlalchemy import Column, Insert, MetaData, Table
 from sqlalchemy.engine import Connection
 
+from gateway.store import idempotency
 from gateway.store.db import Database, insert_new, row_values
 from gateway.store.models import Job
 from gateway.store.scheduler_tables import PriorityChange, SchedJob
@@ -59,7 +60,9 @@ def add_submission_view(connection: Connection) -> None:
 def insert_submission(db: Database, job: Job, sched: SchedJob, change: PriorityChange) -> None:
     """Insert a new job's rows in a transaction of their own (db.insert_new's conventions: defaults filled into
     the objects, which stay outside any session). Raises SQLAlchemy's errors."""
-    if not db.is_sqlite:  # row locks, no single writer: an ordinary transaction
+    # PostgreSQL: row locks, no single writer. A request holding an Idempotency-Key: its key's row is marked in
+    # the same transaction as the rows (gateway/store/idempotency.py), which one statement cannot do.
+    if not db.is_sqlite or idempotency.CURRENT.get() is not None:
         with db.transaction() as session:
             insert_new(session, job, sched, change)
         return
