@@ -1,0 +1,194 @@
+"""Two replicas behind HAProxy, started with the README's config itself (deploy/haproxy/haproxy.cfg, the addresses
+given in the environment HAProxy substitutes): requests reach both replicas; a replica killed with -9 costs the
+clients nothing, HAProxy sends the rest to the other at once and takes the dead one out within its checks; with
+no replica left, HAProxy's refusal is problem+json saying nothing changed.
+
+One pair of `jobgate up` processes on one PostgreSQL business database and one ledger (set up by `ledger
+init-db` with its append-only role, as in production), one HAProxy in front, for the whole module; the kill -9
+goes last."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pytest
+from e2e_testkit import JOBGATE, free_port, wait_for
+
+from gateway.demo import prepare_demo
+from gateway.settings import Settings
+from ledger.admin import init_db
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+SPEC = {"name": "lb", "project": "vision", "gpus_per_node": 1, "command": ["true"]}
+
+
+@dataclass
+class Pair:
+    lb: str  # what clients use
+    admin: str  # HAProxy's stats
+    replicas: dict[str, subprocess.Popen[bytes]]  # by HAProxy server name
+    tokens: dict[str, str]
+    logs: Path
+
+    def server_states(self) -> dict[str, str]:
+        """Each replica's state in HAProxy (UP, DOWN, ...), from its stats CSV."""
+        rows = csv.DictReader(io.StringIO(httpx.get(self.admin + "/stats;csv", timeout=5).text.lstrip("# ")))
+        return {r["svname"]: r["status"] for r in rows if r["pxname"] == "replicas" and r["svname"] in self.replicas}
+
+    def submit(self, client: httpx.Client) -> httpx.Response:
+        return client.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": secrets.token_hex(8)})
+
+
+def _database(server: str, prefix: str) -> str:
+    import psycopg
+
+    name = f"{prefix}_{secrets.token_hex(5)}"
+    with psycopg.connect(server, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    return urlunsplit(urlsplit(server)._replace(path="/" + name))
+
+
+def _drop(server: str, url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(server, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{urlsplit(url).path[1:]}" WITH (FORCE)')
+
+
+def _answers(proc: subprocess.Popen[bytes], url: str, logs: Path) -> bool:
+    if proc.poll() is not None:
+        raise AssertionError(f"{url} exited early:\n" + "\n".join(p.read_text() for p in logs.glob("*.log")))
+    try:
+        return httpx.get(url + "/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    import psycopg
+
+    tmp = tmp_path_factory.mktemp("lb")
+    biz = _database(pg_server_url, "jobgate_lb_biz")
+    ledger_owner = _database(pg_server_url, "jobgate_lb_ledger")
+    role = f"jobgate_lb_{os.getpid()}"
+    ledger = init_db(ledger_owner, role=role, password=secrets.token_hex(8)).gateway_url
+    assert ledger is not None
+    data_dir = tmp / "var"
+    env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz, "JOBGATE_LEDGER_URL": ledger}
+    prepare_demo(Settings(data_dir=data_dir, database_url=biz, ledger_url=ledger))
+    procs: list[subprocess.Popen[bytes]] = []
+    replicas: dict[str, subprocess.Popen[bytes]] = {}
+    haproxy_env = dict(os.environ)
+    try:
+        # One after the other: the first creates the keys in the shared data dir that the second reads.
+        for n in (1, 2):
+            port = free_port()
+            with (tmp / f"replica{n}.log").open("wb") as log:
+                proc = subprocess.Popen([*JOBGATE, "up", "--port", str(port), "--data-dir", str(data_dir)],
+                                        stdout=log, stderr=subprocess.STDOUT, env=env)
+            procs.append(proc)
+            replicas[f"replica{n}"] = proc
+            url = f"http://127.0.0.1:{port}"
+            wait_for(lambda p=proc, u=url: _answers(p, u, tmp), 60, f"replica{n}'s /healthz")
+            haproxy_env[f"JOBGATE_REPLICA_{n}"] = f"127.0.0.1:{port}"
+        lb_port, admin_port = free_port(), free_port()
+        haproxy_env |= {"JOBGATE_LB_BIND": f"127.0.0.1:{lb_port}", "JOBGATE_LB_ADMIN_BIND": f"127.0.0.1:{admin_port}"}
+        with (tmp / "haproxy.log").open("wb") as log:
+            # -db: in the foreground, as systemd runs it (Type=notify aside); the file is the README's.
+            procs.append(subprocess.Popen([HAPROXY, "-db", "-f", str(CONFIG)], stdout=log, stderr=subprocess.STDOUT,
+                                          env=haproxy_env))
+        p = Pair(f"http://127.0.0.1:{lb_port}", f"http://127.0.0.1:{admin_port}", replicas,
+                 json.loads((data_dir / "demo-tokens.json").read_text()), tmp)
+
+        def both_up() -> bool:
+            try:
+                return set(p.server_states().values()) == {"UP"}
+            except httpx.HTTPError:
+                return False
+
+        wait_for(both_up, 30, "HAProxy to find both replicas ready")
+        yield p
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        _drop(pg_server_url, biz)
+        _drop(pg_server_url, ledger_owner)
+        with psycopg.connect(pg_server_url, autocommit=True) as c:
+            c.execute(f'DROP ROLE IF EXISTS "{role}"')
+
+
+def test_the_config_is_the_one_the_readme_gives() -> None:
+    """The README's production section tells operators to run this file; a moved or renamed file would leave it
+    pointing nowhere."""
+    readme = (CONFIG.parents[2] / "README.md").read_text()
+    assert "deploy/haproxy/haproxy.cfg" in readme.split("## Running in production", 1)[1]
+    env = {**os.environ, "JOBGATE_REPLICA_1": "127.0.0.1:1", "JOBGATE_REPLICA_2": "127.0.0.1:2"}
+    r = subprocess.run([HAPROXY, "-c", "-f", str(CONFIG)], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0 and "Warning" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_requests_through_haproxy_reach_both_replicas_on_one_organisation(pair: Pair) -> None:
+    with httpx.Client(base_url=pair.lb, headers={"Authorization": f"Bearer {pair.tokens['alice']}"},
+                      timeout=30) as alice:
+        answered = [pair.submit(alice) for _ in range(20)]
+        assert {r.status_code for r in answered} == {201}, [r.text for r in answered if r.status_code != 201]
+        assert {r.headers["x-jobgate-replica"] for r in answered} == {"replica1", "replica2"}
+        # One organisation: every job either replica took is listed by whichever answers now.
+        listed = {j["id"] for j in alice.get("/v1/jobs", params={"limit": 200}).json()["jobs"]}
+        assert {r.json()["id"] for r in answered} <= listed
+
+
+def test_a_replica_killed_costs_the_clients_nothing_and_haproxy_takes_it_out(pair: Pair) -> None:
+    """kill -9 of replica2: the requests HAProxy still routes to it are refused at connect and sent to replica1
+    (option redispatch), so no client sees an error; its checks (every 1 s, then every 250 ms once one failed; two
+    failures) mark it DOWN, by this config within about 1.3 s plus a connect. The figure measured is printed."""
+    victim = pair.replicas["replica2"]
+    with httpx.Client(base_url=pair.lb, headers={"Authorization": f"Bearer {pair.tokens['alice']}"},
+                      timeout=30) as alice:
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        killed = time.monotonic()
+        answered: list[httpx.Response] = []
+        while pair.server_states()["replica2"] != "DOWN" and time.monotonic() - killed < 30:
+            answered.append(pair.submit(alice))
+        down_after = time.monotonic() - killed
+        answered += [pair.submit(alice) for _ in range(5)]
+        print(f"HAProxy marked the killed replica DOWN {down_after:.2f} s after kill -9;"
+              f" {len(answered)} submissions meanwhile and after, all answered by replica1")
+        assert pair.server_states() == {"replica1": "UP", "replica2": "DOWN"}
+        assert {r.status_code for r in answered} == {201}, [r.text for r in answered if r.status_code != 201]
+        assert {r.headers["x-jobgate-replica"] for r in answered} == {"replica1"}
+
+        # The last replica gone too: HAProxy's own refusal, problem+json like the gateway's, saying nothing changed.
+        survivor = pair.replicas["replica1"]
+        os.kill(survivor.pid, signal.SIGKILL)
+        survivor.wait()
+        wait_for(lambda: pair.server_states()["replica1"] == "DOWN", 30, "HAProxy to mark replica1 DOWN")
+        refused = pair.submit(alice)
+        assert refused.status_code == 503 and refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["status"] == 503 and "nothing was changed" in refused.json()["detail"]
+
