@@ -1,4 +1,16 @@
-"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger [--quick]`.
+"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger|--submissions [--quick]`.
+
+--submissions: authorised submissions (POST /v1/jobs, the demo's alice, bench/gateway.py's load generator: 32
+keep-alive connections, closed loop for capacity, open loop for latency) on real `jobgate up` processes, each
+round on fresh PostgreSQL databases (business DB and an init-db ledger):
+1. 1 replica, clients straight to it: capacity, then latency at 80% of it (the baseline);
+2. 2 replicas on one business DB and ledger: capacity with the clients spread straight over both (the figure
+   beside the baseline: the same client path), capacity through HAProxy (deploy/haproxy/haproxy.cfg as it is,
+   what production runs) and latency at 80% of that.
+Server CPU per submission is summed over the replicas and the PostgreSQL backends serving their connections (by
+pid from pg_stat_activity, read from /proc); HAProxy's and every PostgreSQL process's on the machine (WAL writer,
+checkpointer, and whatever else the server ran meanwhile) are given beside it. The coordination overhead is that
+CPU with 2 replicas / with 1 (target <= 1.15); the round with its median is reported beside every round's figures.
 
 --ledger: one PostgreSQL ledger (on the server JOBGATE_BENCH_PG_URL or JOBGATE_TEST_PG_URL names, a fresh database
 per run) appended to by real processes, each a Ledger with 64 threads appending 1 KiB entries in a closed loop
