@@ -188,7 +188,7 @@ class ElectedLeadership:
                 (self.replica_id, self.address)).fetchone()[0]
         with self._state:
             self._epoch, self.elected_at, self.first_cycle_at = epoch, datetime.now(UTC), None
-        log.warning("replica %s leads (epoch %d)", self.replica_id, epoch)
+        log.info("replica %s leads (epoch %d)", self.replica_id, epoch)
         try:
             self._on_elected(epoch)
         except Exception:  # the leader's loops still run: a failed start-up chore is retried by housekeeping
