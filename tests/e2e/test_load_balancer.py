@@ -1,11 +1,12 @@
 """Two replicas behind HAProxy, started with the README's config itself (deploy/haproxy/haproxy.cfg, the addresses
-given in the environment HAProxy substitutes): requests reach both replicas; a replica killed with -9 costs the
-clients nothing, HAProxy sends the rest to the other at once and takes the dead one out within its checks; with
-no replica left, HAProxy's refusal is problem+json saying nothing changed.
+given in the environment HAProxy substitutes): requests reach both replicas; a replica that stops being ready gets
+none until it is ready again; a replica killed with -9 costs the clients nothing, HAProxy sends the rest to the
+other at once and takes the dead one out within its checks; with no replica left, HAProxy's refusal is
+problem+json saying nothing changed.
 
 One pair of `jobgate up` processes on one PostgreSQL business database and one ledger (set up by `ledger
-init-db` with its append-only role, as in production), one HAProxy in front, for the whole module; the kill -9
-goes last."""
+init-db`, each replica with an append-only role of its own, as in production), one HAProxy in front, for the whole
+module; the kill -9 goes last."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ class Pair:
     admin: str  # HAProxy's stats
     replicas: dict[str, subprocess.Popen[bytes]]  # by HAProxy server name
     tokens: dict[str, str]
-    logs: Path
+    ledger_owner: str  # the ledger database as its owner (init-db's URL)
+    roles: dict[str, tuple[str, str]]  # each replica's ledger role and password
 
     def server_states(self) -> dict[str, str]:
         """Each replica's state in HAProxy (UP, DOWN, ...), from its stats CSV."""
@@ -87,12 +89,10 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     tmp = tmp_path_factory.mktemp("lb")
     biz = _database(pg_server_url, "jobgate_lb_biz")
     ledger_owner = _database(pg_server_url, "jobgate_lb_ledger")
-    role = f"jobgate_lb_{os.getpid()}"
-    ledger = init_db(ledger_owner, role=role, password=secrets.token_hex(8)).gateway_url
-    assert ledger is not None
+    roles = {f"replica{n}": (f"jobgate_lb_{os.getpid()}_{n}", secrets.token_hex(8)) for n in (1, 2)}
+    ledgers = {name: init_db(ledger_owner, role=role, password=pw).gateway_url for name, (role, pw) in roles.items()}
     data_dir = tmp / "var"
-    env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz, "JOBGATE_LEDGER_URL": ledger}
-    prepare_demo(Settings(data_dir=data_dir, database_url=biz, ledger_url=ledger))
+    prepare_demo(Settings(data_dir=data_dir, database_url=biz, ledger_url=ledgers["replica1"]))
     procs: list[subprocess.Popen[bytes]] = []
     replicas: dict[str, subprocess.Popen[bytes]] = {}
     haproxy_env = dict(os.environ)
@@ -100,6 +100,8 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         # One after the other: the first creates the keys in the shared data dir that the second reads.
         for n in (1, 2):
             port = free_port()
+            env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz,
+                   "JOBGATE_LEDGER_URL": str(ledgers[f"replica{n}"])}
             with (tmp / f"replica{n}.log").open("wb") as log:
                 proc = subprocess.Popen([*JOBGATE, "up", "--port", str(port), "--data-dir", str(data_dir)],
                                         stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -115,7 +117,7 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             procs.append(subprocess.Popen([HAPROXY, "-db", "-f", str(CONFIG)], stdout=log, stderr=subprocess.STDOUT,
                                           env=haproxy_env))
         p = Pair(f"http://127.0.0.1:{lb_port}", f"http://127.0.0.1:{admin_port}", replicas,
-                 json.loads((data_dir / "demo-tokens.json").read_text()), tmp)
+                 json.loads((data_dir / "demo-tokens.json").read_text()), ledger_owner, roles)
 
         def both_up() -> bool:
             try:
@@ -138,7 +140,8 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         _drop(pg_server_url, biz)
         _drop(pg_server_url, ledger_owner)
         with psycopg.connect(pg_server_url, autocommit=True) as c:
-            c.execute(f'DROP ROLE IF EXISTS "{role}"')
+            for role, _ in roles.values():
+                c.execute(f'DROP ROLE IF EXISTS "{role}"')
 
 
 def test_the_config_is_the_one_the_readme_gives() -> None:
@@ -160,6 +163,30 @@ def test_requests_through_haproxy_reach_both_replicas_on_one_organisation(pair: 
         # One organisation: every job either replica took is listed by whichever answers now.
         listed = {j["id"] for j in alice.get("/v1/jobs", params={"limit": 200}).json()["jobs"]}
         assert {r.json()["id"] for r in answered} <= listed
+
+
+def test_a_replica_that_is_not_ready_gets_no_requests_until_it_is_again(pair: Pair) -> None:
+    """replica2's ledger role loses its INSERT grant: its /readyz answers 503 (the ledger check), HAProxy takes it
+    out and every request goes to replica1, which is ready; init-db run again restores the grant, /readyz answers
+    200 and HAProxy puts replica2 back. (Checked by /healthz, which says the process lives, it would have kept
+    sending replica2 submissions it could not record.)"""
+    import psycopg
+
+    role, password = pair.roles["replica2"]
+    with httpx.Client(base_url=pair.lb, headers={"Authorization": f"Bearer {pair.tokens['alice']}"},
+                      timeout=30) as alice:
+        with psycopg.connect(pair.ledger_owner, autocommit=True) as c:
+            c.execute(f'REVOKE INSERT ON ledger_entries FROM "{role}"')
+        wait_for(lambda: pair.server_states()["replica2"] == "DOWN", 30, "HAProxy to take the unready replica out")
+        answered = [pair.submit(alice) for _ in range(6)]
+        assert {r.status_code for r in answered} == {201}, [r.text for r in answered if r.status_code != 201]
+        assert {r.headers["x-jobgate-replica"] for r in answered} == {"replica1"}
+
+        init_db(pair.ledger_owner, role=role, password=password)
+        wait_for(lambda: pair.server_states()["replica2"] == "UP", 30, "HAProxy to put the ready replica back")
+        answered = [pair.submit(alice) for _ in range(10)]
+        assert {r.status_code for r in answered} == {201}, [r.text for r in answered if r.status_code != 201]
+        assert {r.headers["x-jobgate-replica"] for r in answered} == {"replica1", "replica2"}
 
 
 def test_a_replica_killed_costs_the_clients_nothing_and_haproxy_takes_it_out(pair: Pair) -> None:
