@@ -415,7 +415,7 @@ class Replicas:
             except (OSError, IndexError):  # a backend that ended meanwhile
                 return 0.0
 
-        return {"replicas": sum(of(p.pid) for p in self.procs),
+        return {"replicas": [of(p.pid) for p in self.procs],
                 "backends": {pid: of(pid) for pid in self.backend_pids()},
                 "haproxy": of(self.haproxy.pid) if self.haproxy else 0.0,
                 "postgres_all": postgres_cpu_s()}
@@ -426,10 +426,13 @@ def cpu_per_request(before: dict[str, Any], after: dict[str, Any], requests: int
     counts from zero); beside it HAProxy's, and every PostgreSQL process on the machine (the WAL writer and
     checkpointer too, but also what other users of the server ran meanwhile)."""
     backends = sum(cpu - before["backends"].get(pid, 0.0) for pid, cpu in after["backends"].items())
-    replicas = after["replicas"] - before["replicas"]
+    each = [a - b for a, b in zip(after["replicas"], before["replicas"], strict=True)]
+    replicas = sum(each)
     per = 1e3 / max(requests, 1)
     return {"server_cpu_ms_per_submission": round((replicas + backends) * per, 3),
             "replicas_cpu_ms": round(replicas * per, 3), "postgres_backends_cpu_ms": round(backends * per, 3),
+            # The first replica leads (it started first): the scheduler cycles and chores are its alone.
+            "each_replica_cpu_ms": [round(x * per, 3) for x in each],
             "haproxy_cpu_ms": round((after["haproxy"] - before["haproxy"]) * per, 3),
             "postgres_all_processes_cpu_ms": round((after["postgres_all"] - before["postgres_all"]) * per, 3)}
 
