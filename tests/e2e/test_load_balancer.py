@@ -36,6 +36,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def haproxy_installed() -> None:
+    """Debian's HAProxy; CI installs it (.ci/run). Fails, not skips, when JOBGATE_REQUIRE_HAPROXY=1."""
+    if not Path(HAPROXY).exists():
+        if os.environ.get("JOBGATE_REQUIRE_HAPROXY") == "1":
+            pytest.fail("JOBGATE_REQUIRE_HAPROXY=1 but no HAProxy: apt-get install -y haproxy")
+        pytest.skip("no HAProxy: apt-get install -y haproxy")
+
+
 SPEC = {"name": "lb", "project": "vision", "gpus_per_node": 1, "command": ["true"]}
 
 
