@@ -445,6 +445,21 @@ async def capacity(rs: Replicas, ports: list[int], clients: int, seconds: float)
     return {**result, **cpu_per_request(before, rs.cpu(), int(result["requests"]))}
 
 
+async def idle(rs: Replicas, seconds: float = 3.0) -> dict[str, Any]:
+    """With no requests: each replica's CPU per second, and the jobs waiting. The submitted jobs stay pending (no
+    node agents), and the leader's scheduler cycle (every second) reads them all, so its cost grows with the run."""
+    import psycopg
+
+    before = rs.cpu()
+    await asyncio.sleep(seconds)
+    after = rs.cpu()
+    with psycopg.connect(rs.databases[0], autocommit=True) as c:
+        row = c.execute("SELECT count(*) FROM jobs WHERE state = 'pending'").fetchone()
+    return {"each_replica_cpu_ms_per_s": [round((a - b) * 1e3 / seconds, 1)
+                                          for a, b in zip(after["replicas"], before["replicas"], strict=True)],
+            "pending_jobs": row[0] if row else None}
+
+
 async def submissions_round(server: str, clients: int, seconds: float) -> dict[str, Any]:
     """1 replica (clients straight to it), then 2 on fresh databases: clients spread straight over both (the
     figure beside the 1-replica baseline: same client path), then through HAProxy (what production runs); open
@@ -456,14 +471,14 @@ async def submissions_round(server: str, clients: int, seconds: float) -> dict[s
         await closed_loop(one.ports, one.tokens["alice"], clients, 1.0, submit)  # warm-up
         cap1 = await capacity(one, one.ports, clients, seconds)
         at80 = await open_loop(one.ports, one.tokens["alice"], clients, seconds, 0.8 * cap1["per_second"], submit)
-        out["one_replica"] = {"capacity": cap1, "at_80_percent": at80}
+        out["one_replica"] = {"capacity": cap1, "at_80_percent": at80, "idle_after": await idle(one)}
     async with Replicas(server, 2, haproxy=True) as two:
         await closed_loop(two.ports, two.tokens["alice"], clients, 1.0, submit)
         spread = await capacity(two, two.ports, clients, seconds)
         via = await capacity(two, [two.lb_port], clients, seconds)
         at80 = await open_loop([two.lb_port], two.tokens["alice"], clients, seconds, 0.8 * via["per_second"], submit)
         out["two_replicas"] = {"capacity_spread": spread, "capacity_through_haproxy": via,
-                               "at_80_percent_through_haproxy": at80}
+                               "at_80_percent_through_haproxy": at80, "idle_after": await idle(two)}
     out["throughput_two_to_one"] = round(spread["per_second"] / cap1["per_second"], 3)
     out["coordination_overhead_cpu_two_to_one"] = round(
         spread["server_cpu_ms_per_submission"] / cap1["server_cpu_ms_per_submission"], 3)
@@ -506,8 +521,8 @@ def free_port() -> int:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--ledger-worker":
-        url, key_file, threads, seconds = sys.argv[2:6]
-        worker(url, key_file, int(threads), float(seconds))
+        url, key_file, threads, secs = sys.argv[2:6]
+        worker(url, key_file, int(threads), float(secs))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--ledger", action="store_true", help="ledger appends from several processes (PostgreSQL)")
@@ -516,7 +531,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32, help="keep-alive connections of the submissions' load")
     ap.add_argument("--quick", action="store_true", help="one short round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each with its own 1-process baseline")
-    ap.add_argument("--seconds", type=float, default=None, help="appending time per run (default 5, quick 2)")
+    ap.add_argument("--seconds", type=float, default=None, help="length of each appending run or load measure (default 5, quick 2)")
     args = ap.parse_args()
     if not (args.ledger or args.submissions):
         ap.error("say what to measure: --ledger, --submissions")
