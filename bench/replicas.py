@@ -531,7 +531,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=32, help="keep-alive connections of the submissions' load")
     ap.add_argument("--quick", action="store_true", help="one short round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each with its own 1-process baseline")
-    ap.add_argument("--seconds", type=float, default=None, help="length of each appending run or load measure (default 5, quick 2)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="length of each appending run or load measure (default 5, quick 2)")
     args = ap.parse_args()
     if not (args.ledger or args.submissions):
         ap.error("say what to measure: --ledger, --submissions")
