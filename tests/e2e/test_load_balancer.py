@@ -29,8 +29,10 @@ import pytest
 from e2e_testkit import JOBGATE, free_port, wait_for
 
 from gateway.demo import prepare_demo
+from gateway.native.command_key import load_or_create_command_key
 from gateway.settings import Settings
 from ledger.admin import init_db
+from ledger.keys import load_or_create_signer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -103,12 +105,17 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     roles = {f"replica{n}": (f"jobgate_lb_{os.getpid()}_{n}", secrets.token_hex(8)) for n in (1, 2)}
     ledgers = {name: init_db(ledger_owner, role=role, password=pw).gateway_url for name, (role, pw) in roles.items()}
     data_dir = tmp / "var"
-    prepare_demo(Settings(data_dir=data_dir, database_url=biz, ledger_url=ledgers["replica1"]))
+    settings = Settings(data_dir=data_dir, database_url=biz, ledger_url=ledgers["replica1"])
+    prepare_demo(settings)
     procs: list[subprocess.Popen[bytes]] = []
     replicas: dict[str, subprocess.Popen[bytes]] = {}
     haproxy_env = dict(os.environ)
+    # The keys every replica shares (D/keys), made once before they start, as a deployment hands them out: both
+    # replicas then start together, as systemd starts them at boot.
+    load_or_create_signer(settings.keys_dir, settings.ledger_origin)
+    load_or_create_command_key(settings.keys_dir)
     try:
-        # One after the other: the first creates the keys in the shared data dir that the second reads.
+        urls = {}
         for n in (1, 2):
             port = free_port()
             env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz,
@@ -118,9 +125,10 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                                         stdout=log, stderr=subprocess.STDOUT, env=env)
             procs.append(proc)
             replicas[f"replica{n}"] = proc
-            url = f"http://127.0.0.1:{port}"
-            wait_for(lambda p=proc, u=url: _answers(p, u, tmp), 60, f"replica{n}'s /healthz")
+            urls[f"replica{n}"] = f"http://127.0.0.1:{port}"
             haproxy_env[f"JOBGATE_REPLICA_{n}"] = f"127.0.0.1:{port}"
+        for name, url in urls.items():
+            wait_for(lambda p=replicas[name], u=url: _answers(p, u, tmp), 90, f"{name}'s /healthz")
         lb_port, admin_port = free_port(), free_port()
         haproxy_env |= {"JOBGATE_LB_BIND": f"127.0.0.1:{lb_port}", "JOBGATE_LB_ADMIN_BIND": f"127.0.0.1:{admin_port}"}
         with (tmp / "haproxy.log").open("wb") as log:
