@@ -1,4 +1,4 @@
-"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger|--submissions [--quick]`.
+"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger|--submissions|--failover [--quick]`.
 
 --submissions: authorised submissions (POST /v1/jobs, the demo's alice, bench/gateway.py's load generator: 32
 keep-alive connections, closed loop for capacity, open loop for latency) on real `jobgate up` processes, each
@@ -26,6 +26,13 @@ for a few seconds:
    precomputed entries from one connection (the database's part of a hold), and a one-row commit (the WAL flush).
 CPU seconds per append are given for the appending processes and for the PostgreSQL server's processes (all of
 them on this machine, read from /proc: the appenders' sessions, the WAL writer, and whatever else the server ran).
+
+--failover: two replicas (`jobgate up --port A/B --data-dir D`, real processes, one PostgreSQL business database and
+one PostgreSQL ledger, fresh databases per run); kill -9 of the leader, --kills times (10): each time, seconds from
+the kill to the survivor's election (its epoch row) and to its first scheduler cycle as leader (the replicas' own
+timestamps, read from /readyz), p50 and max beside the target (5 s) and beside the followers' retry interval
+(gateway/leadership.py RETRY_S, the part of the bound that is waiting by design); then the killed replica is
+started again as a follower.
 """
 
 from __future__ import annotations
@@ -309,7 +316,7 @@ TARGET_CPU_RATIO = 1.15
 TARGET_P99_MS_AT_80_PERCENT = 30
 
 
-class Replicas:
+class ReplicaSet:
     """N `jobgate up` processes on one fresh PostgreSQL business database and one fresh ledger (init-db), one data
     dir (keys, demo tokens), optionally HAProxy in front with deploy/haproxy/haproxy.cfg as it is. Rate limits are
     lifted in a copy of the policy set: the benchmark measures throughput, not H2 (as bench/gateway.py does)."""
@@ -322,7 +329,7 @@ class Replicas:
         self.haproxy: subprocess.Popen[bytes] | None = None
         self.databases: list[str] = []
 
-    async def __aenter__(self) -> Replicas:
+    async def __aenter__(self) -> ReplicaSet:
         from bench.gateway import wait_ready
         from gateway.demo import prepare_demo
         from gateway.settings import Settings
@@ -437,7 +444,7 @@ def cpu_per_request(before: dict[str, Any], after: dict[str, Any], requests: int
             "postgres_all_processes_cpu_ms": round((after["postgres_all"] - before["postgres_all"]) * per, 3)}
 
 
-async def capacity(rs: Replicas, ports: list[int], clients: int, seconds: float) -> dict[str, Any]:
+async def capacity(rs: ReplicaSet, ports: list[int], clients: int, seconds: float) -> dict[str, Any]:
     from bench.gateway import closed_loop, submit
 
     before = rs.cpu()
@@ -445,7 +452,7 @@ async def capacity(rs: Replicas, ports: list[int], clients: int, seconds: float)
     return {**result, **cpu_per_request(before, rs.cpu(), int(result["requests"]))}
 
 
-async def idle(rs: Replicas, seconds: float = 3.0) -> dict[str, Any]:
+async def idle(rs: ReplicaSet, seconds: float = 3.0) -> dict[str, Any]:
     """With no requests: each replica's CPU per second, and the jobs waiting. The submitted jobs stay pending (no
     node agents), and the leader's scheduler cycle (every second) reads them all, so its cost grows with the run."""
     import psycopg
@@ -467,12 +474,12 @@ async def submissions_round(server: str, clients: int, seconds: float) -> dict[s
     from bench.gateway import closed_loop, open_loop, submit
 
     out: dict[str, Any] = {}
-    async with Replicas(server, 1, haproxy=False) as one:
+    async with ReplicaSet(server, 1, haproxy=False) as one:
         await closed_loop(one.ports, one.tokens["alice"], clients, 1.0, submit)  # warm-up
         cap1 = await capacity(one, one.ports, clients, seconds)
         at80 = await open_loop(one.ports, one.tokens["alice"], clients, seconds, 0.8 * cap1["per_second"], submit)
         out["one_replica"] = {"capacity": cap1, "at_80_percent": at80, "idle_after": await idle(one)}
-    async with Replicas(server, 2, haproxy=True) as two:
+    async with ReplicaSet(server, 2, haproxy=True) as two:
         await closed_loop(two.ports, two.tokens["alice"], clients, 1.0, submit)
         spread = await capacity(two, two.ports, clients, seconds)
         via = await capacity(two, [two.lb_port], clients, seconds)
@@ -519,6 +526,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+FAILOVER_TARGET_S = 5.0
+
+
+def bench_failover(server: str, kills: int) -> dict[str, Any]:
+    _here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(_here.parent / "tests"), str(_here.parent / "tests" / "e2e")]
+    from replicas_testkit import Replicas, failover
+
+    from gateway.leadership import RETRY_S
+
+    urls = [fresh_database(server), fresh_database(server)]
+    tmp = Path(tempfile.mkdtemp(prefix="jobgate-failover-"))
+    replicas = Replicas(tmp / "var", *urls)
+    rounds: list[dict[str, float]] = []
+    try:
+        leader = replicas.start(demo=False)
+        survivor = replicas.start(demo=False)
+        for _ in range(kills):
+            took = failover(replicas, leader, survivor)
+            rounds.append({k: round(v, 3) for k, v in took.items()})
+            replicas.replicas.remove(leader)
+            leader, survivor = survivor, replicas.start(demo=False)  # the killed one comes back, as a follower
+    finally:
+        replicas.stop()
+        for url in urls:
+            drop_database(server, url)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def summary(key: str) -> dict[str, float]:
+        xs = [r[key] for r in rounds]
+        return {"p50_s": round(statistics.median(xs), 3), "max_s": round(max(xs), 3)}
+
+    return {"kills": kills, "target_s": FAILOVER_TARGET_S, "baseline_retry_interval_s": RETRY_S,
+            "to_new_leader": summary("elected_s"), "to_first_cycle": summary("first_cycle_s"),
+            "within_target": all(r["first_cycle_s"] <= FAILOVER_TARGET_S for r in rounds), "rounds": rounds}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--ledger-worker":
         url, key_file, threads, secs = sys.argv[2:6]
@@ -533,9 +577,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each with its own 1-process baseline")
     ap.add_argument("--seconds", type=float, default=None,
                     help="length of each appending run or load measure (default 5, quick 2)")
+    ap.add_argument("--failover", action="store_true", help="kill -9 of the leader replica, --kills times")
+    ap.add_argument("--kills", type=int, default=10, help="with --failover: how many kills (default 10)")
     args = ap.parse_args()
-    if not (args.ledger or args.submissions):
-        ap.error("say what to measure: --ledger, --submissions")
+    if not (args.ledger or args.submissions or args.failover):
+        ap.error("say what to measure: --ledger, --submissions and/or --failover")
     server = os.environ.get("JOBGATE_BENCH_PG_URL") or os.environ.get("JOBGATE_TEST_PG_URL")
     if not server:
         ap.error("set JOBGATE_BENCH_PG_URL (or JOBGATE_TEST_PG_URL) to a PostgreSQL server URL")
@@ -546,6 +592,8 @@ def main() -> None:
         out["ledger"] = bench_ledger(server, 1 if args.quick else args.rounds, seconds)
     if args.submissions:
         out["submissions"] = bench_submissions(server, 1 if args.quick else args.rounds, args.clients, seconds)
+    if args.failover:
+        out["failover"] = bench_failover(server, 2 if args.quick else args.kills)
     out["loadavg_end"] = os.getloadavg()
     print(json.dumps(out, indent=2))
 

@@ -42,16 +42,16 @@ def _start_agents(data_dir: Path, url: str, *, isolate: bool) -> list[subprocess
     for node in DEMO_NODES:
         work = data_dir / "agents" / node
         state = private_state_dir(work)
-        log = open(state / "agent.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
         # The work dir goes in the environment, not the command line, which every process on the node can read.
         env = {**os.environ, "JOBGATE_AGENT_WORK_DIR": str(work)}
         if not isolate:
             env["JOBGATE_AGENT_UNSAFE_JOBS_SHARE_AGENT_UID"] = "1"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "nodeagent", "--node", node, "--gpus", str(DEMO_GPUS_PER_NODE),
-             "--gateway", url, "--command-key", str(data_dir / "keys" / "command.pub")],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        ))
+        with open(state / "agent.log", "ab") as log:  # the child has its own copy of the descriptor
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "nodeagent", "--node", node, "--gpus", str(DEMO_GPUS_PER_NODE),
+                 "--gateway", url, "--command-key", str(data_dir / "keys" / "command.pub")],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+            ))
     return procs
 
 
