@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import secrets
 import shutil
@@ -26,10 +25,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
-from e2e_testkit import JOBGATE, free_port, wait_for
+from e2e_testkit import free_port, wait_for
+from replicas_testkit import Replicas, seed_demo_without_agents
 
-from gateway.demo import prepare_demo
-from gateway.native.command_key import load_or_create_command_key
 from gateway.settings import Settings
 from ledger.admin import init_db
 from ledger.keys import load_or_create_signer
@@ -86,15 +84,6 @@ def _drop(server: str, url: str) -> None:
         c.execute(f'DROP DATABASE IF EXISTS "{urlsplit(url).path[1:]}" WITH (FORCE)')
 
 
-def _answers(proc: subprocess.Popen[bytes], url: str, logs: Path) -> bool:
-    if proc.poll() is not None:
-        raise AssertionError(f"{url} exited early:\n" + "\n".join(p.read_text() for p in logs.glob("*.log")))
-    try:
-        return httpx.get(url + "/healthz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     import psycopg
@@ -105,38 +94,27 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     roles = {f"replica{n}": (f"jobgate_lb_{os.getpid()}_{n}", secrets.token_hex(8)) for n in (1, 2)}
     ledgers = {name: init_db(ledger_owner, role=role, password=pw).gateway_url for name, (role, pw) in roles.items()}
     data_dir = tmp / "var"
-    settings = Settings(data_dir=data_dir, database_url=biz, ledger_url=ledgers["replica1"])
-    prepare_demo(settings)
-    procs: list[subprocess.Popen[bytes]] = []
-    replicas: dict[str, subprocess.Popen[bytes]] = {}
-    haproxy_env = dict(os.environ)
-    # The keys every replica shares (D/keys), made once before they start, as a deployment hands them out: both
-    # replicas then start together, as systemd starts them at boot.
+    seed_demo_without_agents(data_dir, biz, str(ledgers["replica1"]))
+    # The ledger's signing key every replica shares (D/keys), made before they start, as a deployment hands it out:
+    # both replicas then start together, as systemd starts them at boot. Each has a ledger role of its own.
+    settings = Settings(data_dir=data_dir, database_url=biz)
     load_or_create_signer(settings.keys_dir, settings.ledger_origin)
-    load_or_create_command_key(settings.keys_dir)
+    sets = {name: Replicas(data_dir, biz, str(url)) for name, url in ledgers.items()}
+    haproxy: subprocess.Popen[bytes] | None = None
     try:
-        urls = {}
-        for n in (1, 2):
-            port = free_port()
-            env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz,
-                   "JOBGATE_LEDGER_URL": str(ledgers[f"replica{n}"])}
-            with (tmp / f"replica{n}.log").open("wb") as log:
-                proc = subprocess.Popen([*JOBGATE, "up", "--port", str(port), "--data-dir", str(data_dir)],
-                                        stdout=log, stderr=subprocess.STDOUT, env=env)
-            procs.append(proc)
-            replicas[f"replica{n}"] = proc
-            urls[f"replica{n}"] = f"http://127.0.0.1:{port}"
-            haproxy_env[f"JOBGATE_REPLICA_{n}"] = f"127.0.0.1:{port}"
-        for name, url in urls.items():
-            wait_for(lambda p=replicas[name], u=url: _answers(p, u, tmp), 90, f"{name}'s /healthz")
+        replicas = {name: rs.start(demo=False, wait_ready=False) for name, rs in sets.items()}
+        for name, rs in sets.items():
+            rs.wait_ready(replicas[name])
         lb_port, admin_port = free_port(), free_port()
-        haproxy_env |= {"JOBGATE_LB_BIND": f"127.0.0.1:{lb_port}", "JOBGATE_LB_ADMIN_BIND": f"127.0.0.1:{admin_port}"}
+        env = {**os.environ, "JOBGATE_LB_BIND": f"127.0.0.1:{lb_port}",
+               "JOBGATE_LB_ADMIN_BIND": f"127.0.0.1:{admin_port}",
+               **{f"JOBGATE_REPLICA_{name[-1]}": f"127.0.0.1:{r.port}" for name, r in replicas.items()}}
         with (tmp / "haproxy.log").open("wb") as log:
             # -db: in the foreground, as systemd runs it (Type=notify aside); the file is the README's.
-            procs.append(subprocess.Popen([HAPROXY, "-db", "-f", str(CONFIG)], stdout=log, stderr=subprocess.STDOUT,
-                                          env=haproxy_env))
-        p = Pair(f"http://127.0.0.1:{lb_port}", f"http://127.0.0.1:{admin_port}", replicas,
-                 json.loads((data_dir / "demo-tokens.json").read_text()), ledger_owner, roles)
+            haproxy = subprocess.Popen([HAPROXY, "-db", "-f", str(CONFIG)], stdout=log, stderr=subprocess.STDOUT,
+                                       env=env)
+        p = Pair(f"http://127.0.0.1:{lb_port}", f"http://127.0.0.1:{admin_port}",
+                 {name: r.proc for name, r in replicas.items()}, sets["replica1"].tokens, ledger_owner, roles)
 
         def both_up() -> bool:
             try:
@@ -147,15 +125,11 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         wait_for(both_up, 30, "HAProxy to find both replicas ready")
         yield p
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        for proc in procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if haproxy is not None:
+            haproxy.terminate()
+            haproxy.wait(timeout=20)
+        for rs in sets.values():
+            rs.stop()
         _drop(pg_server_url, biz)
         _drop(pg_server_url, ledger_owner)
         with psycopg.connect(pg_server_url, autocommit=True) as c:
