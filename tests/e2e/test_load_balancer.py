@@ -153,6 +153,11 @@ def test_requests_through_haproxy_reach_both_replicas_on_one_organisation(pair: 
         answered = [pair.submit(alice) for _ in range(20)]
         assert {r.status_code for r in answered} == {201}, [r.text for r in answered if r.status_code != 201]
         assert {r.headers["x-jobgate-replica"] for r in answered} == {"replica1", "replica2"}
+        # HAProxy's request id is the one the replica logged and answered with (it makes its own, req-..., of an id
+        # it would not keep), one id per request; a client's own id passes through.
+        ids = {r.headers["x-request-id"] for r in answered}
+        assert len(ids) == len(answered) and not any(i.startswith("req-") for i in ids), ids
+        assert alice.get("/v1/jobs", headers={"X-Request-ID": "mine-1"}).headers["x-request-id"] == "mine-1"
         # One organisation: every job either replica took is listed by whichever answers now.
         listed = {j["id"] for j in alice.get("/v1/jobs", params={"limit": 200}).json()["jobs"]}
         assert {r.json()["id"] for r in answered} <= listed
