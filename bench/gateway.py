@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +139,19 @@ def context_switches(pid: int) -> int:
     return total
 
 
-async def closed_loop(port: int, token: str, clients: int, seconds: float, make: Make,
+def _ports(port: int | Sequence[int]) -> list[int]:
+    """One port, or several (replicas: connection w goes to the w-th modulo their number, spread evenly)."""
+    return [port] if isinstance(port, int) else list(port)
+
+
+async def closed_loop(port: int | Sequence[int], token: str, clients: int, seconds: float, make: Make,
                       server_pid: int | None = None) -> dict[str, float]:
     """Each connection sends its next request as soon as the previous one answered.
 
     With `server_pid`, also the server's CPU time per request: what bounds its capacity on this machine
     (the gateway is one process; its Python runs one thread at a time)."""
-    conns = [await Connection(port, token).open() for _ in range(clients)]
+    ports = _ports(port)
+    conns = [await Connection(ports[w % len(ports)], token).open() for w in range(clients)]
     cpu_before = cpu_seconds(server_pid) if server_pid else 0.0
     switches_before = context_switches(server_pid) if server_pid else 0
     latencies: list[float] = []
@@ -177,11 +183,13 @@ async def closed_loop(port: int, token: str, clients: int, seconds: float, make:
     return result
 
 
-async def open_loop(port: int, token: str, clients: int, seconds: float, rate: float, make: Make) -> dict[str, float]:
+async def open_loop(port: int | Sequence[int], token: str, clients: int, seconds: float, rate: float,
+                    make: Make) -> dict[str, float]:
     """Requests fall due every 1/rate s; each takes a free connection and its latency counts from when it was due."""
     free: asyncio.Queue[Connection] = asyncio.Queue()
-    for _ in range(clients):
-        free.put_nowait(await Connection(port, token).open())
+    ports = _ports(port)
+    for w in range(clients):
+        free.put_nowait(await Connection(ports[w % len(ports)], token).open())
     latencies: list[float] = []
     errors = 0
 

@@ -1,4 +1,16 @@
-"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger [--quick]`, `--failover`.
+"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger|--submissions|--failover [--quick]`.
+
+--submissions: authorised submissions (POST /v1/jobs, the demo's alice, bench/gateway.py's load generator: 32
+keep-alive connections, closed loop for capacity, open loop for latency) on real `jobgate up` processes, each
+round on fresh PostgreSQL databases (business DB and an init-db ledger):
+1. 1 replica, clients straight to it: capacity, then latency at 80% of it (the baseline);
+2. 2 replicas on one business DB and ledger: capacity with the clients spread straight over both (the figure
+   beside the baseline: the same client path), capacity through HAProxy (deploy/haproxy/haproxy.cfg as it is,
+   what production runs) and latency at 80% of that.
+Server CPU per submission is summed over the replicas and the PostgreSQL backends serving their connections (by
+pid from pg_stat_activity, read from /proc); HAProxy's and every PostgreSQL process's on the machine (WAL writer,
+checkpointer, and whatever else the server ran meanwhile) are given beside it. The coordination overhead is that
+CPU with 2 replicas / with 1 (target <= 1.15); the round with its median is reported beside every round's figures.
 
 --ledger: one PostgreSQL ledger (on the server JOBGATE_BENCH_PG_URL or JOBGATE_TEST_PG_URL names, a fresh database
 per run) appended to by real processes, each a Ledger with 64 threads appending 1 KiB entries in a closed loop
@@ -26,10 +38,13 @@ started again as a follower.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import secrets
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -292,6 +307,225 @@ def bench_ledger(server: str, rounds: int, seconds: float) -> dict[str, Any]:
     }
 
 
+# -- submissions through 1 and 2 replicas ------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+HAPROXY_CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+TARGET_SUBMISSIONS_PER_S = 500
+TARGET_CPU_RATIO = 1.15
+TARGET_P99_MS_AT_80_PERCENT = 30
+
+
+class ReplicaSet:
+    """N `jobgate up` processes on one fresh PostgreSQL business database and one fresh ledger (init-db), one data
+    dir (keys, demo tokens), optionally HAProxy in front with deploy/haproxy/haproxy.cfg as it is. Rate limits are
+    lifted in a copy of the policy set: the benchmark measures throughput, not H2 (as bench/gateway.py does)."""
+
+    def __init__(self, server: str, n: int, haproxy: bool) -> None:
+        self.server, self.n, self.with_haproxy = server, n, haproxy
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.ports: list[int] = []
+        self.lb_port = 0
+        self.haproxy: subprocess.Popen[bytes] | None = None
+        self.databases: list[str] = []
+
+    async def __aenter__(self) -> ReplicaSet:
+        from bench.gateway import wait_ready
+        from gateway.demo import prepare_demo
+        from gateway.settings import Settings
+        from ledger.admin import init_db
+
+        self.tmp = Path(tempfile.mkdtemp(prefix="jobgate-bench-replicas-"))
+        try:
+            biz, ledger = fresh_database(self.server), fresh_database(self.server)
+            self.databases = [biz, ledger]
+            init_db(ledger)
+            policies = self.tmp / "policies"
+            shutil.copytree(ROOT / "policies", policies)
+            data = json.loads((policies / "data.json").read_text())
+            data["limits"].update({"calls_per_minute_per_principal": 10**9, "calls_per_minute_per_project": 10**9})
+            (policies / "data.json").write_text(json.dumps(data))
+            data_dir = self.tmp / "var"
+            prepare_demo(Settings(data_dir=data_dir, database_url=biz, ledger_url=ledger, policies_dir=policies))
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz,
+                   "JOBGATE_LEDGER_URL": ledger, "JOBGATE_POLICIES_DIR": str(policies)}
+            for i in range(self.n):  # one after the other: the first writes the keys the others read
+                port = free_port()
+                with (self.tmp / f"replica{i + 1}.log").open("wb") as log:
+                    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--port", str(port),
+                                             "--data-dir", str(data_dir)], stdout=log, stderr=subprocess.STDOUT,
+                                            env=env)
+                self.procs.append(proc)
+                self.ports.append(port)
+                self.tokens = await wait_ready(proc, port, data_dir / "demo-tokens.json")
+            if self.with_haproxy:
+                self.lb_port, admin = free_port(), free_port()
+                hp_env = {**os.environ, "JOBGATE_LB_BIND": f"127.0.0.1:{self.lb_port}",
+                          "JOBGATE_LB_ADMIN_BIND": f"127.0.0.1:{admin}",
+                          **{f"JOBGATE_REPLICA_{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(self.ports)}}
+                if self.n == 1:  # the config names two replicas; a second that is never there stays DOWN
+                    hp_env["JOBGATE_REPLICA_2"] = f"127.0.0.1:{free_port()}"
+                with (self.tmp / "haproxy.log").open("wb") as log:
+                    self.haproxy = subprocess.Popen([shutil.which("haproxy") or "/usr/sbin/haproxy", "-db", "-f",
+                                                     str(HAPROXY_CONFIG)], stdout=log, stderr=subprocess.STDOUT,
+                                                    env=hp_env)
+                await self._replicas_up(f"http://127.0.0.1:{admin}/stats;csv")
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def _replicas_up(self, stats: str) -> None:
+        import urllib.request
+
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen(stats, timeout=2) as r:
+                    rows = r.read().decode().splitlines()
+                up = sum(1 for row in rows if row.startswith("replicas,replica") and ",UP," in row)
+                if up == self.n:
+                    return
+            except OSError:
+                pass
+            await asyncio.sleep(0.1)
+        raise SystemExit("HAProxy did not find the replicas ready: " + (self.tmp / "haproxy.log").read_text())
+
+    async def __aexit__(self, *_: object) -> None:
+        for p in [*self.procs, *([self.haproxy] if self.haproxy else [])]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in [*self.procs, *([self.haproxy] if self.haproxy else [])]:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for url in self.databases:
+            drop_database(self.server, url)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def backend_pids(self) -> list[int]:
+        """The PostgreSQL server processes serving these replicas' connections (both databases)."""
+        import psycopg
+
+        names = [u.rsplit("/", 1)[1] for u in self.databases]
+        with psycopg.connect(self.server, autocommit=True) as c:
+            return [r[0] for r in c.execute("SELECT pid FROM pg_stat_activity WHERE datname = ANY(%s)", (names,))]
+
+    def cpu(self) -> dict[str, Any]:
+        """CPU seconds so far: each replica, each of their PostgreSQL backends (by pid), HAProxy, the whole server."""
+        from bench.gateway import cpu_seconds
+
+        def of(pid: int) -> float:
+            try:
+                return cpu_seconds(pid)
+            except (OSError, IndexError):  # a backend that ended meanwhile
+                return 0.0
+
+        return {"replicas": [of(p.pid) for p in self.procs],
+                "backends": {pid: of(pid) for pid in self.backend_pids()},
+                "haproxy": of(self.haproxy.pid) if self.haproxy else 0.0,
+                "postgres_all": postgres_cpu_s()}
+
+
+def cpu_per_request(before: dict[str, Any], after: dict[str, Any], requests: int) -> dict[str, float]:
+    """Server CPU per request, in ms: the replicas plus their PostgreSQL backends (a backend opened during the run
+    counts from zero); beside it HAProxy's, and every PostgreSQL process on the machine (the WAL writer and
+    checkpointer too, but also what other users of the server ran meanwhile)."""
+    backends = sum(cpu - before["backends"].get(pid, 0.0) for pid, cpu in after["backends"].items())
+    each = [a - b for a, b in zip(after["replicas"], before["replicas"], strict=True)]
+    replicas = sum(each)
+    per = 1e3 / max(requests, 1)
+    return {"server_cpu_ms_per_submission": round((replicas + backends) * per, 3),
+            "replicas_cpu_ms": round(replicas * per, 3), "postgres_backends_cpu_ms": round(backends * per, 3),
+            # The first replica leads (it started first): the scheduler cycles and chores are its alone.
+            "each_replica_cpu_ms": [round(x * per, 3) for x in each],
+            "haproxy_cpu_ms": round((after["haproxy"] - before["haproxy"]) * per, 3),
+            "postgres_all_processes_cpu_ms": round((after["postgres_all"] - before["postgres_all"]) * per, 3)}
+
+
+async def capacity(rs: ReplicaSet, ports: list[int], clients: int, seconds: float) -> dict[str, Any]:
+    from bench.gateway import closed_loop, submit
+
+    before = rs.cpu()
+    result = await closed_loop(ports, rs.tokens["alice"], clients, seconds, submit)
+    return {**result, **cpu_per_request(before, rs.cpu(), int(result["requests"]))}
+
+
+async def idle(rs: ReplicaSet, seconds: float = 3.0) -> dict[str, Any]:
+    """With no requests: each replica's CPU per second, and the jobs waiting. The submitted jobs stay pending (no
+    node agents), and the leader's scheduler cycle (every second) reads them all, so its cost grows with the run."""
+    import psycopg
+
+    before = rs.cpu()
+    await asyncio.sleep(seconds)
+    after = rs.cpu()
+    with psycopg.connect(rs.databases[0], autocommit=True) as c:
+        row = c.execute("SELECT count(*) FROM jobs WHERE state = 'pending'").fetchone()
+    return {"each_replica_cpu_ms_per_s": [round((a - b) * 1e3 / seconds, 1)
+                                          for a, b in zip(after["replicas"], before["replicas"], strict=True)],
+            "pending_jobs": row[0] if row else None}
+
+
+async def submissions_round(server: str, clients: int, seconds: float) -> dict[str, Any]:
+    """1 replica (clients straight to it), then 2 on fresh databases: clients spread straight over both (the
+    figure beside the 1-replica baseline: same client path), then through HAProxy (what production runs); open
+    loops at 80% of each capacity through the same path."""
+    from bench.gateway import closed_loop, open_loop, submit
+
+    out: dict[str, Any] = {}
+    async with ReplicaSet(server, 1, haproxy=False) as one:
+        await closed_loop(one.ports, one.tokens["alice"], clients, 1.0, submit)  # warm-up
+        cap1 = await capacity(one, one.ports, clients, seconds)
+        at80 = await open_loop(one.ports, one.tokens["alice"], clients, seconds, 0.8 * cap1["per_second"], submit)
+        out["one_replica"] = {"capacity": cap1, "at_80_percent": at80, "idle_after": await idle(one)}
+    async with ReplicaSet(server, 2, haproxy=True) as two:
+        await closed_loop(two.ports, two.tokens["alice"], clients, 1.0, submit)
+        spread = await capacity(two, two.ports, clients, seconds)
+        via = await capacity(two, [two.lb_port], clients, seconds)
+        at80 = await open_loop([two.lb_port], two.tokens["alice"], clients, seconds, 0.8 * via["per_second"], submit)
+        out["two_replicas"] = {"capacity_spread": spread, "capacity_through_haproxy": via,
+                               "at_80_percent_through_haproxy": at80, "idle_after": await idle(two)}
+    out["throughput_two_to_one"] = round(spread["per_second"] / cap1["per_second"], 3)
+    out["coordination_overhead_cpu_two_to_one"] = round(
+        spread["server_cpu_ms_per_submission"] / cap1["server_cpu_ms_per_submission"], 3)
+    return out
+
+
+def bench_submissions(server: str, rounds: int, clients: int, seconds: float) -> dict[str, Any]:
+    try:
+        import uvloop
+
+        uvloop.install()  # the load generator's side of the shared cores kept small (as bench/gateway.py)
+    except ImportError:
+        pass
+    taken = [asyncio.run(submissions_round(server, clients, seconds)) for _ in range(rounds)]
+    best = median_round(taken, lambda r: float(r["coordination_overhead_cpu_two_to_one"]))
+    return {
+        **best,
+        "clients": clients,
+        "targets": {"two_replicas_submissions_per_s": TARGET_SUBMISSIONS_PER_S,
+                    "coordination_overhead_cpu_two_to_one": TARGET_CPU_RATIO,
+                    "p99_ms_at_80_percent": TARGET_P99_MS_AT_80_PERCENT},
+        "rounds": {
+            "one_replica_per_s": [r["one_replica"]["capacity"]["per_second"] for r in taken],
+            "two_replicas_spread_per_s": [r["two_replicas"]["capacity_spread"]["per_second"] for r in taken],
+            "two_replicas_haproxy_per_s": [r["two_replicas"]["capacity_through_haproxy"]["per_second"]
+                                           for r in taken],
+            "coordination_overhead_cpu_two_to_one": [r["coordination_overhead_cpu_two_to_one"] for r in taken],
+            "p99_ms_at_80_percent_one": [r["one_replica"]["at_80_percent"]["p99_ms"] for r in taken],
+            "p99_ms_at_80_percent_two_haproxy": [r["two_replicas"]["at_80_percent_through_haproxy"]["p99_ms"]
+                                                 for r in taken],
+        },
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 FAILOVER_TARGET_S = 5.0
 
 
@@ -331,19 +565,23 @@ def bench_failover(server: str, kills: int) -> dict[str, Any]:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--ledger-worker":
-        url, key_file, threads, seconds = sys.argv[2:6]
-        worker(url, key_file, int(threads), float(seconds))
+        url, key_file, threads, secs = sys.argv[2:6]
+        worker(url, key_file, int(threads), float(secs))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--ledger", action="store_true", help="ledger appends from several processes (PostgreSQL)")
+    ap.add_argument("--submissions", action="store_true",
+                    help="authorised submissions through 1 and 2 replicas (PostgreSQL, HAProxy)")
+    ap.add_argument("--clients", type=int, default=32, help="keep-alive connections of the submissions' load")
     ap.add_argument("--quick", action="store_true", help="one short round")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each with its own 1-process baseline")
-    ap.add_argument("--seconds", type=float, default=None, help="appending time per run (default 5, quick 2)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="length of each appending run or load measure (default 5, quick 2)")
     ap.add_argument("--failover", action="store_true", help="kill -9 of the leader replica, --kills times")
     ap.add_argument("--kills", type=int, default=10, help="with --failover: how many kills (default 10)")
     args = ap.parse_args()
-    if not (args.ledger or args.failover):
-        ap.error("say what to measure: --ledger and/or --failover")
+    if not (args.ledger or args.submissions or args.failover):
+        ap.error("say what to measure: --ledger, --submissions and/or --failover")
     server = os.environ.get("JOBGATE_BENCH_PG_URL") or os.environ.get("JOBGATE_TEST_PG_URL")
     if not server:
         ap.error("set JOBGATE_BENCH_PG_URL (or JOBGATE_TEST_PG_URL) to a PostgreSQL server URL")
@@ -352,6 +590,8 @@ def main() -> None:
     seconds = args.seconds or (2.0 if args.quick else 5.0)
     if args.ledger:
         out["ledger"] = bench_ledger(server, 1 if args.quick else args.rounds, seconds)
+    if args.submissions:
+        out["submissions"] = bench_submissions(server, 1 if args.quick else args.rounds, args.clients, seconds)
     if args.failover:
         out["failover"] = bench_failover(server, 2 if args.quick else args.kills)
     out["loadavg_end"] = os.getloadavg()
