@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, Engine, MetaData, inspect, text
 
-from gateway.store import (idempotency, oversight_tables, replica_tables, scheduler_tables, service_tables,
-                           slurm_tables, stop_tables)
+from gateway.store import (
+    idempotency,
+    oversight_tables,
+    replica_tables,
+    scheduler_tables,
+    service_tables,
+    slurm_tables,
+    stop_tables,
+)
 from gateway.store.models import Base
 from gateway.store.snapshot_rows import add_rendered_rows
 from gateway.store.submission_rows import add_submission_view
