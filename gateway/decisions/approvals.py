@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
@@ -227,6 +227,13 @@ def _missing(rec: Recorded) -> int:
     return int(rec.decision.approvals_required.get("count", 0))
 
 
+def _missing_before(approval: Approval, judge: Callable[..., Recorded], judged: list[dict[str, Any]]) -> int:
+    """Approvals the request waited for before the caller's (the last of `judged`), judged as it is judged now."""
+    if not approval.approvals:
+        return int(approval.required.get("count", 1))
+    return _missing(judge(judged[:-1], record=False))
+
+
 def approve(gw: Decider, session: Session, caller: Caller, approval_id: str, comment: str | None) -> Approval:
     """Add the caller's approval; execute once enough approvals are recorded.
 
@@ -272,10 +279,6 @@ def approve(gw: Decider, session: Session, caller: Caller, approval_id: str, com
     rec = judge(judged, context={"approval_id": approval.id, "approver": caller.to_json()}, rate_limited=False,
                 durable_by_commit=True)
     effect = rec.decision.effect
-    # What was missing without the caller, judged the same way (an earlier approval may count no more), so the
-    # caller is refused only if their own approval changes nothing.
-    missing_before = (_missing(judge(judged[:-1], record=False)) if approval.approvals
-                      else int(approval.required.get("count", 1)))
     missing_now = _missing(rec)
     # Something would be carried out: live targets, or a request that names none (A7 quota change, break-glass),
     # which the executor runs once. A deny then stands; only a request whose every target ended meanwhile
@@ -284,7 +287,10 @@ def approve(gw: Decider, session: Session, caller: Caller, approval_id: str, com
     if effect == "deny" and runs:
         raise PolicyDenied(" ".join(rec.decision.reasons) or "denied by policy", reasons=list(rec.decision.reasons),
                            rules=list(rec.decision.rules), ledger_seq=rec.seq)
-    if effect == "needs_approval" and missing_now >= missing_before:
+    # A request still waiting: what was missing without the caller, judged the same way (an earlier approval may
+    # count no more), so that the caller is refused only if their own approval changes nothing. Asked only here:
+    # an approval that completes the request, or one refused, needs no second decision.
+    if effect == "needs_approval" and missing_now >= _missing_before(approval, judge, judged):
         eligible = rec.decision.approvals_required
         raise Forbidden(
             f"{caller.real_identity} is not an eligible approver for {approval.id}: it needs"

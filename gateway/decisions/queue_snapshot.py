@@ -2,11 +2,16 @@
 and how their priorities were spread, as the canonical (RFC 8785) JSON blob a ledger entry references.
 
 A queue of thousands is recorded for every such decision, so SQLite and PostgreSQL render and join the
-rows themselves; the general path builds them in Python.
+rows themselves; the general path builds them in Python. On SQLite a snapshot is taken once per state of the
+queue, not once per decision: the database keeps a token that every change of the queue replaces
+(gateway/store/snapshot_rows.py), and decisions that read a token already seen here cite the blob taken under
+it. The ledger stores blobs by their SHA-256, so those decisions name one stored snapshot, which is byte for
+byte the one each of them would have taken.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from itertools import groupby
 from typing import Any
@@ -18,7 +23,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from gateway.store.models import Job
-from gateway.store.snapshot_rows import SAFE_INT
+from gateway.store.snapshot_rows import QUEUE_TOKEN_SQL, SAFE_INT
 from gateway.store.states import PENDING_STATES
 from ledger.entry import canonical
 
@@ -75,14 +80,33 @@ def _fetch(session: Session, statement: str) -> Sequence[Any]:
     """Rows of a snapshot statement, read with a plain DB-API cursor on the transaction's connection:
     SQLAlchemy's result rows would double the cost. Sees this transaction's own changes, as an ORM query
     would (the session is flushed first)."""
-    session.flush()
     connection = session.connection()
-    cursor = connection.connection.cursor()
+    return _run(session, snapshot_sql(statement, connection.dialect))
+
+
+def _run(session: Session, sql: str) -> Sequence[Any]:
+    session.flush()
+    cursor = session.connection().connection.cursor()
     try:
-        cursor.execute(snapshot_sql(statement, connection.dialect))
+        cursor.execute(sql)
         return cursor.fetchall()
     finally:
         cursor.close()
+
+
+# Blobs taken under the last few tokens of the queue (SQLite). A few, not one: a decision that read its token
+# in a transaction since rolled back, or on another database, does not evict the current one. The tokens are
+# 16 random bytes, so one seen on another database names another queue only by a copy of the database, which
+# holds the same queue.
+_BY_TOKEN: dict[bytes, bytes] = {}
+_KEPT = 4
+_BY_TOKEN_LOCK = threading.Lock()
+
+
+def _queue_token(session: Session) -> bytes:
+    """The queue's token as this transaction sees it, its own changes included (flushed first)."""
+    ((token,),) = _run(session, QUEUE_TOKEN_SQL)
+    return bytes(token)
 
 
 def queue_snapshot(session: Session) -> dict[str, Any]:
@@ -101,7 +125,23 @@ def queue_snapshot(session: Session) -> dict[str, Any]:
 
 
 def snapshot_blob(session: Session) -> bytes:
-    """The queue snapshot as the canonical (RFC 8785) JSON blob a ledger entry references (H3)."""
+    """The queue snapshot as the canonical (RFC 8785) JSON blob a ledger entry references (H3). On SQLite,
+    taken once per state of the queue (see the module's docstring)."""
+    if session.get_bind().dialect.name != "sqlite":
+        return _take_blob(session)
+    token = _queue_token(session)
+    with _BY_TOKEN_LOCK:
+        blob = _BY_TOKEN.get(token)
+    if blob is None:
+        blob = _take_blob(session)  # in this transaction, which saw `token`: the queue that token stands for
+        with _BY_TOKEN_LOCK:
+            _BY_TOKEN[token] = blob
+            while len(_BY_TOKEN) > _KEPT:
+                del _BY_TOKEN[next(iter(_BY_TOKEN))]
+    return blob
+
+
+def _take_blob(session: Session) -> bytes:
     if session.get_bind().dialect.name in _PENDING_JSON and (blob := rendered_snapshot_blob(session)) is not None:
         return blob
     return snapshot_bytes(queue_snapshot(session))

@@ -237,3 +237,31 @@ def test_owner_is_notified_before_the_stop_and_the_receipt_is_ledgered(api: Api)
         assert sweep_timed_out_receipts(api.gateway, s) == 1
     timed_out = [e for e in ledger_entries(api) if e["kind"] == "receipt"][-1]["body"]
     assert timed_out["receipt"] == "timed_out" and timed_out["job_id"] == other
+
+
+def decisions_made(api: Api, action: str) -> float:
+    """Decisions the policy made on `action` so far, recorded or not (the gateway's /metrics)."""
+    found = re.findall(rf'jobgate_decisions_total{{action="{re.escape(action)}",effect="[a-z_]+"}} ([0-9.e+]+)',
+                       api.client.get("/metrics").text)
+    return sum(float(n) for n in found)
+
+
+def test_an_approval_that_completes_a_request_is_decided_once_and_one_that_does_not_twice(api: Api) -> None:
+    """Whether the caller's approval changed anything (refused if not) is asked only of a request still waiting:
+    the approval that completes one needs no second decision."""
+    job_id = running_job(api)
+    with api.gateway.db.transaction() as s:
+        s.get(Job, job_id).external_rights = True  # another's external-rights job: two more people (A4, R3)
+    out = ask_stop(api, "carol", job_id)
+    assert out["decision"]["approvals_required"]["count"] == 2, out
+    before = decisions_made(api, "job.stop")
+    first = api.post(f"/v1/approvals/{out['approval_id']}/approve", "alice")
+    assert first.status_code == 200 and first.json()["state"] == "pending", first.text
+    assert decisions_made(api, "job.stop") == before + 1  # no approval before it: nothing to judge again
+    again = api.post(f"/v1/approvals/{out['approval_id']}/approve", "bob")  # bob counts for nothing here
+    assert again.status_code == 403, again.text
+    assert decisions_made(api, "job.stop") == before + 3  # still waiting: judged without bob too, to refuse him
+    second = api.post(f"/v1/approvals/{out['approval_id']}/approve", "dave")
+    assert second.status_code == 200 and second.json()["state"] == "executed", second.text
+    assert decisions_made(api, "job.stop") == before + 4
+    assert job_state(api, job_id) == "stop_requested"

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,10 +14,14 @@ from sqlalchemy import inspect, text
 
 from gateway.decisions.queue_snapshot import queue_snapshot, rendered_snapshot_blob, snapshot_blob, snapshot_sql
 from gateway.demo import prepare_demo
+from gateway.jobs.priority_history import change
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.models import Job
+from gateway.store.scheduler_tables import SchedJob
 from gateway.store.schema import create_schema
+from gateway.store.snapshot_rows import QUEUE_TOKEN_SQL, RENDERED_ROW_DDL, SNAPSHOT_READS
+from gateway.store.submission_rows import insert_submission
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
@@ -144,3 +149,119 @@ def test_create_schema_adds_indexes_a_newer_version_declares_to_an_existing_data
     create_schema(db.engine)
     assert "ix_jobs_queue_snapshot" in {i["name"] for i in inspect(db.engine).get_indexes("jobs")}
     db.close()
+
+
+# The queue's token (SQLite): a snapshot is taken once per state of the queue, and cited by every decision on it.
+
+def sqlite_db(tmp_path: Path) -> Database:
+    settings = Settings(data_dir=tmp_path)
+    prepare_demo(settings)
+    return Database(settings.resolved_database_url())
+
+
+def token(db: Database) -> bytes:
+    with db.engine.connect() as conn:
+        return bytes(conn.exec_driver_sql(QUEUE_TOKEN_SQL).scalar_one())
+
+
+def statements_of_snapshot_blob(db: Database) -> tuple[bytes, list[str]]:
+    """snapshot_blob in a read transaction of its own, and the SQL statements it ran there."""
+    ran: list[str] = []
+    with db.transaction(immediate=False) as session:
+        raw = session.connection().connection.dbapi_connection
+        assert raw is not None
+        raw.set_trace_callback(ran.append)
+        try:
+            blob = snapshot_blob(session)
+        finally:
+            raw.set_trace_callback(None)
+    return blob, ran
+
+
+def _set(attribute: str, value: object) -> Callable[[Job], None]:
+    return lambda j: setattr(j, attribute, value)
+
+
+# (job changed, change, whether the queue changed): each column the snapshot reads, of a queued job, changes it;
+# what it does not read, or a job that is not queued, does not.
+CHANGES = [
+    ("j-q", _set("state", "running"), True),
+    ("j-q", _set("base_priority", 4.0), True),
+    ("j-q", _set("queue", "batch"), True),
+    ("j-q", _set("project", "speech"), True),
+    ("j-q", _set("gpus_per_node", 4), True),
+    ("j-q", _set("nodes", 2), True),
+    ("j-q", _set("submitted_at", T0 - timedelta(hours=1)), True),
+    ("j-r", _set("state", "pending"), True),
+    ("j-q", _set("name", "renamed"), False),
+    ("j-q", _set("labels", {"team": "x"}), False),
+    ("j-r", _set("base_priority", 4.0), False),
+    ("j-r", _set("state", "completed"), False),
+]
+
+
+def test_a_change_of_the_queue_and_only_such_a_change_gives_it_a_new_token(tmp_path: Path) -> None:
+    db = sqlite_db(tmp_path)  # one database for every case (a fresh one each costs more than all the cases)
+    for i, (job_id, make_change, changes_queue) in enumerate(CHANGES):
+        with db.transaction() as session:
+            session.add_all([job(f"j-q{i}"), job(f"j-r{i}", state="running", minutes=1)])
+        before = token(db)
+        with db.transaction() as session:
+            target = session.get(Job, f"{job_id}{i}")
+            assert target is not None
+            make_change(target)
+        assert (token(db) != before) is changes_queue, (job_id, i)
+    db.close()
+
+
+def test_a_submission_gives_the_queue_a_new_token_through_the_view_it_is_written_by(tmp_path: Path) -> None:
+    """A submission's rows go in through a view's trigger (gateway/store/submission_rows.py): the token's trigger
+    fires from it too, so the next decision's snapshot holds the new job."""
+    db = sqlite_db(tmp_path)
+    taken, _ = statements_of_snapshot_blob(db)
+    insert_submission(db, job("j-new"), SchedJob(job_id="j-new", queued_at=T0),
+                      change("j-new", T0, "submit", None, {"total": 0.0}))
+    fresh, ran = statements_of_snapshot_blob(db)
+    assert fresh != taken and [row[0] for row in orjson.loads(fresh)["pending"]] == ["j-new"], ran
+    db.close()
+
+
+def test_a_snapshot_is_taken_once_per_state_of_the_queue_and_is_the_one_a_decision_would_take(tmp_path: Path) -> None:
+    db = sqlite_db(tmp_path)
+    other = Database(db.engine.url.render_as_string())  # another process's view of the same file
+    with db.transaction() as session:
+        session.add_all([job("j-1", priority=2), job("j-2", queue="batch", minutes=1)])
+    taken, ran = statements_of_snapshot_blob(db)
+    assert any("group_concat" in s for s in ran), ran
+    again, ran = statements_of_snapshot_blob(db)
+    assert again == taken and ran == [QUEUE_TOKEN_SQL], ran  # the same queue: only its token is read
+    with other.transaction() as session:  # a change by another writer of the database
+        changed = session.get(Job, "j-1")
+        assert changed is not None
+        changed.state = "stopped"
+    fresh, ran = statements_of_snapshot_blob(db)
+    with db.transaction(immediate=False) as session:
+        assert fresh == rfc8785.dumps(queue_snapshot(session))
+    assert [row[0] for row in orjson.loads(fresh)["pending"]] == ["j-2"]
+    # A change rolled back leaves the queue, and its token, as they were.
+    before = token(db)
+    with pytest.raises(RuntimeError), db.transaction() as session:
+        session.add(job("j-3"))
+        assert [row[0] for row in orjson.loads(snapshot_blob(session))["pending"]] == ["j-2", "j-3"]
+        raise RuntimeError("roll back")
+    assert token(db) == before
+    assert statements_of_snapshot_blob(db) == (fresh, [QUEUE_TOKEN_SQL])
+    other.close()
+    db.close()
+
+
+def test_the_token_follows_every_column_of_jobs_the_snapshot_reads() -> None:
+    """A column the snapshot reads that the token's triggers do not watch would let a decision cite the queue of
+    before its change."""
+    from sqlalchemy.dialects import sqlite
+
+    sql = " ".join(snapshot_sql(name, sqlite.dialect()) for name in ("pending", "pending_json", "by_queue"))
+    rendered = RENDERED_ROW_DDL.split(" AS ", 1)[1]
+    read = {c.name for c in Job.__table__.columns if c.name != "snapshot_row"
+            and (f"jobs.{c.name}" in sql or re.search(rf"\b{c.name}\b", rendered))}
+    assert read == set(SNAPSHOT_READS)
