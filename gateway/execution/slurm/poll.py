@@ -301,6 +301,7 @@ class SlurmLoop(threading.Thread):
             try:
                 if run.stop_requeue:
                     ex.client.requeue(run.slurm_job_id)
+                    run.requeues_made = (run.requeues_made or 0) + 1  # committed with forced_at (watch.py)
                 else:
                     ex.client.cancel(run.slurm_job_id)
             except SlurmRefused as e:
