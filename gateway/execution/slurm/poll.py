@@ -375,7 +375,15 @@ class SlurmLoop(threading.Thread):
         run.cancelled_by = row.cancelled_by if row is not None else None
         parts = [p for p in _parts(session, job.id) if not p.released]
         if not parts:
-            return  # never placed in jobgate (cancelled while it waited): nothing to report
+            if job.state == "pending" and run.stop_asked_at is None and run.state.startswith("CANCELLED"):
+                # Cancelled in Slurm while it waited, and not by a stop jobgate asked: the job ends. Left pending it
+                # was submitted again, undoing the cancel. The watch ledgers and alerts the act.
+                who = run.cancelled_by or "someone Slurm's accounting does not name"
+                note = f"cancelled in Slurm by {who} at {ended.isoformat()} while it waited (out of band)"
+                ex.reports.cancelled_while_waiting(
+                    session, job.id, by=run.cancelled_by, at=ended.timestamp(), reason=note,
+                    evidence=self._evidence(run, job, row, q, outcome=None, accounting=final, note=note))
+            return  # otherwise never placed in jobgate (ended in jobgate while it waited): nothing to report
         stopping = run.stop_asked_at is not None
         outcome = None if not stopping else "forced" if run.forced_at is not None else "graceful"
         evidence = self._evidence(run, job, row, q, outcome=outcome, accounting=final)
