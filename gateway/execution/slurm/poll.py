@@ -106,8 +106,13 @@ class SlurmLoop(threading.Thread):
         ex.answering = True
         self._submit_waiting(queued)
         with ex.transaction(immediate=False) as session:
-            rows = [r.id for r in session.scalars(select(SlurmRun).where(SlurmRun.live.is_(True),
-                                                                           SlurmRun.cluster == ex.cluster))]
+            rows = []
+            for r, state in session.execute(select(SlurmRun, Job.state).outerjoin(Job, Job.id == SlurmRun.job_id)
+                                            .where(SlurmRun.live.is_(True), SlurmRun.cluster == ex.cluster)):
+                if _quiet(r, state, queued.get(r.slurm_job_id)):
+                    self._ended_seen.pop(r.id, None)  # as _step does for a job alive after all
+                else:
+                    rows.append(r.id)
         for row_id in rows:
             try:
                 with ex.transaction() as session:
@@ -446,10 +451,12 @@ class SlurmLoop(threading.Thread):
             estimates = {}
         now = ex.clock()
         with ex.transaction() as session:
+            # one read of the rows, not one query per waiting job
+            runs = {r.slurm_job_id: r for r in session.scalars(select(SlurmRun).where(
+                SlurmRun.cluster == ex.cluster, SlurmRun.live.is_(True), SlurmRun.slurm_job_id.in_(ids)))}
             for slurm_id in ids:
                 q, est = queued[slurm_id], estimates.get(slurm_id)
-                run = session.scalars(select(SlurmRun).where(SlurmRun.cluster == ex.cluster, SlurmRun.live.is_(True),
-                                                             SlurmRun.slurm_job_id == slurm_id)).first()
+                run = runs.get(slurm_id)
                 if run is not None:
                     run.reason = (est.reason if est is not None and est.reason else q.reason) or ""
                     run.estimated_start = est.start_time if est is not None else None
@@ -466,6 +473,21 @@ class SlurmLoop(threading.Thread):
                                       f"{held}; Slurm places it")
                 row.estimated_start = est.start_time if est is not None else None
                 row.estimated_at = now
+
+
+def _quiet(run: SlurmRun, job_state: str | None, q: QueuedJob | None) -> bool:
+    """Whether the row's step would change nothing: Slurm shows the job as the row last saw it, and jobgate wants
+    nothing of it (waiting in both, or running in both with no stop asked). Such rows get no write transaction
+    of their own: one per live row every cycle held the write lock most of the time and starved the API.
+    (Their updated_at then keeps the last change; nothing reads it for a job Slurm still shows.)"""
+    if q is None or job_state is None or q.state != run.state or q.reason != run.reason \
+            or q.priority != run.slurm_priority or q.restarts != run.restarts \
+            or (q.node_list and q.node_list != run.node_list):
+        return False
+    if q.state == "PENDING":
+        return job_state == "pending" and not run.held and (run.priority_set is None
+                                                             or q.priority in (0, run.priority_set))
+    return q.state in RUNS and job_state in ("starting", "running") and run.stop_asked_at is None
 
 
 def _parts(session: Session, job_id: str) -> list[Allocation]:
