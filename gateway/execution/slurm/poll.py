@@ -2,7 +2,9 @@
 (`squeue --json`; `sacct` for a job that ended; `squeue --start` for those that wait), tells Slurm what jobgate
 asked that Slurm does not have yet, and turns what changed into the port's Reports.
 
-One cycle, per map row (gateway/store/slurm_tables.py) Slurm may still run, in its own business transaction:
+One cycle: every waiting jobgate job with no Slurm job is submitted (step 1, a few sbatch at once, outside any
+transaction; the rows written together after), then per map row (gateway/store/slurm_tables.py) Slurm may still
+run and whose step would change something, in its own business transaction:
 1. A waiting jobgate job with no Slurm job is submitted; one found in Slurm by its `jobgate:<id>` comment (the
    gateway stopped between sbatch and writing the row) is adopted, not submitted twice.
 2. Slurm runs it: `placed` with Slurm's nodes, then `started` per node. Slurm put a running job back in its
@@ -10,7 +12,8 @@ One cycle, per map row (gateway/store/slurm_tables.py) Slurm may still run, in i
    keeping its priority and wait; the priority is then set in Slurm (P2).
 3. A stop jobgate asked: the prepare signal (`stopping`), and at the window's end `scancel`, or `scontrol
    requeue` for a preemption; when Slurm says it ended, `stopped` with the evidence read back.
-4. A job that ended by itself: `exited` with its exit status.
+4. A job that ended by itself: `exited` with its exit status. One cancelled in Slurm by someone else while it
+   waited: the jobgate job ends (cancelled out of band, who and when from accounting), never submitted again.
 5. jobgate paused a job that waits in Slurm: held there, released when it is resumed; jobgate ended it
    (stopped, deleted while waiting): cancelled there.
 While slurmctld does not answer, the cycle changes nothing; the next one that reads Slurm catches up.
