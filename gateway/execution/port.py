@@ -119,6 +119,12 @@ class Reports(Protocol):
         preemption): ledgered as a preemption, so that the `stopped` report that follows requeues it keeping its
         priority and wait (P2). False if the job was not running (nothing was recorded)."""
 
+    def cancelled_while_waiting(self, session: Session, job_id: str, *, by: str | None, at: float, reason: str,
+                                evidence: Evidence) -> bool:
+        """Someone other than jobgate cancelled a job while it still waited in the executor's own queue (Slurm's
+        accounting says who and when): it ends `stopped`, cancelled out of band, and is not submitted again.
+        False if the job no longer waits (nothing was recorded)."""
+
     def deleted(self, session: Session, job_id: str, node: str, *, objects: Sequence[Mapping[str, Any]],
                 reason: str, left: Sequence[str] = (), unlisted: int = 0) -> None:
         """The executor removed these files of the job on `node` for a delete_artifacts; `left` it could not

@@ -231,6 +231,15 @@ class JobReports:
             executor_preempted(self.gw, session, job, preemptor=preemptor, reason=reason)
         return True
 
+    def cancelled_while_waiting(self, session: Session, job_id: str, *, by: str | None, at: float, reason: str,
+                                evidence: Evidence) -> bool:
+        job = lock_jobs(session, [job_id]).get(job_id)
+        if job is None or job.state != "pending":
+            return False
+        with session.no_autoflush, ledger_batch(self.gw, session):
+            stops.cancelled_out_of_band(self.gw, session, job, by=by, at=at, reason=reason, evidence=evidence)
+        return True
+
     def deleted(self, session: Session, job_id: str, node: str, *, objects: Sequence[Mapping[str, Any]],
                 reason: str, left: Sequence[str] = (), unlisted: int = 0) -> None:
         deleted(self.gw, session, job_id, node, objects=objects, reason=reason, left=left, unlisted=unlisted)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -330,6 +330,25 @@ def execute_stop(gw: Jobs, session: Session, job: Job, *, by: str, request_id: s
                                     "job_id": job.id, "result": job.state, "state_before": before,
                                     "state_after": job.state, "owner_notified": notified,
                                     "took_over_stop": before in STOPPING_STATES})
+
+
+def cancelled_out_of_band(gw: Jobs, session: Session, job: Job, *, by: str | None, at: float, reason: str,
+                          evidence: Mapping[str, Any]) -> None:
+    """pending → stopped for a job its executor's queue lost to someone else's cancel (Slurm: a `scancel` behind
+    jobgate's back while it waited). It ends rather than waits: left pending, it was submitted again, and the
+    cancel undone without anyone deciding so. The act itself is ledgered and alerted by the executor's watch."""
+    now = gw.clock()
+    who = f"out_of_band:{by or 'unknown'}"
+    job.stop_request = {"by": who, "reason": reason, "at": now.isoformat(), "out_of_band": True,
+                        "cancelled_by": by, "cancelled_at": datetime.fromtimestamp(at, UTC).isoformat()}
+    ledger_transition(gw, job, "stopped", now, by=who, reason=reason, out_of_band=True)
+    job.ended_at = datetime.fromtimestamp(at, UTC)
+    job.outcome = "cancelled"
+    job.evidence = {**evidence, "note": reason}
+    retention.release(gw, job, now)
+    record(gw, session, "outcome", {"action": "job.stop", "job_id": job.id, "result": "stopped",
+                                    "state_before": "pending", "state_after": "stopped", "out_of_band": True,
+                                    "cancelled_by": by, "reason": reason})
 
 
 # What this module carries out once a second person approved it (M2), bound to the running gateway at app

@@ -42,6 +42,9 @@ class SlurmRun(Base):
     # whether jobgate had to cancel (forced) or requeue (a preemption) when the window ended.
     stop_reference: Mapped[str | None] = mapped_column(String(40), nullable=True)
     stop_requeue: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How many `scontrol requeue` of this Slurm job jobgate made (the watch counts the REQUEUED attempts beyond
+    # them as someone else's). Nullable: added to an older table, its rows read as none.
+    requeues_made: Mapped[int | None] = mapped_column(Integer, nullable=True, default=0)
     stop_asked_at: Mapped[datetime | None] = mapped_column(nullable=True)
     stop_grace_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     signal_sent_at: Mapped[datetime | None] = mapped_column(nullable=True)

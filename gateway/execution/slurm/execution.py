@@ -157,7 +157,13 @@ class SlurmExecution:
     # -- the port ---------------------------------------------------------------------------------------
 
     def queued(self, job: Job) -> None:
-        self.kick.set()  # the loop submits it, or releases the Slurm job held while it was paused
+        """The loop submits it, or releases the Slurm job held while it was paused: woken once the asking
+        transaction commits too (woken only before, its read missed the job and it slept a whole interval; a
+        plain database transaction runs no after-commit action, hence the kick now as well)."""
+        self.kick.set()
+        session = object_session(job)
+        if session is not None:
+            self._wake_after(session)
 
     def requeued(self, job: Job) -> None:
         """P2: the priority jobgate kept for it (its SchedJob row: the priority before the preemption plus any

@@ -34,7 +34,6 @@ from gateway.execution.slurm.errors import SlurmError
 from gateway.execution.slurm.watch import LIVE, Finding, Governed, LoggedAct, Look, compare, parse_log
 from gateway.store.models import Job
 from gateway.store.oversight_tables import SlurmAssocLimit, SlurmFindingRow, SlurmForeignJob
-from gateway.store.scheduler_tables import PreemptionRow
 from gateway.store.slurm_tables import SlurmRun
 from gateway.store.states import PAST_STATES, STOPPING_STATES
 from scheduler.model import Quotas
@@ -178,13 +177,6 @@ class SlurmWatch:
             .where(SlurmRun.cluster == self.cluster)
             .where(or_(SlurmRun.live.is_(True), SlurmRun.updated_at >= now - RECENT))
             .order_by(SlurmRun.id)).all()
-        # The requeues jobgate explains: preemptions naming their preemptor. One the executor found no preemptor
-        # for (someone else put the job back in Slurm's queue) is recorded with none, and is not jobgate's.
-        counts: dict[str, int] = {}
-        if rows:
-            for victim in session.scalars(select(PreemptionRow.victim).where(
-                    PreemptionRow.victim.in_({job.id for _, job in rows}), PreemptionRow.preemptor != "")):
-                counts[victim] = counts.get(victim, 0) + 1
         out: dict[int, Governed] = {}
         for run, job in rows:
             stop_asked = (run.stop_reference is not None or bool(job.stop_request) or job.state in STOPPING_STATES
@@ -193,7 +185,7 @@ class SlurmWatch:
             out[run.slurm_job_id] = Governed(
                 job_id=job.id, slurm_job_id=run.slurm_job_id, state=job.state, stop_asked=stop_asked,
                 paused=bool(run.held) or job.state == "paused", priority=run.priority_set,
-                requeues=max(counts.get(job.id, 0), 1 if run.stop_requeue else 0), owner=job.owner,
+                requeues=requeues_asked(run), owner=job.owner,
                 project=job.project, submitted_at=_aware(run.submitted_at),
                 ended=None if run.live else run.state, cancelled_by=None if run.live else run.cancelled_by)
         return out
@@ -355,3 +347,12 @@ class SlurmWatchLoop(threading.Thread):
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=30)
+
+
+def requeues_asked(run: SlurmRun) -> int:
+    """The `scontrol requeue`s jobgate made of this Slurm job, and one it asked and has not made yet: the loop
+    makes it and counts it in one transaction, and the asking committed first, so a look between the two still
+    counts it. Not the preemptions jobgate recorded: Slurm's own partition preemption ends an attempt PREEMPTED,
+    never REQUEUED, and counting it hid a person's requeue that came after one."""
+    pending = 1 if run.stop_requeue and run.forced_at is None else 0
+    return (run.requeues_made or 0) + pending

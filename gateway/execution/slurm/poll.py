@@ -2,7 +2,9 @@
 (`squeue --json`; `sacct` for a job that ended; `squeue --start` for those that wait), tells Slurm what jobgate
 asked that Slurm does not have yet, and turns what changed into the port's Reports.
 
-One cycle, per map row (gateway/store/slurm_tables.py) Slurm may still run, in its own business transaction:
+One cycle: every waiting jobgate job with no Slurm job is submitted (step 1, a few sbatch at once, outside any
+transaction; the rows written together after), then per map row (gateway/store/slurm_tables.py) Slurm may still
+run and whose step would change something, in its own business transaction:
 1. A waiting jobgate job with no Slurm job is submitted; one found in Slurm by its `jobgate:<id>` comment (the
    gateway stopped between sbatch and writing the row) is adopted, not submitted twice.
 2. Slurm runs it: `placed` with Slurm's nodes, then `started` per node. Slurm put a running job back in its
@@ -10,7 +12,8 @@ One cycle, per map row (gateway/store/slurm_tables.py) Slurm may still run, in i
    keeping its priority and wait; the priority is then set in Slurm (P2).
 3. A stop jobgate asked: the prepare signal (`stopping`), and at the window's end `scancel`, or `scontrol
    requeue` for a preemption; when Slurm says it ended, `stopped` with the evidence read back.
-4. A job that ended by itself: `exited` with its exit status.
+4. A job that ended by itself: `exited` with its exit status. One cancelled in Slurm by someone else while it
+   waited: the jobgate job ends (cancelled out of band, who and when from accounting), never submitted again.
 5. jobgate paused a job that waits in Slurm: held there, released when it is resumed; jobgate ended it
    (stopped, deleted while waiting): cancelled there.
 While slurmctld does not answer, the cycle changes nothing; the next one that reads Slurm catches up.
@@ -23,6 +26,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,7 +37,7 @@ from gateway.execution.port import Evidence, PartEvent
 from gateway.execution.slurm.errors import SlurmError, SlurmRefused, SlurmUnavailable
 from gateway.execution.slurm.execution import COMMENT_PREFIX, SlurmExecution, job_spec, list_files
 from gateway.execution.slurm.hostlist import expand
-from gateway.execution.slurm.records import AccountedJob, QueuedJob
+from gateway.execution.slurm.records import AccountedJob, JobSpec, QueuedJob
 from gateway.store.models import Allocation, Job, Node
 from gateway.store.scheduler_tables import SchedJob
 from gateway.store.slurm_tables import SlurmRun
@@ -48,6 +52,7 @@ GONE = ("stopped", "succeeded", "failed", "deleted", "stop_failed")
 ACCOUNTING_WAIT_S = 20.0  # how long an ended job's evidence waits for its accounting row before it goes without
 REFUSED_RETRY_S = 60.0  # a submission Slurm refused is tried again after this long (its quota may have changed)
 MAX_UNSTARTED = 3  # Slurm jobs of one jobgate job that may end before they ran; then it is not submitted again
+SUBMIT_WORKERS = 4  # sbatch calls at once: slurmctld takes them concurrently; bounded to spare its RPC threads
 PREEMPTOR_WAIT_S = 10.0  # how long a victim's report waits for Slurm to start the job that preempted it
 # The starter's partitions by PriorityTier (deploy/slurm): a higher one's jobs requeue a lower one's.
 TIERS = {"urgent": 3, "normal": 2, "batch": 1}
@@ -108,8 +113,13 @@ class SlurmLoop(threading.Thread):
         ex.answering = True
         self._submit_waiting(queued)
         with ex.transaction(immediate=False) as session:
-            rows = [r.id for r in session.scalars(select(SlurmRun).where(SlurmRun.live.is_(True),
-                                                                           SlurmRun.cluster == ex.cluster))]
+            rows = []
+            for r, state in session.execute(select(SlurmRun, Job.state).outerjoin(Job, Job.id == SlurmRun.job_id)
+                                            .where(SlurmRun.live.is_(True), SlurmRun.cluster == ex.cluster)):
+                if _quiet(r, state, queued.get(r.slurm_job_id)):
+                    self._ended_seen.pop(r.id, None)  # as _step does for a job alive after all
+                else:
+                    rows.append(r.id)
         for row_id in rows:
             try:
                 with ex.transaction() as session:
@@ -148,48 +158,83 @@ class SlurmLoop(threading.Thread):
         self._nodes_read = time.monotonic()
 
     def _submit_waiting(self, queued: Mapping[int, QueuedJob]) -> None:
-        """Step 1."""
+        """Step 1, for every waiting job at once: what to submit is read in one transaction, the sbatch calls run
+        outside any transaction (a write lock held across them stalled every POST /v1/jobs) and several at a
+        time (slurmctld answers sbatch calls concurrently), and the map rows of them all are written in one
+        transaction. The gateway stopping between an sbatch and its row: the next cycle adopts that Slurm job by
+        its comment instead of submitting it twice."""
         ex = self.ex
+        by_comment: dict[str, QueuedJob] = {}
+        adopt: dict[str, QueuedJob] = {}
+        specs: dict[str, JobSpec] = {}
+        given_up: dict[str, list[int]] = {}
         with ex.transaction(immediate=False) as session:
             live = set(session.scalars(select(SlurmRun.job_id).where(SlurmRun.live.is_(True))))
             known = set(session.scalars(select(SlurmRun.slurm_job_id).where(SlurmRun.cluster == ex.cluster)))
-            waiting = [j.id for j in session.scalars(select(Job).where(Job.state == "pending")
-                                                      .order_by(Job.submitted_at, Job.id)) if j.id not in live]
-        by_comment = {q.comment[len(COMMENT_PREFIX):]: q for q in queued.values()
-                      if q.comment.startswith(COMMENT_PREFIX) and q.job_id not in known and q.state in ALIVE
-                      and q.user == ex.client.user}
-        for job_id in waiting:
-            if self._refused.get(job_id, 0.0) > time.monotonic():
-                continue
-            adopt = by_comment.get(job_id)
-            with ex.transaction() as session:
-                job = session.get(Job, job_id)
-                if job is None or job.state != "pending" or session.scalars(
-                        select(SlurmRun.id).where(SlurmRun.job_id == job_id, SlurmRun.live.is_(True))).first():
+            waiting = [j for j in session.scalars(select(Job).where(Job.state == "pending")
+                                                  .order_by(Job.submitted_at, Job.id)) if j.id not in live]
+            by_comment = {q.comment[len(COMMENT_PREFIX):]: q for q in queued.values()
+                          if q.comment.startswith(COMMENT_PREFIX) and q.job_id not in known and q.state in ALIVE
+                          and q.user == ex.client.user}
+            never_ran: dict[str, list[int]] = {}
+            if waiting:
+                for job_id, slurm_id in session.execute(select(SlurmRun.job_id, SlurmRun.slurm_job_id).where(
+                        SlurmRun.job_id.in_([j.id for j in waiting]), SlurmRun.live.is_(False),
+                        SlurmRun.node_list == "").order_by(SlurmRun.id)):
+                    never_ran.setdefault(job_id, []).append(slurm_id)
+            for job in waiting:
+                if self._refused.get(job.id, 0.0) > time.monotonic():
                     continue
-                now = ex.clock()
-                never_ran = session.scalars(select(SlurmRun.slurm_job_id).where(
-                    SlurmRun.job_id == job_id, SlurmRun.live.is_(False), SlurmRun.node_list == "")).all()
-                if adopt is None and len(never_ran) >= MAX_UNSTARTED:
-                    # Fail closed: Slurm ends it before it runs (or someone cancels it there); not submitted again.
-                    job.state_reason = (f"Slurm ended its last {len(never_ran)} submissions (jobs "
-                                        f"{', '.join(map(str, never_ran[-MAX_UNSTARTED:]))}) before they ran; "
-                                        "not submitted again: stop it, or ask on-call")
-                    continue
-                if adopt is not None:
-                    slurm_id, submitted = int(adopt.job_id), adopt.submit_time or now
+                if job.id in by_comment:
+                    adopt[job.id] = by_comment[job.id]
+                elif len(never_ran.get(job.id, [])) >= MAX_UNSTARTED:
+                    given_up[job.id] = never_ran[job.id]
                 else:
+                    specs[job.id] = job_spec(job, ex.checkpoint_dir(job.id), ex.log_path(job.id))
+        if not (adopt or specs or given_up):
+            return
+        results: dict[str, int | SlurmError] = {}
+        if specs:
+            with ThreadPoolExecutor(max_workers=min(SUBMIT_WORKERS, len(specs)),
+                                    thread_name_prefix="jobgate-sbatch") as pool:
+                futures = {job_id: pool.submit(ex.client.submit, spec) for job_id, spec in specs.items()}
+                for job_id, future in futures.items():
                     try:
-                        spec = job_spec(job, ex.checkpoint_dir(job.id), ex.log_path(job.id))
-                        slurm_id, submitted = int(ex.client.submit(spec)), now
-                    except SlurmRefused as e:
-                        # It can never run as asked here now: said where `job why` shows it, tried again later.
-                        job.state_reason = f"Slurm refused the submission: {e.detail}"
-                        self._refused[job_id] = time.monotonic() + REFUSED_RETRY_S
-                        continue
-                session.add(SlurmRun(job_id=job.id, cluster=ex.cluster, slurm_job_id=slurm_id,
+                        results[job_id] = int(future.result())
+                    except SlurmError as e:
+                        results[job_id] = e
+        now = ex.clock()
+        with ex.transaction() as session:
+            for job_id, never in given_up.items():
+                held = session.get(Job, job_id)
+                if held is not None and held.state == "pending":
+                    # Fail closed: Slurm ends it before it runs (or someone cancels it there); not submitted again.
+                    held.state_reason = (f"Slurm ended its last {len(never)} submissions (jobs "
+                                        f"{', '.join(map(str, never[-MAX_UNSTARTED:]))}) before they ran; "
+                                        "not submitted again: stop it, or ask on-call")
+            made: list[tuple[str, int, datetime]] = [
+                (job_id, int(q.job_id), q.submit_time or now) for job_id, q in adopt.items()]
+            made += [(job_id, r, now) for job_id, r in results.items() if isinstance(r, int)]
+            for job_id, slurm_id, submitted in made:
+                # Kept even if the job left `pending` meanwhile (stopped, paused, deleted while sbatch ran): the
+                # row is how the next step finds the Slurm job to cancel or hold.
+                session.add(SlurmRun(job_id=job_id, cluster=ex.cluster, slurm_job_id=slurm_id,
                                      submitted_at=submitted, state="SUBMITTED", updated_at=now))
-                job.state_reason = f"submitted to Slurm as job {slurm_id} on {ex.cluster}"
+                row = session.get(Job, job_id)
+                if row is not None and row.state == "pending":
+                    row.state_reason = f"submitted to Slurm as job {slurm_id} on {ex.cluster}"
+            for job_id, r in results.items():
+                if isinstance(r, SlurmRefused):
+                    # It can never run as asked here now: said where `job why` shows it, tried again later.
+                    row = session.get(Job, job_id)
+                    if row is not None and row.state == "pending":
+                        row.state_reason = f"Slurm refused the submission: {r.detail}"
+                    self._refused[job_id] = time.monotonic() + REFUSED_RETRY_S
+        # Slurm not answering (or failing otherwise) midway: what it took is recorded above; the cycle ends here.
+        failed = next((r for r in results.values() if isinstance(r, SlurmError) and not isinstance(r, SlurmRefused)),
+                      None)
+        if failed is not None:
+            raise failed
 
     # -- one map row ------------------------------------------------------------------------------------------
 
@@ -268,6 +313,7 @@ class SlurmLoop(threading.Thread):
             try:
                 if run.stop_requeue:
                     ex.client.requeue(run.slurm_job_id)
+                    run.requeues_made = (run.requeues_made or 0) + 1  # committed with forced_at (watch.py)
                 else:
                     ex.client.cancel(run.slurm_job_id)
             except SlurmRefused as e:
@@ -341,7 +387,15 @@ class SlurmLoop(threading.Thread):
         run.cancelled_by = row.cancelled_by if row is not None else None
         parts = [p for p in _parts(session, job.id) if not p.released]
         if not parts:
-            return  # never placed in jobgate (cancelled while it waited): nothing to report
+            if job.state == "pending" and run.stop_asked_at is None and run.state.startswith("CANCELLED"):
+                # Cancelled in Slurm while it waited, and not by a stop jobgate asked: the job ends. Left pending it
+                # was submitted again, undoing the cancel. The watch ledgers and alerts the act.
+                who = run.cancelled_by or "someone Slurm's accounting does not name"
+                note = f"cancelled in Slurm by {who} at {ended.isoformat()} while it waited (out of band)"
+                ex.reports.cancelled_while_waiting(
+                    session, job.id, by=run.cancelled_by, at=ended.timestamp(), reason=note,
+                    evidence=self._evidence(run, job, row, q, outcome=None, accounting=final, note=note))
+            return  # otherwise never placed in jobgate (ended in jobgate while it waited): nothing to report
         stopping = run.stop_asked_at is not None
         outcome = None if not stopping else "forced" if run.forced_at is not None else "graceful"
         evidence = self._evidence(run, job, row, q, outcome=outcome, accounting=final)
@@ -404,10 +458,12 @@ class SlurmLoop(threading.Thread):
             estimates = {}
         now = ex.clock()
         with ex.transaction() as session:
+            # one read of the rows, not one query per waiting job
+            runs = {r.slurm_job_id: r for r in session.scalars(select(SlurmRun).where(
+                SlurmRun.cluster == ex.cluster, SlurmRun.live.is_(True), SlurmRun.slurm_job_id.in_(ids)))}
             for slurm_id in ids:
                 q, est = queued[slurm_id], estimates.get(slurm_id)
-                run = session.scalars(select(SlurmRun).where(SlurmRun.cluster == ex.cluster, SlurmRun.live.is_(True),
-                                                             SlurmRun.slurm_job_id == slurm_id)).first()
+                run = runs.get(slurm_id)
                 if run is not None:
                     run.reason = (est.reason if est is not None and est.reason else q.reason) or ""
                     run.estimated_start = est.start_time if est is not None else None
@@ -424,6 +480,21 @@ class SlurmLoop(threading.Thread):
                                       f"{held}; Slurm places it")
                 row.estimated_start = est.start_time if est is not None else None
                 row.estimated_at = now
+
+
+def _quiet(run: SlurmRun, job_state: str | None, q: QueuedJob | None) -> bool:
+    """Whether the row's step would change nothing: Slurm shows the job as the row last saw it, and jobgate wants
+    nothing of it (waiting in both, or running in both with no stop asked). Such rows get no write transaction
+    of their own: one per live row every cycle held the write lock most of the time and starved the API.
+    (Their updated_at then keeps the last change; nothing reads it for a job Slurm still shows.)"""
+    if q is None or job_state is None or q.state != run.state or q.reason != run.reason \
+            or q.priority != run.slurm_priority or q.restarts != run.restarts \
+            or (q.node_list and q.node_list != run.node_list):
+        return False
+    if q.state == "PENDING":
+        return job_state == "pending" and not run.held and (run.priority_set is None
+                                                             or q.priority in (0, run.priority_set))
+    return q.state in RUNS and job_state in ("starting", "running") and run.stop_asked_at is None
 
 
 def _parts(session: Session, job_id: str) -> list[Allocation]:

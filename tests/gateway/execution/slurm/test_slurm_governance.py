@@ -102,6 +102,48 @@ def test_a_requeue_jobgate_did_not_ask_for_is_found_though_slurm_does_not_say_wh
     assert "no requeuer" in found["by_source"]
 
 
+def test_a_job_cancelled_in_slurm_while_it_waits_ends_cancelled_out_of_band_and_is_not_submitted_again(
+        api: Api, slurm: LocalCluster) -> None:
+    loop, w = SlurmLoop(api.gateway.execution), watch(api, slurm)
+
+    def job_and_runs() -> tuple[Job, list[SlurmRun]]:
+        loop.cycle()
+        with api.gateway.transaction(immediate=False) as session:
+            job = session.get(Job, job_id)
+            assert job is not None
+            session.expunge(job)
+            return job, list(session.query(SlurmRun).filter_by(job_id=job_id).all())
+
+    # batch is down: Slurm takes the job and keeps it waiting (PartitionDown)
+    slurm.run_as("root", "scontrol", "update", "PartitionName=batch", "State=DOWN")
+    try:
+        r = api.post("/v1/jobs", "alice", json=job_spec(name="waits", queue="batch", gpus_per_node=1,
+                                                        command=["sleep", "600"]))
+        assert r.status_code == 201, r.text
+        job_id = r.json()["id"]
+        (run,) = wait_for(lambda: [x for x in job_and_runs()[1] if x.state == "PENDING"], 30,
+                          "the job waiting in Slurm")
+        slurm.run_as("root", "scancel", str(run.slurm_job_id))
+        ended = wait_for(lambda: next((j for j in [job_and_runs()[0]] if j.state != "pending"), None), 30,
+                         "the jobgate job to end")
+    finally:
+        slurm.run_as("root", "scontrol", "update", "PartitionName=batch", "State=UP")
+    assert ended is not None
+    job = ended
+    assert (job.state, job.outcome, job.stop_request["cancelled_by"]) == ("stopped", "cancelled", "root")
+    assert job.evidence["slurm"]["job_id"] == run.slurm_job_id and job.evidence["slurm"]["cancelled_by"] == "root"
+    assert job.stop_request["cancelled_at"] and "cancelled in Slurm by root" in job.evidence["note"]
+    (moved,) = [e for e in entries(api, "transition") if e["job_id"] == job_id and e["state_after"] == "stopped"]
+    assert moved["by"] == "out_of_band:root" and moved["out_of_band"] is True
+    # never submitted again: the next cycles leave it as it is, with its one Slurm job
+    job, runs = job_and_runs()
+    assert job.state == "stopped" and [x.slurm_job_id for x in runs] == [run.slurm_job_id]
+    # and the act itself is the watch's finding, as for a running job
+    # (the earlier tests' jobs, cancelled by the fixture as root after each, are found too: not this test's)
+    found = wait_for(lambda: [f for f in w.cycle().findings if f["job_id"] == job_id], 30, "the cancel to be found")
+    assert [(f["act"], f["by"]) for f in found] == [("cancel", "root")]
+
+
 def test_a_job_submitted_straight_to_slurm_is_tracked_but_not_governed(api: Api, slurm: LocalCluster) -> None:
     w = watch(api, slurm)
     sid = int(slurm.run_as("alice", "sbatch", "--parsable", "-A", "vision", "-p", "normal", "--gres=gpu:1",

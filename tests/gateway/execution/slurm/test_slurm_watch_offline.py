@@ -8,8 +8,10 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from gateway.execution.slurm.associations import Assoc, Change, changes, desired, modify_argv, parse_associations
+from gateway.execution.slurm.oversight import requeues_asked
 from gateway.execution.slurm.records import AccountedJob, ExitStatus, QueuedJob, SlurmJobId
 from gateway.execution.slurm.watch import Governed, compare, parse_log
+from gateway.store.slurm_tables import SlurmRun
 from scheduler.model import ProjectId, Quotas, TenantQuota
 
 T0 = datetime(2026, 12, 2, 0, 0, tzinfo=UTC)
@@ -109,6 +111,21 @@ def test_requeues_beyond_those_jobgate_asked_for_and_not_slurms_own_preemption()
     found = compare([queued(7, restarts=2)], rows, {7: GOVERNED}, service_user=SERVICE).findings
     assert [(f.key, f.by) for f in found] == [("j-1:requeue:1", None)]
     assert look([queued(7, restarts=2)], rows, replace(GOVERNED, requeues=1)) == []
+
+
+def test_jobgates_requeues_are_counted_from_slurm_runs_so_a_requeue_after_slurms_own_preemption_is_found() -> None:
+    # Slurm preempted the job (its PREEMPTED attempt; jobgate recorded the preemption, naming the preemptor), then
+    # root requeued it: jobgate made no `scontrol requeue` of it, so the REQUEUED attempt is someone else's.
+    rows = [accounted(7, "PREEMPTED"), accounted(7, "REQUEUED"), accounted(7, "RUNNING")]
+    run = SlurmRun(job_id="j-1", cluster="c", slurm_job_id=7, submitted_at=T0, updated_at=T0, stop_requeue=False,
+                   requeues_made=None, forced_at=None)
+    assert look([queued(7, restarts=2)], rows, replace(GOVERNED, requeues=requeues_asked(run))) == [
+        ("requeue", None)]
+    # jobgate's own preemption asked (not made yet) and made: its requeue counted either way, no finding
+    run.stop_requeue = True
+    assert requeues_asked(run) == 1
+    run.forced_at, run.requeues_made = T0, 1
+    assert look([queued(7, restarts=2)], rows, replace(GOVERNED, requeues=requeues_asked(run))) == []
 
 
 def test_jobs_jobgate_did_not_submit_are_ungoverned_even_when_their_comment_claims_a_jobgate_id() -> None:
