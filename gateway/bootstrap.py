@@ -12,18 +12,20 @@ from gateway.context import Gateway
 from gateway.decisions import approvals, obligations, reconcile, refusals
 from gateway.decisions.policy.factory import make_engine
 from gateway.decisions.policy.testing import load_tested_set
-from gateway.decisions.policy_reload import load_bindings
+from gateway.decisions.policy_sync import BINDINGS, load_bindings
 from gateway.decisions.ratelimit import RateLimiter
 from gateway.execution.inprocess import InProcessExecution
 from gateway.execution.port import Execution
 from gateway.identity.token_cache import TokenCache
 from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
 from gateway.jobs.reports import JobReports
+from gateway.native.bus import CommandBus
 from gateway.native.command_key import load_or_create_command_key
 from gateway.native.execution import NativeExecution
 from gateway.settings import Settings
 from gateway.store.db import Database
 from gateway.store.schema import create_schema
+from gateway.store.signals import Signals
 from ledger.keys import load_or_create_signer
 from ledger.service import Ledger
 
@@ -64,6 +66,7 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
         bindings = load_bindings(session)
     engine = make_engine(policy_set, bindings, kind=settings.policy_engine, opa_url=settings.opa_url,
                          opa_timeout_s=settings.opa_timeout_s)
+    signals = Signals(None if db.is_sqlite else libpq_url(db.url))
     gateway = Gateway(
         settings=settings,
         db=db,
@@ -74,12 +77,42 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
         limiter=RateLimiter(settings.rate_limit_storage, policy_set.data.get("limits", {}),
                             timeout_s=settings.rate_limit_timeout_s),
         token_cache=TokenCache(settings.auth_cache_s),
+        signals=signals,
+        bus=CommandBus(signals),
     )
+    listen_to_replicas(gateway)
     gateway.execution = execution(gateway)
     register_executors(gateway)
     register_chores(gateway)
     gateway.figures.extend([approvals.figures, figures.figures])  # /metrics, in this order
     return gateway
+
+
+def libpq_url(url: str) -> str:
+    """The business DB's URL as libpq takes it (a SQLAlchemy driver name, if one was given, left out)."""
+    scheme, sep, rest = url.partition("://")
+    return scheme.split("+", 1)[0] + sep + rest
+
+
+def listen_to_replicas(gateway: Gateway) -> None:
+    """What this replica keeps in memory and learns from the others' signals (gateway/store/signals.py): tokens
+    revoked (out of the auth cache), commands queued (wake the long polls), role bindings changed (into the
+    engine). The policy set's hash is handled by the app, which owns the reloader (gateway/app.py). After a
+    reconnect, what may have been missed is treated as all of it."""
+    signals, cache, bus = gateway.signals, gateway.token_cache, gateway.bus
+    if not signals.enabled:
+        return
+    signals.on("token_revoked", lambda digest: cache.forget(digest) if digest else cache.clear())
+    signals.on("wake", lambda nodes: bus.notify(nodes) if nodes else bus.notify_all())
+
+    def bindings_changed(_: object) -> None:
+        with gateway.transaction(immediate=False) as session:
+            gateway.policy_sync.refresh_bindings(lambda: gateway.policy, session)
+
+    signals.on(BINDINGS, bindings_changed)
+    signals.on_connect(cache.clear)
+    signals.on_connect(bus.notify_all)
+    signals.start()
 
 
 def register_executors(gateway: Gateway) -> None:

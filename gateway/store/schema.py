@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from sqlalchemy import Connection, Engine, MetaData, inspect, text
 
-from gateway.store import scheduler_tables, service_tables, stop_tables
+from gateway.store import replica_tables, scheduler_tables, service_tables, stop_tables
 from gateway.store.models import Base
 from gateway.store.snapshot_rows import add_rendered_rows
 from gateway.store.submission_rows import add_submission_view
 
-TABLE_MODULES = (scheduler_tables, service_tables, stop_tables)  # besides gateway.store.models itself
+TABLE_MODULES = (replica_tables, scheduler_tables, service_tables, stop_tables)  # besides gateway.store.models itself
 
 
 def create_schema(engine: Engine) -> None:
