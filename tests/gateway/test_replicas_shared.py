@@ -67,7 +67,8 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Database, "claim", lambda self: None)
         sa, sb = base.model_copy(update={"policies_dir": dir_a}), base.model_copy(update={"policies_dir": dir_b})
-        with TestClient(create_app(sa, run_scheduler=False)) as ca, TestClient(create_app(sb, run_scheduler=False)) as cb:
+        with TestClient(create_app(sa, run_scheduler=False)) as ca, \
+                TestClient(create_app(sb, run_scheduler=False)) as cb:
             a, b = Api(ca, tokens, sa), Api(cb, tokens, sb)
             assert a.gateway.signals.wait_connected(SIGNAL_S) and b.gateway.signals.wait_connected(SIGNAL_S)
             yield Pair(a, b, dir_a, dir_b)
