@@ -16,9 +16,9 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from gateway_testkit import Api, assert_problem, job_spec
@@ -77,7 +77,7 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def csrf_of(page: httpx.Response) -> str:
+def csrf_of(page: Any) -> str:
     found = CSRF.search(page.text)
     assert found, page.text
     return found.group(1)
