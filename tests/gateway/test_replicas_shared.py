@@ -24,10 +24,12 @@ from fastapi.testclient import TestClient
 from gateway_testkit import Api, assert_problem, job_spec
 
 from gateway.app import create_app
+from gateway.decisions.obligations import RECEIPT_TIMEOUT, sweep_timed_out_receipts
 from gateway.demo import prepare_demo
 from gateway.native.commands import enqueue
 from gateway.settings import REPO_POLICIES, Settings
 from gateway.store.db import Database
+from gateway.store.service_tables import Notification
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 SIGNAL_S = 10.0  # generous: a signal arrives in milliseconds; this only keeps a lost one from hanging the test
@@ -161,3 +163,26 @@ def test_a_replica_on_another_policy_hash_refuses_to_decide(pair: Pair) -> None:
     assert pair.b.gateway.policy.policy_hash == new_hash
     stop = pair.b.post(f"/v1/jobs/{job.json()['id']}/stop", "mallory", json={"reason": "not hers"})
     assert stop.status_code == 403 and stop.json()["policy_hash"] == new_hash, stop.text
+
+
+def test_a_receipt_timed_out_is_ledgered_once_when_two_replicas_sweep_at_once(pair: Pair) -> None:
+    a, b = pair.a.gateway, pair.b.gateway
+    note = "n" + secrets.token_hex(8)
+    with a.transaction() as session:
+        session.add(Notification(id=note, principal="alice", kind="job_action", body={"job_id": None},
+                                 created_at=a.clock() - RECEIPT_TIMEOUT * 2, receipt_required=True))
+    with a.transaction() as on_a:
+        assert sweep_timed_out_receipts(a, on_a) == 1
+        with b.transaction() as on_b:  # while a's sweep has not committed
+            assert sweep_timed_out_receipts(b, on_b) == 0
+    with b.transaction() as on_b:
+        assert sweep_timed_out_receipts(b, on_b) == 0
+    receipts = [e for e in _entries(pair.a) if e["kind"] == "receipt" and e["body"]["notification_id"] == note]
+    assert len(receipts) == 1, receipts
+
+
+def _entries(api: Api) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while batch := api.get("/v1/ledger/entries", "audrey", params={"start": len(out), "limit": 1000}).json()["entries"]:
+        out += [e["entry"] for e in batch]
+    return out
