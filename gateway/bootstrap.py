@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy.orm import Session
 
 from gateway.access import breakglass
@@ -85,6 +86,8 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
     register_executors(gateway)
     register_chores(gateway)
     gateway.figures.extend([approvals.figures, figures.figures])  # /metrics, in this order
+    if signals.enabled:
+        gateway.figures.append(partial(signal_figures, signals))
     return gateway
 
 
@@ -113,6 +116,16 @@ def listen_to_replicas(gateway: Gateway) -> None:
     signals.on_connect(cache.clear)
     signals.on_connect(bus.notify_all)
     signals.start()
+
+
+def signal_figures(signals: Signals, _session: Session, _now: object) -> Iterator[Metric]:
+    """Whether this replica hears the others (alert when 0: it learns of their changes only at its bounds)."""
+    up = GaugeMetricFamily("jobgate_replica_signals_connected", "1 while listening to the other replicas' signals")
+    up.add_metric([], 1.0 if signals.connected else 0.0)
+    yield up
+    got = CounterMetricFamily("jobgate_replica_signals_received", "Signals handled from other replicas")
+    got.add_metric([], float(signals.received))
+    yield got
 
 
 def register_executors(gateway: Gateway) -> None:

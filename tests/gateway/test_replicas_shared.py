@@ -105,6 +105,10 @@ def test_a_token_revoked_through_one_replica_stops_working_on_the_other(pair: Pa
     assert r.status_code == 200, r.text
     _until(lambda: pair.b.client.get("/v1/jobs", headers=bearer).status_code == 401,
            "the revocation through a never reached b's auth cache")
+    scrape = pair.b.get("/metrics").text  # what an operator watches: b hears a, and heard this
+    assert "jobgate_replica_signals_connected 1.0" in scrape
+    received = next(line for line in scrape.splitlines() if line.startswith("jobgate_replica_signals_received_total"))
+    assert float(received.split()[-1]) >= 1
 
 
 def test_a_role_granted_or_revoked_through_one_replica_decides_on_the_other(pair: Pair) -> None:
