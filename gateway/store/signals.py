@@ -48,10 +48,16 @@ class Signals:
         self._connected = threading.Event()
         self._thread: threading.Thread | None = None
         self.received = 0  # signals from other replicas handled (for /metrics and tests)
+        self.connects = 0  # times the listener (re)connected
 
     @property
     def enabled(self) -> bool:
         return self.url is not None
+
+    @property
+    def application_name(self) -> str:
+        """How the listening connection shows in pg_stat_activity."""
+        return f"jobgate-signals-{self.replica}"
 
     @property
     def connected(self) -> bool:
@@ -97,8 +103,10 @@ class Signals:
         backoff = RECONNECT_S[0]
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.url or "", autocommit=True, connect_timeout=5) as conn:
+                with psycopg.connect(self.url or "", autocommit=True, connect_timeout=5,
+                                     application_name=self.application_name) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    self.connects += 1
                     self._connected.set()
                     backoff = RECONNECT_S[0]
                     self._connect_hooks()

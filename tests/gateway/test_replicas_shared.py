@@ -190,3 +190,24 @@ def _entries(api: Api) -> list[dict[str, Any]]:
     while batch := api.get("/v1/ledger/entries", "audrey", params={"start": len(out), "limit": 1000}).json()["entries"]:
         out += [e["entry"] for e in batch]
     return out
+
+
+def test_a_listener_cut_off_reconnects_and_forgets_what_it_may_have_missed(pair: Pair) -> None:
+    """A revocation made while b could not hear (here: straight in the database, which signals nobody) is not
+    served from b's cache once b's listener is back, and signals reach b again."""
+    import psycopg
+
+    b = pair.b.gateway
+    made = pair.a.post("/v1/tokens", "bob", json={"purpose": "listener test", "projects": ["vision"],
+                                                   "actions": ["*"], "expires_in_days": 1}).json()
+    bearer = {"Authorization": f"Bearer {made['token']}"}
+    assert pair.b.client.get("/v1/jobs", headers=bearer).status_code == 200  # cached in b for an hour
+    connects = b.signals.connects
+    with psycopg.connect(b.signals.url, autocommit=True) as conn:
+        conn.execute("UPDATE tokens SET revoked_at = now() WHERE id = %s", (made["id"],))
+        killed = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                              (b.signals.application_name,)).fetchall()
+    assert killed == [(True,)]
+    _until(lambda: b.signals.connects > connects and b.signals.connected, "b's listener did not reconnect")
+    assert pair.b.client.get("/v1/jobs", headers=bearer).status_code == 401
+    test_a_command_queued_through_one_replica_wakes_the_long_polls_of_the_other(pair)  # and it hears a again
