@@ -142,13 +142,21 @@ class PolicyReloader:
             self._adopt_failed = None
 
     def on_signal(self, named: object) -> None:
-        """Another replica loaded `named` (a signal): load it now rather than at this replica's next decision."""
+        """Another replica loaded `named` (a signal): load it now rather than at this replica's next decision. In a
+        thread of its own: a load runs the set's test suite, and the signals behind it (a token revoked) must not
+        wait for that."""
         if not isinstance(named, str):
             return
-        try:
-            self.adopt(named)
-        except PolicyOutOfStep as e:
-            log.error("policy set in force not loaded here: %s", e.detail)
+
+        def adopt() -> None:
+            try:
+                self.adopt(named)
+            except PolicyOutOfStep as e:
+                log.error("policy set in force not loaded here: %s", e.detail)
+            except Exception:
+                log.exception("could not load the policy set %s another replica loaded", named[:12])
+
+        threading.Thread(target=adopt, name="policy-adopt", daemon=True).start()
 
     # -- reload --------------------------------------------------------------------------------
 
