@@ -183,12 +183,8 @@ class PolicyReloader:
                 return self._refuse(trigger, by, candidate_hash, [f"these files are set {candidate_hash[:12]}, not"
                                                                   f" the set in force {expect[:12]}"], previous, cite)
             if candidate_hash == previous:
-                attempt = self._record(trigger, by, candidate_hash, "unchanged", [], previous, cite)
-                if expect is None:
-                    # Unchanged here, but another replica may have named another set since: this one is the
-                    # set a reviewer asked for, on every replica.
-                    self._publish(candidate_hash)
-                return attempt
+                # (and the set in force: a replica out of step refuses the reload's own decision first)
+                return self._record(trigger, by, candidate_hash, "unchanged", [], previous, cite)
             try:
                 policy_set = load_tested_set(self.directory)
                 with self.gw.transaction() as session:
