@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio.to_thread
 import fastapi.routing
@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from gateway.api import docs_pages, openapi_doc
 from gateway.api.body_limit import BodyLimitMiddleware
 from gateway.api.routes import ROUTERS
-from gateway.bootstrap import ExecutionFactory, native_execution, open_gateway
+from gateway.bootstrap import ExecutionFactory, bind_ledger, native_execution, open_gateway
 from gateway.console.routes import ROUTERS as CONSOLE_ROUTERS
 from gateway.console.web import ConsoleHeadersMiddleware
 from gateway.context import Gateway
@@ -26,6 +26,7 @@ from gateway.decisions.reconcile import reconcile_at_startup
 from gateway.decisions.refusals import flush_counts, on_api_refusal
 from gateway.errors import install_error_handlers
 from gateway.housekeeping import HousekeepingLoop
+from gateway.leadership import FencedWork
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
 from gateway.native.execution import NativeExecution
 from gateway.native.scheduler_loop import SchedulerLoop
@@ -64,6 +65,21 @@ def serialize_responses_in_the_loop() -> None:
     fastapi.routing.serialize_response = in_the_loop
 
 
+def lead_or_follow(gw: Gateway) -> None:
+    """Start this replica's part in the election (once; `jobgate up` does it before it prints which part it has).
+    Whenever it comes to lead, first the allowed decisions a previous leader (or this database's last run) left
+    without an outcome are closed, then the scheduler cycles at once: the failover bound counts to that cycle.
+    Raises when the business database cannot be reached (psycopg.Error)."""
+    if gw.leadership.started:
+        return
+
+    def elected(_epoch: int) -> None:
+        reconcile_at_startup(cast(Gateway, FencedWork(gw, gw.leadership, "reconcile")))
+        gw.scheduler_kick.set()
+
+    gw.leadership.start(elected)
+
+
 def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
                gateway: Gateway | None = None, execution: ExecutionFactory = native_execution) -> FastAPI:
     """The app; it opens its gateway from `settings` when it starts, unless given one already open (`jobgate up`
@@ -80,8 +96,9 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         app.state.long_poll_limiter = anyio.CapacityLimiter(LONG_POLL_THREADS)
         gw = gateway or open_gateway(settings, execution=execution)
         app.state.gateway = gw
-        # Before serving: an allowed decision the last run left without an outcome is closed with one.
-        reconcile_at_startup(gw)
+        # Before serving, if this replica leads: an allowed decision the last run left without an outcome is
+        # closed with one.
+        lead_or_follow(gw)
         # Policy: ledger the start-up set, then watch the directory for reviewers' changes (issue 4).
         reloader = PolicyReloader(gw)
         app.state.policy_reloader = reloader
@@ -89,6 +106,8 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         # Replicas: load a set another replica loaded before deciding again, and at once when it says so.
         gw.policy_sync.adopt = reloader.adopt
         gw.signals.on(POLICY, reloader.on_signal)
+        if not gw.db.is_sqlite:
+            bind_ledger(gw.db, gw.ledger)  # a ledger that was empty at open has its first entry now
         reloader.start(settings.policy_watch_interval_s)
         # What start-up built (modules, the ORM's mappers, the policy engine, routes) lives as long as the
         # process: keep it out of the cyclic collector's full passes, which otherwise walk all of it and
@@ -96,8 +115,11 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         gc.freeze()
         loops: list[SchedulerLoop | HousekeepingLoop] = []
         if run_scheduler:
-            loops = [SchedulerLoop(gw), HousekeepingLoop(gw)] if isinstance(gw.execution, NativeExecution) \
-                else [HousekeepingLoop(gw)]
+            # Every replica has its loops; each round runs only where it leads, and fenced (gateway/leadership.py).
+            leads = gw.leadership.leads
+            loops = [HousekeepingLoop(cast(Gateway, FencedWork(gw, gw.leadership, "housekeeping")), leads=leads)]
+            if isinstance(gw.execution, NativeExecution):
+                loops.insert(0, SchedulerLoop(cast(Gateway, FencedWork(gw, gw.leadership, "scheduler")), leads=leads))
         for loop in loops:
             loop.start()
         try:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from gateway.access import breakglass
@@ -15,16 +16,19 @@ from gateway.decisions.policy.factory import make_engine
 from gateway.decisions.policy.testing import load_tested_set
 from gateway.decisions.policy_sync import BINDINGS, load_bindings
 from gateway.decisions.ratelimit import RateLimiter
+from gateway.errors import LedgerMismatch, LedgerUnavailable
 from gateway.execution.inprocess import InProcessExecution
 from gateway.execution.port import Execution
 from gateway.identity.token_cache import TokenCache
 from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
 from gateway.jobs.reports import JobReports
+from gateway.leadership import ElectedLeadership, Leadership, SoleLeadership, new_replica_id
 from gateway.native.bus import CommandBus
 from gateway.native.command_key import load_or_create_command_key
 from gateway.native.execution import NativeExecution
 from gateway.settings import Settings
 from gateway.store.db import Database
+from gateway.store.models import Meta
 from gateway.store.schema import create_schema
 from gateway.store.signals import Signals
 from ledger.keys import load_or_create_signer
@@ -49,17 +53,35 @@ def in_process_execution(nodes: Mapping[str, int]) -> ExecutionFactory:
     return make
 
 
-def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_execution) -> Gateway:
+def is_replicated(settings: Settings) -> bool:
+    """Replicas of one gateway may share the business database: it and the ledger are PostgreSQL (a SQLite ledger
+    is one process's, and a SQLite business database one data dir's)."""
+    return (not settings.resolved_database_url().startswith("sqlite")
+            and settings.resolved_ledger_url().startswith(("postgresql://", "postgres://")))
+
+
+def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_execution,
+                 replica_id: str | None = None) -> Gateway:
     """Create the data dir, keys and schema on first start; reuse them after. Raises on a bad policy set,
-    DatabaseInUse when another gateway process runs on the business database."""
+    DatabaseInUse when a gateway process that may not share it runs on the business database, LedgerMismatch when
+    the business database's records cite another ledger, LedgerUnavailable when the ledger cannot be written."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(settings.resolved_database_url(), lock_timeout_s=settings.database_lock_timeout_s)
+    replicated = is_replicated(settings)
+    ledger = None
     try:
-        db.claim()  # before the ledger is opened: a second process must not start writing a ledger of its own
+        # Before the ledger is opened: a second process must not start writing a ledger of its own.
+        db.claim(shared=replicated)
         create_schema(db.engine)
         signer = load_or_create_signer(settings.keys_dir, settings.ledger_origin)
         ledger = Ledger.open(settings.resolved_ledger_url(), signer=signer)
+        if (problem := ledger.write_problem()) is not None:
+            raise LedgerUnavailable(f"the ledger cannot be written: {problem}")
+        if not db.is_sqlite:
+            bind_ledger(db, ledger)
     except BaseException:
+        if ledger is not None:
+            ledger.close()
         db.close()
         raise
     policy_set = load_tested_set(settings.policies_dir)  # as a reload would: compiled and passing its own tests
@@ -67,7 +89,14 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
         bindings = load_bindings(session)
     engine = make_engine(policy_set, bindings, kind=settings.policy_engine, opa_url=settings.opa_url,
                          opa_timeout_s=settings.opa_timeout_s)
-    signals = Signals(None if db.is_sqlite else libpq_url(db.url))
+    replica = replica_id or new_replica_id(settings.port)
+    # Alone on its database (SQLite, or a PostgreSQL one beside a ledger of its own) there is nobody to tell.
+    signals = Signals(libpq_url(db.url) if replicated else None, replica=replica)
+    address = f"http://{settings.host}:{settings.port}"
+    leadership: Leadership = (
+        ElectedLeadership(db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
+                          partial(db.transaction, immediate=False), replica, address)
+        if replicated else SoleLeadership(replica, address))
     gateway = Gateway(
         settings=settings,
         db=db,
@@ -80,6 +109,7 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
         token_cache=TokenCache(settings.auth_cache_s),
         signals=signals,
         bus=CommandBus(signals),
+        leadership=leadership,
     )
     listen_to_replicas(gateway)
     gateway.execution = execution(gateway)
@@ -126,6 +156,33 @@ def signal_figures(signals: Signals, _session: Session, _now: object) -> Iterato
     got = CounterMetricFamily("jobgate_replica_signals_received", "Signals handled from other replicas")
     got.add_metric([], float(signals.received))
     yield got
+
+
+LEDGER_IDENTITY = "ledger_identity"  # Meta key: the hash of entry 0 of the ledger this database's rows cite
+_IDENTITY_LOCK = 7305619  # transaction advisory lock: two replicas' first starts record one identity
+
+
+def bind_ledger(db: Database, ledger: Ledger) -> None:
+    """Record, on the first start that sees an entry, which ledger this business database's rows cite (the hash of
+    its entry 0, which no later append changes); on every later start, refuse another ledger. Replicas share the
+    database only if they append to one ledger: one started with another PostgreSQL ledger (a typo in
+    JOBGATE_LEDGER_URL, a restored copy) would fork the audit trail, its rows citing seqs that name other entries.
+    A ledger still empty binds nothing yet (the app calls this again after its first entry). Raises
+    LedgerMismatch."""
+    first = ledger.entry(0).hash if ledger.size() else None
+    with db.transaction() as session:
+        if not db.is_sqlite:
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _IDENTITY_LOCK})
+        row = session.get(Meta, LEDGER_IDENTITY)
+        if row is None:
+            if first is not None:
+                session.add(Meta(key=LEDGER_IDENTITY, value=first))
+            return
+        if row.value != first:
+            raise LedgerMismatch(
+                f"the business database's records cite the ledger whose entry 0 has hash {row.value[:16]}..., but"
+                f" this ledger's {'is empty' if first is None else f'entry 0 has hash {first[:16]}...'}: start"
+                " every replica with the one JOBGATE_LEDGER_URL the others use")
 
 
 def register_executors(gateway: Gateway) -> None:

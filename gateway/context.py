@@ -25,6 +25,7 @@ from gateway.decisions.transaction import after_commit, business_transaction
 from gateway.execution.port import Execution
 from gateway.housekeeping import Chore
 from gateway.identity.token_cache import TokenCache
+from gateway.leadership import Leadership, SoleLeadership
 from gateway.metrics import Figures
 from gateway.native.bus import CommandBus
 from gateway.settings import Settings
@@ -69,6 +70,8 @@ class Gateway:
     figures: list[Figures] = field(default_factory=list)
     # Refusals repeated within a window, counted into one later entry (gateway/decisions/refusals.py).
     refusal_counts: RefusalCounts = field(default_factory=RefusalCounts)
+    # Whether this replica does the leader-only work (gateway/leadership.py); alone on its database it always does.
+    leadership: Leadership = field(default_factory=lambda: SoleLeadership("embedded"))
 
     def __post_init__(self) -> None:
         self.policy_sync = PolicySync(self.signals, self.policy_lock)
@@ -86,6 +89,7 @@ class Gateway:
 
     def close(self) -> None:
         self.signals.close()
+        self.leadership.stop()
         self.ledger.close()
         self.db.close()
 

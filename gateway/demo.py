@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from gateway.context import utcnow
@@ -55,6 +56,9 @@ def write_secret_text(path: Path, text: str) -> None:
         f.write(text + "\n")
 
 
+_SEED_LOCK = 7305621  # transaction advisory lock (PostgreSQL): one replica seeds the demo
+
+
 def prepare_demo(settings: Settings) -> bool:
     """Create the business schema in the settings' database and seed the demo cast there and in its data
     dir (tokens in demo-tokens.json). Returns True if it seeded now, False if the cast was already there."""
@@ -63,6 +67,8 @@ def prepare_demo(settings: Settings) -> bool:
     try:
         create_schema(db.engine)
         with db.transaction() as session:
+            if not db.is_sqlite:  # replicas started at once with --demo: one seeds, the others find it seeded
+                session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SEED_LOCK})
             return seed_demo(session, settings.data_dir)
     finally:
         db.close()

@@ -78,9 +78,17 @@ class BodyTooLarge(GatewayError):
 
 
 class DatabaseInUse(GatewayError):
-    """At start-up: another gateway process holds the business database (gateway/store/db.py Database.claim)."""
+    """At start-up: a gateway process that may not share it holds the business database (gateway/store/db.py
+    Database.claim)."""
 
     status, kind, title = 503, "database-in-use", "Business database in use by another gateway"
+
+
+class LedgerMismatch(GatewayError):
+    """At start-up: the business database's records cite another ledger than this process's (gateway/bootstrap.py
+    bind_ledger)."""
+
+    status, kind, title = 503, "ledger-mismatch", "Ledger is not the one the business database cites"
 
 
 class LedgerUnavailable(GatewayError):

@@ -38,15 +38,17 @@ def run_all(gw: Chores) -> None:
 
 
 class HousekeepingLoop(threading.Thread):
-    def __init__(self, gw: Chores, interval_s: float = 30.0) -> None:
+    def __init__(self, gw: Chores, interval_s: float = 30.0, *, leads: Callable[[], bool] = lambda: True) -> None:
         super().__init__(name="jobgate-housekeeping", daemon=True)
         self.gw = gw
+        self.leads = leads  # chores are the leader's (gateway/leadership.py): a follower's rounds do nothing
         self.interval_s = interval_s
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval_s):
-            run_all(self.gw)
+            if self.leads():
+                run_all(self.gw)
 
     def stop(self) -> None:
         self._stop_event.set()

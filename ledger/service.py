@@ -239,6 +239,7 @@ class Ledger:
         self._last_time = ""  # the last entry's time: no later one is stamped earlier
         self._checkpoint: str | None = None
         self.stats = LedgerStats()
+        self.last_write_error: str | None = None  # why the latest batch failed, until one commits (readiness)
         # _state guards tree/size/last hash/checkpoint; the writer never holds it across I/O.
         self._state = threading.Lock()
         # Sequenced: one catch-up with other processes' appends at a time (it reads the store, then extends the tree).
@@ -819,6 +820,7 @@ class Ledger:
         """Fail batch and every entry queued behind it (they may cite its entries, or with one writer their
         seqs), and number again from the store's size."""
         self.stats.failed_batches += 1
+        self.last_write_error = err.diagnostics()
         with self._qlock:
             stranded = self._queue[:]
             self._queue.clear()
@@ -863,11 +865,20 @@ class Ledger:
         self._fail(batch, err)
 
     def _record(self, n: int) -> None:
+        self.last_write_error = None
         s = self.stats
         s.batches += 1
         s.entries += n
         s.max_batch = max(s.max_batch, n)
         s.batch_sizes[n] = s.batch_sizes.get(n, 0) + 1
+
+    def write_problem(self) -> str | None:
+        """Why an append would fail now, as far as can be told without writing (None: none known): the store's
+        own answer (PostgreSQL: privileges, a read-only server), else why the latest batch failed, if no batch
+        committed since. Raises StoreError when the store cannot be asked."""
+        probe = getattr(self._store, "write_problem", None)
+        problem = probe() if probe is not None else None
+        return problem or self.last_write_error
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -117,6 +117,9 @@ DO $$ DECLARE t text; BEGIN
 END $$;
 """
 _PG_TABLES = ("ledger_entries", "ledger_checkpoints", "ledger_blobs", "ledger_head")
+# What appending takes (ledger/admin.py init-db grants the append-only role exactly these).
+_APPEND_PRIVILEGES = (("ledger_entries", "INSERT"), ("ledger_checkpoints", "INSERT"), ("ledger_blobs", "INSERT"),
+                      ("ledger_head", "UPDATE"))
 _HEAD_COLUMNS = "next_seq, last_hash, frontier, signer, last_time"
 # One statement for a whole batch: one round trip while the head is locked, not one per table; its parameters in
 # binary (%b), which halved its time: a batch's 64 KiB of entries went as hex text, for the server to parse.
@@ -668,6 +671,20 @@ class PostgresStore:
                         continue
                     raise StoreError(f"ledger read failed: {_first_line(e)}") from e
             raise AssertionError("unreachable")
+
+    def write_problem(self) -> str | None:
+        """Why this role cannot append here, as far as can be told without writing (None: it can): a standby in
+        recovery, a read-only default, or missing privileges (init-db's append-only role holds exactly these).
+        Raises StoreError."""
+        (recovery, read_only, *granted), = self._query(
+            "SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only') = 'on', "
+            + ", ".join(f"has_table_privilege('{t}', '{p}')" for t, p in _APPEND_PRIVILEGES))
+        if recovery:
+            return "the ledger database is a standby in recovery (read-only)"
+        if read_only:
+            return "the ledger database's transactions are read-only (default_transaction_read_only)"
+        missing = [f"{p} on {t}" for (t, p), ok in zip(_APPEND_PRIVILEGES, granted, strict=True) if not ok]
+        return f"this role lacks {', '.join(missing)} (see `jobgate ledger init-db`)" if missing else None
 
     def count(self) -> int:
         return int(self._query("SELECT count(*) FROM ledger_entries")[0][0])

@@ -156,6 +156,37 @@ def _open(settings: Settings, demo: bool) -> tuple[Gateway, bool | None]:
                                    f" {str(getattr(e, 'orig', e)).splitlines()[0]}") from e
 
 
+def _lead_or_follow(gateway: Gateway) -> None:
+    """Take part in the leader election now, so the start-up line can say which part this replica has. Raises
+    ClickException (the business database cannot be reached for the election's own connection)."""
+    from gateway.app import lead_or_follow
+
+    try:
+        lead_or_follow(gateway)
+    except Exception as e:
+        gateway.close()
+        first = str(e).strip().splitlines()
+        raise click.ClickException(f"cannot start: the business database refused the leader election's connection:"
+                                   f" {first[0] if first else e.__class__.__name__}") from e
+
+
+def _role_line(gateway: Gateway) -> str:
+    """Whether this replica leads or follows (gateway/leadership.py), and who leads."""
+    lead = gateway.leadership
+    if lead.leads():
+        status = lead.status()
+        if status["mode"] == "single":
+            return "this gateway leads (the only one on its business database)"
+        return f"this replica leads (replica {lead.replica_id}, epoch {status['epoch']})"
+    try:
+        leader = lead.status()["leader"] or {}
+    except Exception:  # only a courtesy line: the replica still serves
+        leader = {}
+    return (f"this replica follows (replica {lead.replica_id}); leader {leader.get('id', 'unknown')} at"
+            f" {leader.get('address', '?')}, epoch {leader.get('epoch', '?')}; it takes over within"
+            " a few seconds of the leader's end")
+
+
 def _without_password(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
@@ -163,7 +194,7 @@ def _without_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.replace(":" + parts.password + "@", ":***@", 1)))
 
 
-def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True) -> str:
+def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True, agents: bool = True) -> str:
     data_dir = settings.data_dir
     # On PostgreSQL (JOBGATE_DATABASE_URL / JOBGATE_LEDGER_URL) the stores are not the data dir's files: the banner
     # named jobgate.db and ledger.db there, and its verify command answered "no ledger database at .../ledger.db".
@@ -176,13 +207,14 @@ def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True) -> 
         f"jobgate gateway   {url}",
         f"  console         {url}/ui  (sign in with a token)",
         f"  API docs        {url}/docs",
-        f"  health          {url}/healthz",
+        f"  health          {url}/healthz  (readiness: {url}/readyz)",
         f"  data dir        {data_dir}  ({', '.join(stores)})",
     ]
     if demo:
         lines += [
-            f"  node agents     {', '.join(DEMO_NODES)} ({DEMO_GPUS_PER_NODE} virtual GPUs each; "
-            + ("each job under a uid of its own)" if isolated else "isolation: none)"),
+            (f"  node agents     {', '.join(DEMO_NODES)} ({DEMO_GPUS_PER_NODE} virtual GPUs each; "
+             + ("each job under a uid of its own)" if isolated else "isolation: none)")) if agents else
+            "  node agents     beside the replica that seeded the demo",
             f"  demo tokens     {data_dir / 'demo-tokens.json'}",
             "",
             "Try, in another terminal:",
@@ -214,6 +246,7 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.bootstrap import is_replicated
 
     data_dir = data_dir.resolve()
     if policy_engine == "opa" and not opa_url:
@@ -223,15 +256,23 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     _check_startable(settings.policies_dir, settings.rate_limit_storage)
     url = f"http://{host}:{port}"
     gateway, seeded = _open(settings, demo)
+    replicated = is_replicated(settings)
+    _lead_or_follow(gateway)
     agents: list[subprocess.Popen[bytes]] = []
     unisolated = None
     if demo:
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
-        unisolated = demo_isolation(data_dir)
-        if unisolated:
-            click.echo(f"node agents: isolation none ({unisolated}): every demo job runs as your own user")
-        agents = _start_agents(data_dir, url, isolate=unisolated is None)
-    click.echo(_banner(url, settings, demo, isolated=unisolated is None))
+        if seeded or not replicated:
+            unisolated = demo_isolation(data_dir)
+            if unisolated:
+                click.echo(f"node agents: isolation none ({unisolated}): every demo job runs as your own user")
+            agents = _start_agents(data_dir, url, isolate=unisolated is None)
+        else:
+            # Another replica seeded it and runs its agents, which any replica serves: two agents per node would
+            # each run the node's jobs.
+            click.echo("node agents: none started here; the demo's run beside the replica that seeded it")
+    click.echo(_role_line(gateway))
+    click.echo(_banner(url, settings, demo, isolated=unisolated is None, agents=bool(agents) or not demo))
 
     def _terminate(*_: object) -> None:
         raise KeyboardInterrupt

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -323,9 +324,10 @@ def _explain(session: Session, snapshot: Snapshot, result: CycleResult, now: dat
 class SchedulerLoop(threading.Thread):
     """Runs a cycle every interval, or sooner when something changed (submit, release, new node)."""
 
-    def __init__(self, gw: Native) -> None:
+    def __init__(self, gw: Native, *, leads: Callable[[], bool] = lambda: True) -> None:
         super().__init__(name="jobgate-scheduler", daemon=True)
         self.gw = gw
+        self.leads = leads  # the cycle is the leader's (gateway/leadership.py): a follower's loop only waits
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -334,6 +336,8 @@ class SchedulerLoop(threading.Thread):
             self.gw.scheduler_kick.clear()
             if self._stop_event.is_set():
                 break
+            if not self.leads():
+                continue
             try:
                 run_once(self.gw)
             except Exception:  # the loop must outlive one bad cycle; the error is logged with its trace

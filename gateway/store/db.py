@@ -78,7 +78,7 @@ def sqlalchemy_url(url: str) -> str:
 
 
 _INSERTS: dict[Table, Insert] = {}
-_GATEWAY_LOCK = 7305617  # advisory lock key of the one gateway process on a business database (see Database.claim)
+_GATEWAY_LOCK = 7305617  # advisory lock key of the gateway processes on a business database (see Database.claim)
 
 
 def insert_new(session: Session, *objects: Any) -> None:
@@ -141,21 +141,31 @@ class Database:
         self._checkpointer = (WalCheckpointer(Path(file), interval_s=CHECKPOINT_INTERVAL_S)
                               if file and file != ":memory:" else None)
 
-    def claim(self) -> None:
-        """Become the only gateway process on this business database (PostgreSQL) until close().
+    def claim(self, *, shared: bool) -> None:
+        """Hold this business database (PostgreSQL) for this gateway process until close(): alone, or `shared`
+        with other replicas of one gateway.
 
         Its rows cite ledger entries by seq (approvals, the reconciliation watermark, outcomes of decisions another
-        process took) and one process writes a ledger: a second gateway on the same database with a ledger of its
-        own forked the audit trail, its outcomes citing seqs that name other entries in its ledger, unnoticed. The
-        claim is a session advisory lock, so it ends with the process, even one killed with kill -9. SQLite: the
-        ledger's own claim already keeps a second `jobgate up` on one data dir out. Raises DatabaseInUse."""
+        process took), so every process on it must append to one ledger. A PostgreSQL ledger takes any number of
+        appenders (ledger/service.py, sequenced in its database): replicas on it claim the database shared. A
+        SQLite ledger is one process's: its gateway claims the database alone, or a second gateway with a ledger
+        of its own forked the audit trail, its outcomes citing seqs that name other entries in its ledger,
+        unnoticed. (That replicas share one ledger, and not two PostgreSQL ledgers, bootstrap.py checks by the
+        ledger's identity recorded here.) The claim is a session advisory lock, so it ends with the process, even
+        one killed with kill -9. SQLite: the ledger's own claim already keeps a second `jobgate up` on one data
+        dir out. Raises DatabaseInUse."""
         if self.is_sqlite or self._claim is not None:
             return
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _GATEWAY_LOCK}).scalar():
+        take = "pg_try_advisory_lock_shared" if shared else "pg_try_advisory_lock"
+        if not conn.execute(text(f"SELECT {take}(:k)"), {"k": _GATEWAY_LOCK}).scalar():
             conn.close()
-            raise DatabaseInUse("another gateway process runs on this business database (its records cite one"
-                                " ledger, which one process writes); stop it first")
+            raise DatabaseInUse(
+                "another gateway process runs on this business database with a ledger only it may write (SQLite);"
+                " stop it first, or run every replica on one PostgreSQL ledger (JOBGATE_LEDGER_URL)" if shared else
+                "another gateway process runs on this business database (its records cite one ledger, and this"
+                " process's ledger is one only it may write: SQLite); stop it first, or run every replica on one"
+                " PostgreSQL ledger (JOBGATE_LEDGER_URL)")
         self._claim = conn
 
     @contextmanager

@@ -1,6 +1,9 @@
-"""What every replica of one business database must see alike (issue 28): the policy set and role bindings the
-replicas decide under, and the console's signed-in sessions. Kept in one replica's memory, a reload, a role
-revoked or a sign-in through one replica was unknown to the others."""
+"""Tables of replicas sharing one PostgreSQL business database (issue 28).
+
+Who leads, under which epoch, and which replicas were seen lately (gateway/leadership.py): written on each
+replica's own lock connection, read by /readyz and /v1/status. And what every replica must see alike: the policy
+set and role bindings they decide under, and the console's signed-in sessions; kept in one replica's memory, a
+reload, a role revoked or a sign-in through one replica was unknown to the others."""
 
 from __future__ import annotations
 
@@ -10,6 +13,30 @@ from sqlalchemy import Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.store.models import Base
+
+
+class LeaderState(Base):
+    """One row (id 1): the leader's epoch, bumped by every takeover, and who holds it. Leader-only writes check
+    the epoch in their own transaction (gateway/leadership.py Leadership.fence), so a replica that lost its lock
+    cannot act on a stale belief that it leads."""
+
+    __tablename__ = "leader_state"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    holder: Mapped[str] = mapped_column(String(128))
+    address: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    elected_at: Mapped[datetime]
+
+
+class ReplicaRow(Base):
+    """A replica that announced itself; seen_at moves every second while it runs (a row not seen for a few seconds
+    is a replica that stopped or died; it is kept so an operator sees which)."""
+
+    __tablename__ = "replicas"
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    address: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    started_at: Mapped[datetime]
+    seen_at: Mapped[datetime]
 
 
 class PolicyState(Base):

@@ -16,10 +16,16 @@ from gateway.store.submission_rows import add_submission_view
 TABLE_MODULES = (replica_tables, scheduler_tables, service_tables, stop_tables)  # besides gateway.store.models itself
 
 
+_SCHEMA_LOCK = 7305620  # transaction advisory lock (PostgreSQL): replicas starting at once create one schema
+
+
 def create_schema(engine: Engine) -> None:
-    Base.metadata.create_all(engine)
-    # create_all makes the indexes of new tables only: add those a newer version declares to older tables.
     with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            # CREATE TABLE IF NOT EXISTS races in PostgreSQL (two replicas' first starts: a duplicate pg_type row).
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
+        Base.metadata.create_all(conn)
+        # create_all makes the indexes of new tables only: add those a newer version declares to older tables.
         add_missing_columns(conn, Base.metadata)
         for table in Base.metadata.sorted_tables:
             for index in table.indexes:

@@ -38,10 +38,11 @@ Handler = Callable[[Any], None]
 class Signals:
     """One listener per gateway process; `publish` from any thread inside a business transaction."""
 
-    def __init__(self, pg_url: str | None) -> None:
-        """`pg_url`: the business database as libpq takes it, or None (SQLite) for no signals at all."""
+    def __init__(self, pg_url: str | None, replica: str | None = None) -> None:
+        """`pg_url`: the business database as libpq takes it, or None (one process) for no signals at all.
+        `replica` names this process in its own signals, which it skips."""
         self.url = pg_url
-        self.replica = secrets.token_hex(6)  # names this process in its own signals, which it skips
+        self.replica = replica or secrets.token_hex(6)
         self._handlers: dict[str, Handler] = {}
         self._on_connect: list[Callable[[], None]] = []
         self._stop = threading.Event()
@@ -57,7 +58,7 @@ class Signals:
     @property
     def application_name(self) -> str:
         """How the listening connection shows in pg_stat_activity."""
-        return f"jobgate-signals-{self.replica}"
+        return f"jobgate-signals {self.replica}"[:63]  # PostgreSQL keeps 63 bytes of it
 
     @property
     def connected(self) -> bool:

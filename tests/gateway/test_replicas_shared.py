@@ -2,8 +2,9 @@
 revoked, a role granted or revoked, a console session, a command queued and the policy set in force, through one
 replica, hold on the other; a replica whose files are another policy set refuses to decide.
 
-Both gateways run in this process (two apps, each with its own engine, caches, bus and listener), sharing only
-the databases and the data dir's keys, as two `jobgate up` processes on one data dir would. One pair serves every
+Both gateways run in this process (two apps, each with its own engine, caches, bus, listener and part in the
+leader election), sharing only the databases and the data dir's keys, as two `jobgate up` processes on one data
+dir would. One pair serves every
 case (module scope); each case leaves the pair as it found it.
 """
 
@@ -28,7 +29,6 @@ from gateway.decisions.obligations import RECEIPT_TIMEOUT, sweep_timed_out_recei
 from gateway.demo import prepare_demo
 from gateway.native.commands import enqueue
 from gateway.settings import REPO_POLICIES, Settings
-from gateway.store.db import Database
 from gateway.store.service_tables import Notification
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -65,15 +65,11 @@ def pair(pg_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                     auth_cache_s=3600)  # an hour: only the signal can take a revoked token out of the cache
     prepare_demo(base)
     tokens = json.loads((base.data_dir / "demo-tokens.json").read_text())
-    # Until the one-gateway lock is gone (issue 28, the `leader` branch), let the second gateway open.
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Database, "claim", lambda self: None)
-        sa, sb = base.model_copy(update={"policies_dir": dir_a}), base.model_copy(update={"policies_dir": dir_b})
-        with TestClient(create_app(sa, run_scheduler=False)) as ca, \
-                TestClient(create_app(sb, run_scheduler=False)) as cb:
-            a, b = Api(ca, tokens, sa), Api(cb, tokens, sb)
-            assert a.gateway.signals.wait_connected(SIGNAL_S) and b.gateway.signals.wait_connected(SIGNAL_S)
-            yield Pair(a, b, dir_a, dir_b)
+    sa, sb = base.model_copy(update={"policies_dir": dir_a}), base.model_copy(update={"policies_dir": dir_b})
+    with TestClient(create_app(sa, run_scheduler=False)) as ca, TestClient(create_app(sb, run_scheduler=False)) as cb:
+        a, b = Api(ca, tokens, sa), Api(cb, tokens, sb)
+        assert a.gateway.signals.wait_connected(SIGNAL_S) and b.gateway.signals.wait_connected(SIGNAL_S)
+        yield Pair(a, b, dir_a, dir_b)
     for name in (biz, led):
         with psycopg.connect(pg_server_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -159,7 +159,7 @@ OPEN = "any caller with a token may call it; it answers with what that caller ma
 PUBLIC = "no token is asked for: no identity to name"
 # Every route of the app: the call that is refused there, or why there is none to a caller with an identity.
 REFUSED: dict[tuple[str, str], Refused | str] = {
-    **{("GET", p): PUBLIC for p in ("/openapi.json", "/docs", "/redoc", "/healthz",
+    **{("GET", p): PUBLIC for p in ("/openapi.json", "/docs", "/redoc", "/healthz", "/readyz",
                                     "/metrics")},
     **{k: Refused("mallory", 403, c.body, c.params, c.job_state) for k, c in CASES.items() if c.kind == "decision"},
     ("POST", "/v1/jobs:stop"): Refused("mallory", 422, {"selector": {"project": "vision"}, **REASON}),  # no job of hers
