@@ -198,5 +198,7 @@ def register_chores(gateway: Gateway) -> None:
     chores: list[tuple[str, Callable[[Gateway, Session], object]]] = [
         ("receipts", obligations.sweep_timed_out_receipts), ("break-glass expiry", breakglass.sweep_expired),
         ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
-        ("counts of repeated refusals", lambda gw, _session: refusals.flush_counts(gw)), *lifecycle.CHORES]
+        *lifecycle.CHORES]
     gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)
+    # The counts are in this process's memory: a follower writes its own (the leader's chores are not its to run).
+    gateway.own_chores.append(("counts of repeated refusals", partial(refusals.flush_counts, gateway)))

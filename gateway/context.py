@@ -23,7 +23,7 @@ from gateway.decisions.ratelimit import RateLimiter
 from gateway.decisions.refusal_counts import RefusalCounts
 from gateway.decisions.transaction import after_commit, business_transaction
 from gateway.execution.port import Execution
-from gateway.housekeeping import Chore
+from gateway.housekeeping import Chore, OwnChore
 from gateway.identity.token_cache import TokenCache
 from gateway.leadership import Leadership, SoleLeadership
 from gateway.metrics import Figures
@@ -66,6 +66,8 @@ class Gateway:
     executors: dict[str, Executor] = field(default_factory=dict)
     # Periodic chores by name, each bound to this gateway; registered at app start (bootstrap.py).
     chores: list[tuple[str, Chore]] = field(default_factory=list)
+    # Chores over this process's own memory, run by every replica (gateway/housekeeping.py run_own).
+    own_chores: list[tuple[str, OwnChore]] = field(default_factory=list)
     # The /metrics gauges each room reads from the business DB, in the order they are served (bootstrap.py).
     figures: list[Figures] = field(default_factory=list)
     # Refusals repeated within a window, counted into one later entry (gateway/decisions/refusals.py).

@@ -16,6 +16,7 @@ import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -27,6 +28,7 @@ from gateway_testkit import Api, assert_problem, job_spec
 from gateway.app import create_app
 from gateway.decisions.obligations import RECEIPT_TIMEOUT, sweep_timed_out_receipts
 from gateway.demo import prepare_demo
+from gateway.housekeeping import HousekeepingLoop
 from gateway.native.commands import enqueue
 from gateway.settings import REPO_POLICIES, Settings
 from gateway.store.service_tables import Notification
@@ -207,3 +209,23 @@ def test_a_listener_cut_off_reconnects_and_forgets_what_it_may_have_missed(pair:
     _until(lambda: b.signals.connects > connects and b.signals.connected, "b's listener did not reconnect")
     assert pair.b.client.get("/v1/jobs", headers=bearer).status_code == 401
     test_a_command_queued_through_one_replica_wakes_the_long_polls_of_the_other(pair)  # and it hears a again
+
+
+def test_a_follower_writes_the_counts_of_its_own_repeated_refusals(pair: Pair) -> None:
+    """The counts live in the memory of the replica that answered; the leader's chores are not a follower's to run,
+    but these are its own to write."""
+    b = pair.b.gateway
+    ask = {"principal": "alice", "purpose": "counted on b", "projects": ["vision"], "actions": ["job.view"],
+           "expires_in_days": 1}
+    first = pair.b.post("/v1/tokens", "mallory", json=ask).json()["ledger_seq"]
+    assert pair.b.post("/v1/tokens", "mallory", json=ask).json()["ledger_seq"] == first  # counted, not written
+    clock = b.clock
+    b.clock = lambda: clock() + timedelta(seconds=b.settings.refusal_window_s + 1)  # the window has closed
+    loop = HousekeepingLoop(b, interval_s=0.05, leads=lambda: False)
+    loop.start()
+    try:
+        _until(lambda: any(e["body"].get("repeats_of") == first for e in _entries(pair.a) if e["kind"] == "refusal"),
+               "the follower never wrote its count")
+    finally:
+        loop.stop()
+        b.clock = clock
