@@ -127,3 +127,4 @@ def test_sessions_are_bounded_per_token_and_idle_ones_are_swept(tmp_path: Path) 
     assert store.get(later[-1].id, t0 + timedelta(seconds=42)) is not None
     store.create("hash-c", "carol", t0 + IDLE + timedelta(minutes=5))  # everyone else idle since
     assert len(store) == 1 and store.get(other.id, t0 + IDLE + timedelta(minutes=5)) is None
+    db.close()
