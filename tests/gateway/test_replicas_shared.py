@@ -24,13 +24,17 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from fastapi.testclient import TestClient
 from gateway_testkit import Api, assert_problem, job_spec
+from sqlalchemy import select
 
 from gateway.app import create_app
+from gateway.console.sessions import COOKIE
 from gateway.decisions.obligations import RECEIPT_TIMEOUT, sweep_timed_out_receipts
 from gateway.demo import prepare_demo
 from gateway.housekeeping import HousekeepingLoop
+from gateway.identity.tokens import hash_token
 from gateway.native.commands import enqueue
 from gateway.settings import REPO_POLICIES, Settings
+from gateway.store.replica_tables import ConsoleSessionRow
 from gateway.store.service_tables import Notification
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -125,6 +129,10 @@ def test_a_console_session_signed_in_through_one_replica_holds_on_the_other_unti
     r = browser_a.post("/ui/login", data={"token": pair.a.tokens["carol"], "csrf": csrf_of(browser_a.get("/ui/login"))},
                        follow_redirects=False)
     assert r.status_code == 303, r.text
+    secret = browser_a.cookies[COOKIE]
+    with pair.a.gateway.transaction(immediate=False) as session:  # what both replicas read: the secret's hash only
+        stored = session.scalars(select(ConsoleSessionRow.id_hash)).all()
+    assert hash_token(secret) in stored and secret not in stored
     browser_b = TestClient(pair.b.client.app, base_url="http://testserver", cookies=dict(browser_a.cookies))
     page = browser_b.get("/ui/", follow_redirects=False)
     assert page.status_code == 200 and 'id="me">carol<' in page.text
