@@ -37,6 +37,8 @@ from gateway.settings import REPO_POLICIES, Settings
 from gateway.store.replica_tables import ConsoleSessionRow
 from gateway.store.service_tables import Notification
 
+pytestmark = pytest.mark.integration  # real PostgreSQL, two gateways and their listeners
+
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 SIGNAL_S = 10.0  # generous: a signal arrives in milliseconds; this only keeps a lost one from hanging the test
 
