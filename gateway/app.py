@@ -22,6 +22,7 @@ from gateway.console.routes import ROUTERS as CONSOLE_ROUTERS
 from gateway.console.web import ConsoleHeadersMiddleware
 from gateway.context import Gateway
 from gateway.decisions.policy_reload import PolicyReloader
+from gateway.decisions.policy_sync import POLICY
 from gateway.decisions.reconcile import reconcile_at_startup
 from gateway.decisions.refusals import flush_counts, on_api_refusal
 from gateway.errors import install_error_handlers
@@ -107,6 +108,9 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         reloader = PolicyReloader(gw)
         app.state.policy_reloader = reloader
         reloader.record_startup()
+        # Replicas: load a set another replica loaded before deciding again, and at once when it says so.
+        gw.policy_sync.adopt = reloader.adopt
+        gw.signals.on(POLICY, reloader.on_signal)
         if not gw.db.is_sqlite:
             bind_ledger(gw.db, gw.ledger)  # a ledger that was empty at open has its first entry now
         reloader.start(settings.policy_watch_interval_s)

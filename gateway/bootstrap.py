@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from pathlib import Path
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -14,7 +15,7 @@ from gateway.context import Gateway
 from gateway.decisions import approvals, obligations, reconcile, refusals
 from gateway.decisions.policy.factory import make_engine
 from gateway.decisions.policy.testing import load_tested_set
-from gateway.decisions.policy_reload import load_bindings
+from gateway.decisions.policy_sync import BINDINGS, load_bindings
 from gateway.decisions.ratelimit import RateLimiter
 from gateway.errors import LedgerMismatch, LedgerUnavailable
 from gateway.execution.inprocess import InProcessExecution
@@ -25,6 +26,7 @@ from gateway.identity.token_cache import TokenCache
 from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
 from gateway.jobs.reports import JobReports
 from gateway.leadership import ElectedLeadership, Leadership, SoleLeadership, new_replica_id
+from gateway.native.bus import CommandBus
 from gateway.native.command_key import load_or_create_command_key
 from gateway.native.execution import NativeExecution
 from gateway.settings import Settings
@@ -32,6 +34,7 @@ from gateway.store import idempotency
 from gateway.store.db import Database
 from gateway.store.models import Meta
 from gateway.store.schema import create_schema
+from gateway.store.signals import Signals
 from ledger.keys import load_or_create_signer
 from ledger.service import Ledger
 
@@ -127,6 +130,8 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
     engine = make_engine(policy_set, bindings, kind=settings.policy_engine, opa_url=settings.opa_url,
                          opa_timeout_s=settings.opa_timeout_s)
     replica = replica_id or new_replica_id(settings.port)
+    # Alone on its database (SQLite, or a PostgreSQL one beside a ledger of its own) there is nobody to tell.
+    signals = Signals(libpq_url(db.url) if replicated else None, replica=replica)
     address = f"http://{settings.host}:{settings.port}"
     leadership: Leadership = (
         ElectedLeadership(db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
@@ -142,9 +147,12 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
         limiter=RateLimiter(settings.rate_limit_storage, policy_set.data.get("limits", {}),
                             timeout_s=settings.rate_limit_timeout_s),
         token_cache=TokenCache(settings.auth_cache_s),
+        signals=signals,
+        bus=CommandBus(signals),
         leadership=leadership,
     )
     try:
+        listen_to_replicas(gateway)
         gateway.execution = execution(gateway)
     except BaseException:
         gateway.close()
@@ -152,7 +160,46 @@ def open_gateway(settings: Settings, *, execution: ExecutionFactory = native_exe
     register_executors(gateway)
     register_chores(gateway)
     gateway.figures.extend([approvals.figures, figures.figures])  # /metrics, in this order
+    if signals.enabled:
+        gateway.figures.append(partial(signal_figures, signals))
     return gateway
+
+
+def libpq_url(url: str) -> str:
+    """The business DB's URL as libpq takes it (a SQLAlchemy driver name, if one was given, left out)."""
+    scheme, sep, rest = url.partition("://")
+    return scheme.split("+", 1)[0] + sep + rest
+
+
+def listen_to_replicas(gateway: Gateway) -> None:
+    """What this replica keeps in memory and learns from the others' signals (gateway/store/signals.py): tokens
+    revoked (out of the auth cache), commands queued (wake the long polls), role bindings changed (into the
+    engine). The policy set's hash is handled by the app, which owns the reloader (gateway/app.py). After a
+    reconnect, what may have been missed is treated as all of it."""
+    signals, cache, bus = gateway.signals, gateway.token_cache, gateway.bus
+    if not signals.enabled:
+        return
+    signals.on("token_revoked", lambda digest: cache.forget(digest) if digest else cache.clear())
+    signals.on("wake", lambda nodes: bus.notify(nodes) if nodes else bus.notify_all())
+
+    def bindings_changed(_: object) -> None:
+        with gateway.transaction(immediate=False) as session:
+            gateway.policy_sync.refresh_bindings(lambda: gateway.policy, session)
+
+    signals.on(BINDINGS, bindings_changed)
+    signals.on_connect(cache.clear)
+    signals.on_connect(bus.notify_all)
+    signals.start()
+
+
+def signal_figures(signals: Signals, _session: Session, _now: object) -> Iterator[Metric]:
+    """Whether this replica hears the others (alert when 0: it learns of their changes only at its bounds)."""
+    up = GaugeMetricFamily("jobgate_replica_signals_connected", "1 while listening to the other replicas' signals")
+    up.add_metric([], 1.0 if signals.connected else 0.0)
+    yield up
+    got = CounterMetricFamily("jobgate_replica_signals_received", "Signals handled from other replicas")
+    got.add_metric([], float(signals.received))
+    yield got
 
 
 LEDGER_IDENTITY = "ledger_identity"  # Meta key: the hash of entry 0 of the ledger this database's rows cite
@@ -195,7 +242,8 @@ def register_chores(gateway: Gateway) -> None:
     chores: list[tuple[str, Callable[[Gateway, Session], object]]] = [
         ("receipts", obligations.sweep_timed_out_receipts), ("break-glass expiry", breakglass.sweep_expired),
         ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
-        ("counts of repeated refusals", lambda gw, _session: refusals.flush_counts(gw)),
         ("idempotency keys past retention", lambda gw, session: idempotency.purge(session, gw.clock())),
         *lifecycle.CHORES]
     gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)
+    # The counts are in this process's memory: a follower writes its own (the leader's chores are not its to run).
+    gateway.own_chores.append(("counts of repeated refusals", partial(refusals.flush_counts, gateway)))

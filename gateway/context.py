@@ -18,17 +18,19 @@ from sqlalchemy.orm import Session
 from gateway.decisions.deps import Executor
 from gateway.decisions.policy.engine import EmbeddedEngine
 from gateway.decisions.policy.loader import PolicySet
+from gateway.decisions.policy_sync import PolicySync
 from gateway.decisions.ratelimit import RateLimiter
 from gateway.decisions.refusal_counts import RefusalCounts
 from gateway.decisions.transaction import after_commit, business_transaction
 from gateway.execution.port import Execution
-from gateway.housekeeping import Chore
+from gateway.housekeeping import Chore, OwnChore
 from gateway.identity.token_cache import TokenCache
 from gateway.leadership import Leadership, SoleLeadership
 from gateway.metrics import Figures
 from gateway.native.bus import CommandBus
 from gateway.settings import Settings
 from gateway.store.db import Database
+from gateway.store.signals import Signals
 from ledger.service import Ledger
 from scheduler.model import SchedulerConfig
 
@@ -47,11 +49,15 @@ class Gateway:
     command_key: nacl.signing.SigningKey
     # Whatever runs the jobs, behind its port: jobgate's own (gateway/native/) unless open_gateway was given another.
     execution: Execution = field(init=False)
+    # Signals to and from the other replicas of the business database (PostgreSQL; gateway/store/signals.py).
+    signals: Signals = field(default_factory=lambda: Signals(None))
     bus: CommandBus = field(default_factory=CommandBus)
     clock: Callable[[], datetime] = utcnow
     scheduler_kick: threading.Event = field(default_factory=threading.Event)
     # Held while the engine is swapped (policy reload) or its role bindings change with the DB.
     policy_lock: threading.RLock = field(default_factory=threading.RLock)
+    # The policy set and bindings in force for every replica, checked before each decision (replicas).
+    policy_sync: PolicySync = field(init=False)
     limiter: RateLimiter | None = None
     token_cache: TokenCache = field(default_factory=lambda: TokenCache(0))
     # The scheduler's numbers when set here (tests); otherwise read once from JOBGATE_SCHEDULER_CONFIG.
@@ -60,12 +66,17 @@ class Gateway:
     executors: dict[str, Executor] = field(default_factory=dict)
     # Periodic chores by name, each bound to this gateway; registered at app start (bootstrap.py).
     chores: list[tuple[str, Chore]] = field(default_factory=list)
+    # Chores over this process's own memory, run by every replica (gateway/housekeeping.py run_own).
+    own_chores: list[tuple[str, OwnChore]] = field(default_factory=list)
     # The /metrics gauges each room reads from the business DB, in the order they are served (bootstrap.py).
     figures: list[Figures] = field(default_factory=list)
     # Refusals repeated within a window, counted into one later entry (gateway/decisions/refusals.py).
     refusal_counts: RefusalCounts = field(default_factory=RefusalCounts)
     # Whether this replica does the leader-only work (gateway/leadership.py); alone on its database it always does.
     leadership: Leadership = field(default_factory=lambda: SoleLeadership("embedded"))
+
+    def __post_init__(self) -> None:
+        self.policy_sync = PolicySync(self.signals, self.policy_lock)
 
     def after_commit(self, session: Session, action: Callable[[], None]) -> None:
         """Run `action` once `session`'s transaction has committed (never if it rolls back)."""
@@ -79,6 +90,7 @@ class Gateway:
             yield session
 
     def close(self) -> None:
+        self.signals.close()
         self.leadership.stop()
         self.ledger.close()
         self.db.close()

@@ -20,10 +20,15 @@ log = logging.getLogger("jobgate.housekeeping")
 Chore = Callable[[Session], object]
 
 
+OwnChore = Callable[[], object]
+
+
 class Chores(Protocol):
-    """The chores registered at app start, by name, and a transaction to run each in."""
+    """The chores registered at app start, by name, and a transaction to run each in; and the chores over this
+    process's own memory, which every replica runs, leader or not."""
 
     chores: list[tuple[str, Chore]]
+    own_chores: list[tuple[str, OwnChore]]
 
     def transaction(self, *, immediate: bool = True) -> AbstractContextManager[Session]: ...
 
@@ -34,6 +39,16 @@ def run_all(gw: Chores) -> None:
             with gw.transaction() as session:
                 chore(session)
         except Exception:  # one chore's failure is logged with its trace; the others still run
+            log.exception("housekeeping task %s failed", name)
+    run_own(gw)
+
+
+def run_own(gw: Chores) -> None:
+    """The chores over this process's own memory (a follower's refusal counts are its own to write)."""
+    for name, chore in list(gw.own_chores):
+        try:
+            chore()
+        except Exception:
             log.exception("housekeeping task %s failed", name)
 
 
@@ -49,6 +64,8 @@ class HousekeepingLoop(threading.Thread):
         while not self._stop_event.wait(self.interval_s):
             if self.leads():
                 run_all(self.gw)
+            else:
+                run_own(self.gw)
 
     def stop(self) -> None:
         self._stop_event.set()

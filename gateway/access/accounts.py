@@ -77,6 +77,7 @@ def create_service_account(gw: Access, session: Session, caller: Caller, name: s
     session.add(account)
     session.flush()
     session.add(RoleBinding(principal_id=name, role="service", project=project, created_at=now))
+    gw.policy_sync.bindings_changed(session)  # the other replicas read the bindings before they decide again
     _ledger(gw, caller, "service_account.create", service_account=name, responsible=caller.id, project=project)
     # Into the policy engine once committed: granted before, a commit that failed left the role in memory.
     gw.after_commit(session, lambda: _grant_live(gw, EngineBinding(principal=name, role="service", project=project)))
@@ -199,6 +200,7 @@ def revoke_token(gw: Access, session: Session, caller: Caller, token_id: str, re
         raise Conflict(f"token {token_id} was already revoked at {token.revoked_at.isoformat()}")
     token.revoked_at = gw.clock()
     gw.after_commit(session, lambda: gw.token_cache.forget(token.token_hash))
+    gw.signals.publish(session, "token_revoked", token.token_hash)  # the other replicas' caches, at the commit
     withdrawn = withdraw_made_with(gw, session, token_id, token.principal_id, caller.real_identity)
     _ledger(gw, caller, "token.revoke", token_id=token_id, principal=token.principal_id, reason=reason,
             withdrawn_requests=withdrawn)

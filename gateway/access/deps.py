@@ -11,14 +11,17 @@ from sqlalchemy.orm import Session
 from gateway.decisions.deps import Decider
 from gateway.identity.token_cache import TokenCache
 from gateway.settings import Settings
+from gateway.store.signals import Signals
 
 
 class Access(Decider, Protocol):
     """Deciding and recording, plus: the settings (grant and token bounds), the token cache a revocation clears,
-    and the policy lock held while role bindings change in the engine and the database together."""
+    the signals that tell the other replicas' caches, and the policy lock held while role bindings change in the
+    engine and the database together."""
 
     settings: Settings
     token_cache: TokenCache
+    signals: Signals
     policy_lock: threading.RLock
 
     def after_commit(self, session: Session, action: Callable[[], None]) -> None: ...

@@ -106,6 +106,7 @@ def change(gw: Access, authenticate: Callable[[Session], Caller], verb: str, b: 
                         raise NotFound(f"{b.principal} holds no {b.role} binding in {b.project}")
                     session.delete(row)
                 session.flush()
+                gw.policy_sync.bindings_changed(session)  # every other replica reads them before it decides
                 result = "granted" if verb == "grant" else "revoked"
                 outcome = record_outcome(gw, "outcome", {
                     "request_id": rec.request_id, "decision_seq": rec.seq, "action": f"role.{verb}",

@@ -17,7 +17,7 @@ from gateway.console.access import emergency_viewer, ledger_reader, may, operato
 from gateway.console.web import need_view, page
 from gateway.decisions.policy import whatif
 from gateway.decisions.policy.errors import PolicyLoadError
-from gateway.decisions.policy_reload import load_bindings
+from gateway.decisions.policy_sync import load_bindings
 from gateway.errors import Invalid
 from gateway.jobs import emergency, insights, preemption
 from gateway.store.models import Allocation, Node

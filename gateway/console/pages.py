@@ -16,7 +16,7 @@ from gateway.console.web import need_view, new_login_nonce, page, store, templat
 from gateway.context import Gateway
 from gateway.decisions import approvals, pipeline
 from gateway.decisions.obligations import acknowledge, note_json
-from gateway.decisions.policy_reload import load_bindings
+from gateway.decisions.policy_sync import load_bindings
 from gateway.errors import Forbidden, GatewayError, Invalid
 from gateway.execution.slurm.execution import slurm_view
 from gateway.jobs import insights, priority_history, records, stops

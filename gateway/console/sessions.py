@@ -2,36 +2,46 @@
 
 The raw token never leaves the sign-in request: the server keeps only its SHA-256 (the same hash the token
 table holds), so a stolen session store cannot be replayed against the API. Each session carries its own
-CSRF token, checked on every POST. Sessions live in memory: a gateway restart signs everyone out, which
-fails closed.
+CSRF token, checked on every POST. Sessions live in the business database (table `console_sessions`, the
+cookie's secret as its SHA-256 only), so every replica knows who signed in through any of them, a sign-out
+through one ends the session on all, and a restart keeps people signed in.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
-import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from gateway.errors import Unauthenticated
 from gateway.identity.auth import Caller, token_facts
 from gateway.identity.tokens import TOKEN_PATTERN, hash_token
+from gateway.store.replica_tables import ConsoleSessionRow as Row
 
 COOKIE = "jg_session"
 LOGIN_COOKIE = "jg_login"  # pre-session CSRF value for the sign-in form (double submit)
 IDLE = timedelta(hours=8)
 # Sessions one token may hold at once (a person's browsers and tabs signed in anew). Without a cap, a token signing
-# in over and over grew the gateway's memory for as long as IDLE, since only a session's own cookie removed it.
+# in over and over grew the store for as long as IDLE, since only a session's own cookie removed it.
 PER_TOKEN = 16
+# How stale a session's last_seen may be before a request writes it again: a write on every page view would
+# cost each console request a write transaction, for an idle limit of hours. A session may so live up to this
+# much past IDLE.
+TOUCH = timedelta(minutes=1)
+
+Transaction = Callable[..., AbstractContextManager[Session]]
 
 
 @dataclass
 class ConsoleSession:
-    id: str
+    id: str  # the cookie's secret; only its hash is stored
     token_hash: str
     principal: str
     csrf: str
@@ -40,44 +50,53 @@ class ConsoleSession:
 
 
 class SessionStore:
-    """Thread-safe map session id → ConsoleSession."""
+    """Session id → ConsoleSession, in the business database; `transaction` is the gateway's."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sessions: dict[str, ConsoleSession] = {}
+    def __init__(self, transaction: Transaction) -> None:
+        self._transaction = transaction
 
     def create(self, token_hash: str, principal: str, now: datetime) -> ConsoleSession:
         """A new session; idle ones go, and the token's least recently used ones beyond PER_TOKEN - 1."""
         s = ConsoleSession(secrets.token_urlsafe(32), token_hash, principal, secrets.token_urlsafe(32), now, now)
-        with self._lock:
-            for old in [o for o in self._sessions.values() if now - o.last_seen > IDLE]:
-                del self._sessions[old.id]
-            same = sorted((o for o in self._sessions.values() if o.token_hash == token_hash), key=lambda o: o.last_seen)
-            for old in same[: max(0, len(same) - (PER_TOKEN - 1))]:
-                del self._sessions[old.id]
-            self._sessions[s.id] = s
+        with self._transaction() as session:
+            session.execute(delete(Row).where(Row.last_seen < now - IDLE))
+            surplus = session.scalars(select(Row.id_hash).where(Row.token_hash == token_hash)
+                                      .order_by(Row.last_seen.desc(), Row.created_at.desc())
+                                      .offset(PER_TOKEN - 1)).all()
+            if surplus:
+                session.execute(delete(Row).where(Row.id_hash.in_(surplus)))
+            session.add(Row(id_hash=hash_token(s.id), token_hash=token_hash, principal=principal, csrf=s.csrf,
+                            created_at=now, last_seen=now))
         return s
 
     def get(self, session_id: str | None, now: datetime) -> ConsoleSession | None:
         if not session_id:
             return None
-        with self._lock:
-            s = self._sessions.get(session_id)
-            if s is None:
+        digest = hash_token(session_id)
+        with self._transaction(immediate=False) as session:
+            row = session.get(Row, digest)
+            if row is None:
                 return None
-            if now - s.last_seen > IDLE:
-                del self._sessions[session_id]
-                return None
-            s.last_seen = now
-            return s
+            found = ConsoleSession(session_id, row.token_hash, row.principal, row.csrf, row.created_at,
+                                   row.last_seen)
+        if now - found.last_seen > IDLE:
+            self.drop(session_id)
+            return None
+        if now - found.last_seen > TOUCH:
+            with self._transaction() as session:
+                session.execute(update(Row).where(Row.id_hash == digest).values(last_seen=now))
+            found.last_seen = now
+        return found
 
     def drop(self, session_id: str | None) -> None:
-        with self._lock:
-            self._sessions.pop(session_id or "", None)
+        if not session_id:
+            return
+        with self._transaction() as session:
+            session.execute(delete(Row).where(Row.id_hash == hash_token(session_id)))
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._sessions)
+        with self._transaction(immediate=False) as session:
+            return int(session.scalar(select(func.count()).select_from(Row)) or 0)
 
 
 def csrf_ok(expected: str, given: str | None) -> bool:

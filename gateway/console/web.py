@@ -70,7 +70,7 @@ def store(request: Request) -> SessionStore:
     app_state = request.app.state
     existing: SessionStore | None = getattr(app_state, "console_sessions", None)
     if existing is None:
-        existing = SessionStore()
+        existing = SessionStore(app_state.gateway.transaction)
         app_state.console_sessions = existing
     return existing
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from gateway.decisions.policy.engine import EmbeddedEngine
 from gateway.decisions.policy.loader import PolicySet
+from gateway.decisions.policy_sync import PolicySync
 from gateway.decisions.ratelimit import RateLimiter
 from gateway.decisions.refusal_counts import RefusalCounts
 from gateway.execution.port import Execution
@@ -33,11 +34,12 @@ Executor = Callable[[Session, Approval, list[Job], Caller], dict[str, Any]]
 class Decider(Protocol):
     """Deciding and recording: the clock, the ledger, the policy engine and set, the rate limiter, transactions,
     the executors of approved actions, and the execution port (where a job's files are, for an approval's
-    summary; gateway/execution/port.py)."""
+    summary; gateway/execution/port.py), and the policy set in force for every replica."""
 
     ledger: Ledger
     policy: EmbeddedEngine
     policy_set: PolicySet
+    policy_sync: PolicySync
     limiter: RateLimiter | None
     executors: dict[str, Executor]
     execution: Execution

@@ -68,11 +68,14 @@ def acknowledge(gw: Decider, session: Session, caller: Caller, notification_id: 
 
 
 def sweep_timed_out_receipts(gw: Decider, session: Session) -> int:
-    """Record receipts that timed out (once each); returns how many were recorded."""
+    """Record receipts that timed out (once each); returns how many were recorded.
+
+    Once each across replicas too: the rows are locked as they are read, and rows another sweep holds are left to
+    it (PostgreSQL; SQLite has one writer), so two sweeps at once (a leader hand-over) never both ledger one."""
     now = gw.clock()
     stale = session.scalars(select(Notification).where(
         Notification.receipt_required.is_(True), Notification.acknowledged_at.is_(None),
-        Notification.created_at < now - RECEIPT_TIMEOUT)).all()
+        Notification.created_at < now - RECEIPT_TIMEOUT).with_for_update(skip_locked=True)).all()
     for note in stale:
         note.receipt_required = False  # settled: the ledger now says it timed out
         record_outcome(gw, "receipt", {"notification_id": note.id, "principal": note.principal,

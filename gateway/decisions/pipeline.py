@@ -97,8 +97,11 @@ def decide(
     the decision or answers (jobs.submit, on the event loop).
 
     Raises Invalid when the request holds a value the ledger cannot encode, LedgerUnavailable when the
-    decision cannot be made durable.
+    decision cannot be made durable, PolicyOutOfStep when this replica cannot decide under the policy set in
+    force.
     """
+    # Replicas: under the policy set and role bindings in force, or not at all (PolicyOutOfStep, 503).
+    gw.policy_sync.check(lambda: gw.policy, session)
     now = gw.clock()
     request_id = new_request_id()
     facts = [target_facts(j, now) for j in targets]

@@ -8,6 +8,10 @@ set is refused too. A refused set changes nothing: the previous engine keeps dec
 
 A watcher thread polls the directory's file stamps every `policy_watch_interval_s` and attempts a
 reload when they change; a candidate that was already refused is not retried until it changes again.
+
+Replicas (PostgreSQL): a set loaded here, at start or by a reload, becomes the set in force for every replica of
+the business database, and a set another replica loaded is adopted from this replica's own files before it decides
+again (gateway/decisions/policy_sync.py).
 """
 
 from __future__ import annotations
@@ -20,17 +24,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
 from gateway.decisions.deps import PolicyHolder
-from gateway.decisions.policy.engine import RoleBinding
 from gateway.decisions.policy.errors import PolicyError, PolicyLoadError, PolicyProblem
 from gateway.decisions.policy.factory import make_engine
 from gateway.decisions.policy.loader import policy_files, policy_hash
 from gateway.decisions.policy.testing import load_tested_set
+from gateway.decisions.policy_sync import PolicyOutOfStep, load_bindings
 from gateway.errors import GatewayError
-from gateway.store.models import RoleBinding as RoleBindingRow
 from ledger.errors import LedgerError
 
 log = logging.getLogger("jobgate.policy")
@@ -91,6 +91,7 @@ class PolicyReloader:
     _seen_stamps: tuple[tuple[str, int, int], ...] = ()
     _settling_stamps: tuple[tuple[str, int, int], ...] | None = None
     _refused_hash: str | None = None
+    _adopt_failed: tuple[str, tuple[tuple[str, int, int], ...], str] | None = None  # (named, stamps, why)
 
     @property
     def directory(self) -> Path:
@@ -99,21 +100,73 @@ class PolicyReloader:
     # -- start-up ------------------------------------------------------------------------------
 
     def record_startup(self) -> LoadAttempt:
-        """Ledger the set the gateway started with. Raises LedgerUnavailable-like PolicyRefused never:
-        a start-up set was already loaded by open_gateway; a ledger failure here is logged, not fatal."""
+        """Ledger the set the gateway started with and make it the set in force for every replica. Raises
+        PolicyRefused never: a start-up set was already loaded by open_gateway; a ledger failure here is logged,
+        not fatal. Raises a database error when the set cannot be named (replicas): start-up fails then."""
         with self.gw.policy_lock:
             self._seen_stamps = _stamps(self.directory)
             attempt = self._record("startup", "system", self.gw.policy.policy_hash, "loaded", [], None)
+            self._publish(self.gw.policy.policy_hash)
             self.loaded_at = attempt.at
             return attempt
 
+    def _publish(self, policy_hash: str) -> None:
+        """Name the set as the one in force (replicas; nothing on SQLite)."""
+        sync = self.gw.policy_sync
+        if sync.enabled:
+            with self.gw.transaction() as session:
+                sync.publish_set(session, policy_hash, str(self.directory), self.gw.clock())
+
+    def adopt(self, named: str) -> None:
+        """Load the set another replica made the one in force, from this replica's own files: tested and ledgered
+        like any load (trigger `replica`). Raises PolicyOutOfStep while the files here are another set or do not
+        load; files already found wanting are not loaded again until they change."""
+        with self.gw.policy_lock:
+            if self.gw.policy.policy_hash == named:
+                return  # another thread adopted it, or this replica's own reload is what named it
+            stamps = _stamps(self.directory)
+            if self._adopt_failed is not None and self._adopt_failed[:2] == (named, stamps):
+                raise PolicyOutOfStep(self._adopt_failed[2])
+            why = f"the policy set in force is {named[:12]} (loaded by another replica)"
+            try:
+                self.reload(trigger="replica", by="system", expect=named)
+            except PolicyRefused as e:
+                self._adopt_failed = (named, stamps, f"{why}; this replica cannot load it from {self.directory}:"
+                                                     f" {e.detail}")
+                raise PolicyOutOfStep(self._adopt_failed[2]) from e
+            if self.gw.policy.policy_hash != named:
+                have = self.gw.policy.policy_hash
+                self._adopt_failed = (named, stamps, f"{why}; this replica's files at {self.directory} are set"
+                                                     f" {have[:12]}, so it decides nothing until they match")
+                raise PolicyOutOfStep(self._adopt_failed[2])
+            self._adopt_failed = None
+
+    def on_signal(self, named: object) -> None:
+        """Another replica loaded `named` (a signal): load it now rather than at this replica's next decision. In a
+        thread of its own: a load runs the set's test suite, and the signals behind it (a token revoked) must not
+        wait for that."""
+        if not isinstance(named, str):
+            return
+
+        def adopt() -> None:
+            try:
+                self.adopt(named)
+            except PolicyOutOfStep as e:
+                log.error("policy set in force not loaded here: %s", e.detail)
+            except Exception:
+                log.exception("could not load the policy set %s another replica loaded", named[:12])
+
+        threading.Thread(target=adopt, name="policy-adopt", daemon=True).start()
+
     # -- reload --------------------------------------------------------------------------------
 
-    def reload(self, *, trigger: str, by: str, decision_seq: int | None = None) -> LoadAttempt:
+    def reload(self, *, trigger: str, by: str, decision_seq: int | None = None,
+               expect: str | None = None) -> LoadAttempt:
         """Load, test and activate the policy directory. Raises PolicyRefused (the old set stays).
 
         `decision_seq`, the allowed policy.reload decision of an API reload, is cited by the load's entry: it is
-        that decision's outcome (gateway/decisions/reconcile.py)."""
+        that decision's outcome (gateway/decisions/reconcile.py). With `expect` (adopting the set another replica
+        loaded), files of another set are refused without being loaded, and the set loaded is not named again."""
         cite = {} if decision_seq is None else {"decision_seq": decision_seq}
         with self.gw.policy_lock:
             self._seen_stamps = _stamps(self.directory)
@@ -126,7 +179,11 @@ class PolicyReloader:
                 return self._refuse(trigger, by, candidate_hash, errors, previous, cite)
             except PolicyLoadError as e:
                 return self._refuse(trigger, by, "", [str(p) for p in e.errors], previous, cite)
+            if expect is not None and candidate_hash != expect:
+                return self._refuse(trigger, by, candidate_hash, [f"these files are set {candidate_hash[:12]}, not"
+                                                                  f" the set in force {expect[:12]}"], previous, cite)
             if candidate_hash == previous:
+                # (and the set in force: a replica out of step refuses the reload's own decision first)
                 return self._record(trigger, by, candidate_hash, "unchanged", [], previous, cite)
             try:
                 policy_set = load_tested_set(self.directory)
@@ -150,6 +207,15 @@ class PolicyReloader:
                 self._push_back()
                 raise PolicyRefused(f"the load could not be recorded in the ledger ({e}); the previous set stays",
                                     errors=[], policy_hash=candidate_hash, active_hash=previous) from e
+            if expect is None:
+                try:  # named before it decides here: a decision meanwhile waits for the lock (PolicySync.adopt)
+                    self._publish(policy_set.hash)
+                except Exception as e:
+                    engine.close()
+                    self._push_back()
+                    raise PolicyRefused(f"the set could not be named in the business database ({e}); the previous"
+                                        " set stays", errors=[], policy_hash=candidate_hash,
+                                        active_hash=previous) from e
             old = self.gw.policy
             self.gw.policy_set = policy_set
             self.gw.policy = engine
@@ -271,9 +337,3 @@ class PolicyReloader:
             "watch_interval_s": self.gw.settings.policy_watch_interval_s,
             "history": [a.to_json() for a in reversed(self.history)],
         }
-
-
-def load_bindings(session: Session) -> list[RoleBinding]:
-    """The role bindings of the business DB (M1), as the policy engine takes them."""
-    rows = session.scalars(select(RoleBindingRow)).all()
-    return [RoleBinding(principal=r.principal_id, role=r.role, project=r.project) for r in rows]

@@ -5,8 +5,10 @@ reads (token scope, expiry, revocation, the principal's kind and responsible per
 token is revoked, so they are kept for `ttl_s` seconds per token hash:
 - a revocation through this gateway forgets the token once its transaction commits (immediate here), and
   a request that read the token's row before that commit cannot put it back afterwards (`generation`);
-- a revocation made through another replica, or a principal disabled in the database, is seen within
-  `ttl_s` (like the Kubernetes webhook token cache, but seconds rather than minutes);
+- a revocation made through another replica reaches this one as a signal (gateway/store/signals.py, PostgreSQL
+  LISTEN/NOTIFY) that forgets the token as soon as it arrives; were the signal lost, or the listener
+  disconnected (it forgets every token when it reconnects), or the principal disabled straight in the database,
+  it is seen within `ttl_s` (like the Kubernetes webhook token cache, but seconds rather than minutes);
 - expiry is checked against the cached expiry on every call, so it is exact.
 `ttl_s = 0` turns the cache off.
 """
@@ -74,3 +76,9 @@ class TokenCache:
         with self._lock:
             self._generation += 1
             self._entries.pop(token_hash, None)
+
+    def clear(self) -> None:
+        """Forget every token: revocations may have been announced while this process could not hear them."""
+        with self._lock:
+            self._generation += 1
+            self._entries.clear()

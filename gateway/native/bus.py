@@ -1,15 +1,23 @@
-"""Wakes long-polling node agents when commands are queued for them (in-process, per gateway replica)."""
+"""Wakes long-polling node agents when commands are queued for them.
+
+The counters live in each process; a command queued through another replica of the same PostgreSQL database
+reaches them as a signal (gateway/store/signals.py, sent by `wake_after_commit` in gateway/native/commands.py),
+and a listener that was disconnected wakes every poll once it is back (it may have missed some). The long poll's
+own timeout bounds a wake-up lost anyway: the agent asks again and finds its commands in the database."""
 
 from __future__ import annotations
 
 import threading
 from collections import defaultdict
 
+from gateway.store.signals import Signals
+
 
 class CommandBus:
     """A version counter per node; pollers wait until the counter moves or their time runs out."""
 
-    def __init__(self) -> None:
+    def __init__(self, signals: Signals | None = None) -> None:
+        self.signals = signals  # tells the other replicas' buses (PostgreSQL); None: this process only
         self._cond = threading.Condition()
         self._versions: dict[str, int] = defaultdict(int)
         self._closed = False
@@ -23,6 +31,13 @@ class CommandBus:
             return
         with self._cond:
             for node in nodes:
+                self._versions[node] += 1
+            self._cond.notify_all()
+
+    def notify_all(self) -> None:
+        """Wake every long poll (a signal may have been missed): each looks in the database again."""
+        with self._cond:
+            for node in self._versions:
                 self._versions[node] += 1
             self._cond.notify_all()
 

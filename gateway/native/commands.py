@@ -49,11 +49,14 @@ _WAKE = "notify_nodes"  # session.info key: the nodes whose agents are woken onc
 
 def wake_after_commit(bus: CommandBus, session: Session, node: str) -> None:
     """Wake the node's agent once `session`'s transaction has committed: its long poll returns and fetches what
-    the transaction queued for it (never if it rolls back). Once per node and transaction."""
+    the transaction queued for it (never if it rolls back). Once per node and transaction. The agent may be
+    polling another replica: that one is signalled by the same commit (gateway/store/signals.py)."""
     nodes: set[str] | None = session.info.get(_WAKE)
     if nodes is None:
         nodes = session.info[_WAKE] = set()
         after_commit(session, partial(bus.notify, nodes))
+    if node not in nodes and bus.signals is not None:
+        bus.signals.publish(session, "wake", [node])
     nodes.add(node)
 
 

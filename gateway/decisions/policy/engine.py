@@ -151,6 +151,18 @@ class EmbeddedEngine:
                 if not roles:
                     del projects[b.project]
 
+    def replace_bindings(self, bindings: Iterable[RoleBinding]) -> None:
+        """Make the engine hold exactly these bindings (those of the business DB, which another replica changed):
+        only the difference is granted and revoked."""
+        wanted = set(bindings)
+        with self._state_lock:
+            held = {RoleBinding(principal=p, role=r, project=proj) for p, projects in self._by_principal.items()
+                    for proj, roles in projects.items() for r in roles}
+            for b in held - wanted:
+                self.revoke(b)
+            for b in wanted - held:
+                self.grant(b)
+
     def roles_of(self, principal: str) -> dict[str, list[str]]:
         """Roles per project ("*" for global), sorted, for the decision input and the audit record."""
         with self._state_lock:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from console_testkit import Console, csrf_of, submit
 from sqlalchemy import update
 
 from gateway.console.sessions import COOKIE, IDLE, PER_TOKEN, SessionStore
 from gateway.identity.tokens import hash_token
+from gateway.store.db import Database
 from gateway.store.models import Token
+from gateway.store.schema import create_schema
 
 
 def test_session_cookie_is_httponly_samesite_strict_and_not_the_token(console: Console) -> None:
@@ -110,9 +113,11 @@ def test_revoked_or_expired_token_ends_the_session(console: Console) -> None:
     assert b.get("/ui/approvals", follow_redirects=False).headers["location"] == "/ui/login"
 
 
-def test_sessions_are_bounded_per_token_and_idle_ones_are_swept() -> None:
-    """Signing in over and over with one token grew the gateway's memory: only a session's own cookie removed it."""
-    store = SessionStore()
+def test_sessions_are_bounded_per_token_and_idle_ones_are_swept(tmp_path: Path) -> None:
+    """Signing in over and over with one token grew the store: only a session's own cookie removed it."""
+    db = Database(f"sqlite:///{tmp_path / 'business.db'}")
+    create_schema(db.engine)
+    store = SessionStore(db.transaction)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     first = store.create("hash-a", "alice", t0)
     later = [store.create("hash-a", "alice", t0 + timedelta(seconds=i)) for i in range(1, 40)]
@@ -122,3 +127,4 @@ def test_sessions_are_bounded_per_token_and_idle_ones_are_swept() -> None:
     assert store.get(later[-1].id, t0 + timedelta(seconds=42)) is not None
     store.create("hash-c", "carol", t0 + IDLE + timedelta(minutes=5))  # everyone else idle since
     assert len(store) == 1 and store.get(other.id, t0 + IDLE + timedelta(minutes=5)) is None
+    db.close()

@@ -14,7 +14,7 @@ from typing import Any
 from gateway_testkit import Api, assert_problem, job_spec, ledger_entries
 
 from gateway.decisions.policy import whatif
-from gateway.decisions.policy_reload import load_bindings
+from gateway.decisions.policy_sync import load_bindings
 from gateway.native.scheduler_loop import run_once
 from gateway.settings import REPO_POLICIES
 from gateway.store.models import Job

@@ -170,7 +170,7 @@ def test_concurrent_calls_never_use_a_credential_more_often_than_allowed(api: Ap
 
 def test_whatif_under_the_active_set_flips_nothing_a_break_glass_call_decided(api: Api) -> None:
     from gateway.decisions.policy.whatif import records_from_entries, replay
-    from gateway.decisions.policy_reload import load_bindings
+    from gateway.decisions.policy_sync import load_bindings
     from gateway.store.models import Job
 
     g = grant(api)
