@@ -46,9 +46,11 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-## Benchmarks print JSON figures, each beside a baseline measured in the same run.
+## Benchmarks print JSON figures, each beside a baseline measured in the same run. The replicas' need a
+## PostgreSQL server to make their databases in: `make bench BENCH_PG_URL=postgresql://...` elsewhere.
+BENCH_PG_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 bench: $(DEV_STAMP)
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in bench/*.py; do echo "== $$b"; JOBGATE_BENCH_PG_URL=$${JOBGATE_BENCH_PG_URL:-$(BENCH_PG_URL)} $(BIN)/python $$b || exit 1; done
 
 ## A local Slurm 22.05 cluster from Debian's packages (as root), for jobgate in front of Slurm:
 ## `make slurm-up SLURM_NODES=16`, then `. /tmp/jobgate-slurm/env.sh` (deploy/slurm/README.md).

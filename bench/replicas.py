@@ -1,4 +1,5 @@
-"""Replica benchmarks; prints one JSON object. `python bench/replicas.py --ledger|--submissions|--failover [--quick]`.
+"""Replica benchmarks; prints one JSON object.
+`python bench/replicas.py [--ledger] [--submissions] [--failover] [--quick]` (no flag: all three).
 
 --submissions: authorised submissions (POST /v1/jobs, the demo's alice, bench/gateway.py's load generator: 32
 keep-alive connections, closed loop for capacity, open loop for latency) on real `jobgate up` processes, each
@@ -580,8 +581,8 @@ def main() -> None:
     ap.add_argument("--failover", action="store_true", help="kill -9 of the leader replica, --kills times")
     ap.add_argument("--kills", type=int, default=10, help="with --failover: how many kills (default 10)")
     args = ap.parse_args()
-    if not (args.ledger or args.submissions or args.failover):
-        ap.error("say what to measure: --ledger, --submissions and/or --failover")
+    if not (args.ledger or args.submissions or args.failover):  # `make bench`: every measure
+        args.ledger = args.submissions = args.failover = True
     server = os.environ.get("JOBGATE_BENCH_PG_URL") or os.environ.get("JOBGATE_TEST_PG_URL")
     if not server:
         ap.error("set JOBGATE_BENCH_PG_URL (or JOBGATE_TEST_PG_URL) to a PostgreSQL server URL")
