@@ -297,6 +297,11 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
             # each run the node's jobs.
             click.echo("node agents: none started here; the demo's run beside the replica that seeded it")
     click.echo(_role_line(gateway))
+    if gateway.leadership.status()["mode"] != "single" and settings.rate_limit_storage.startswith("memory"):
+        # Not refused: one replica alone on a shared database is a fine way to start. But each replica counting
+        # its own budget lets N replicas allow N times every limit.
+        click.echo("warning: rate limits are counted in this process's memory (JOBGATE_RATE_LIMIT_STORAGE); with"
+                   " several replicas each counts alone: set it to redis://... so they share one budget", err=True)
     click.echo(_banner(url, settings, demo, isolated=unisolated is None, agents=bool(agents) or not demo))
     if backend == "slurm":
         click.echo(f"  jobs run on Slurm cluster {getattr(gateway.execution, 'cluster', '?')} ({settings.slurm_conf})")

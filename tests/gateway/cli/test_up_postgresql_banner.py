@@ -45,12 +45,12 @@ def test_the_banner_on_postgresql_names_the_stores_and_its_verify_command_works(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     biz = fresh_pg_database("jobgate_biz")
-    env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz, "JOBGATE_LEDGER_URL": role_ledger_url}
-    out = tmp_path / "up.out"
-    with out.open("w") as sink:
+    env = {**os.environ, "JOBGATE_URL": "", "JOBGATE_DATABASE_URL": biz, "JOBGATE_LEDGER_URL": role_ledger_url,
+           "JOBGATE_RATE_LIMIT_STORAGE": "memory://"}
+    out, err = tmp_path / "up.out", tmp_path / "up.err"
+    with out.open("w") as sink, err.open("w") as err_sink:
         proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--demo", "--port", str(port),
-                                 "--data-dir", str(tmp_path / "var")], stdout=sink, stderr=subprocess.DEVNULL,
-                                env=env)
+                                 "--data-dir", str(tmp_path / "var")], stdout=sink, stderr=err_sink, env=env)
     try:
         deadline = time.monotonic() + 90
         while "ledger verify" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
@@ -62,6 +62,8 @@ def test_the_banner_on_postgresql_names_the_stores_and_its_verify_command_works(
     text = "\n".join(banner)
     assert "jobgate.db" not in text and "ledger.db" not in text, text
     assert "banner-secret" not in text and role_ledger_url.replace("banner-secret", "***") in text, text
+    # A replica that may have others beside it: limits counted in its memory would be N budgets, not one.
+    assert "rate limits are counted in this process's memory" in err.read_text()
     verify = next(line.strip() for line in banner if "ledger verify" in line)
     jobgate = os.path.join(os.path.dirname(sys.executable), "jobgate")
     r = subprocess.run(verify.replace("jobgate ", jobgate + " ", 1), shell=True, capture_output=True, text=True,
