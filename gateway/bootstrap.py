@@ -25,7 +25,7 @@ from gateway.execution.slurm.execution import SlurmExecution
 from gateway.identity.token_cache import TokenCache
 from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
 from gateway.jobs.reports import JobReports
-from gateway.leadership import ElectedLeadership, Leadership, SoleLeadership, new_replica_id
+from gateway.leadership import ElectedLeadership, Leadership, SoleLeadership, forget_gone_replicas, new_replica_id
 from gateway.native.bus import CommandBus
 from gateway.native.command_key import load_or_create_command_key
 from gateway.native.execution import NativeExecution
@@ -244,6 +244,8 @@ def register_chores(gateway: Gateway) -> None:
         ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
         ("idempotency keys past retention", lambda gw, session: idempotency.purge(session, gw.clock())),
         *lifecycle.CHORES]
+    if not gateway.db.is_sqlite:  # replicas announce themselves only in a PostgreSQL business database
+        chores.append(("replicas gone for a week", lambda _gw, session: forget_gone_replicas(session)))
     gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)
     # The counts are in this process's memory: a follower writes its own (the leader's chores are not its to run).
     gateway.own_chores.append(("counts of repeated refusals", partial(refusals.flush_counts, gateway)))

@@ -44,6 +44,8 @@ log = logging.getLogger("jobgate.leadership")
 LEADER_LOCK = 7305618  # session advisory lock key of the leader (gateway/store/db.py's gateway lock is 7305617)
 RETRY_S = 1.0  # how often a follower tries to lead, and the leader checks its lock connection
 SEEN_S = 5.0  # a replica not seen for longer is reported as gone
+GONE_KEPT_S = 7 * 86400  # a gone replica's row (and its readiness probe's) is kept this long for operators to see
+READY_PROBE = "ready_probe:"  # meta key prefix of the row each replica's readiness check writes (gateway/api/health.py)
 # The lock connection's bounds: a leader whose connection hangs (a network cut) must notice within a few seconds
 # that it may have lost the lock, not after the kernel's default TCP timeouts (minutes).
 _CONNECT = {"connect_timeout": 3, "keepalives": 1, "keepalives_idle": 2, "keepalives_interval": 1,
@@ -304,3 +306,14 @@ class FencedWork:
             yield session
         if self._name == "scheduler":
             self._leadership.cycle_ran()
+
+
+def forget_gone_replicas(session: Session) -> int:
+    """Delete the rows of replicas not seen for GONE_KEPT_S, and their readiness probes' (a chore: every start
+    adds a replica row, and nothing else removes one). Returns how many replicas were forgotten."""
+    gone = [r for (r,) in session.execute(text(
+        "DELETE FROM replicas WHERE seen_at < now() - make_interval(secs => :s) RETURNING id"), {"s": GONE_KEPT_S})]
+    if gone:
+        session.execute(text("DELETE FROM meta WHERE key = ANY(:keys)"),
+                        {"keys": [READY_PROBE + r[:50] for r in gone]})
+    return len(gone)

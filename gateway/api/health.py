@@ -13,12 +13,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.errors import problem
+from gateway.leadership import READY_PROBE
 from gateway.store.models import Meta
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("jobgate.health")
 
-_PROBE = "ready_probe:"  # Meta key prefix: the row each replica's readiness check writes (one per replica)
 
 
 @router.get("/healthz", summary="Liveness")
@@ -50,7 +50,7 @@ def _db_write_problem(gw: Any) -> None:
     """A real write, rolled into one small row per replica: a business database that is gone, read-only or full
     fails it, as it would fail a mutation."""
     with gw.db.transaction() as session:
-        session.merge(Meta(key=_PROBE + gw.leadership.replica_id[:50], value=datetime.now(UTC).isoformat()))
+        session.merge(Meta(key=READY_PROBE + gw.leadership.replica_id[:50], value=datetime.now(UTC).isoformat()))
 
 
 READY_RESPONSES: dict[int | str, dict[str, Any]] = {

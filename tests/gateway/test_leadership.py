@@ -10,8 +10,9 @@ from functools import partial
 
 import psycopg
 import pytest
+from sqlalchemy import text
 
-from gateway.leadership import ElectedLeadership, NotLeader
+from gateway.leadership import READY_PROBE, ElectedLeadership, NotLeader, forget_gone_replicas
 from gateway.store.db import Database
 from gateway.store.schema import create_schema
 
@@ -134,3 +135,18 @@ def test_a_takeover_waits_for_the_old_leaders_fenced_transaction_to_end(shared_d
         release.set()
         a.stop()
         b.stop()
+
+
+def test_replicas_gone_for_a_week_are_forgotten_with_their_readiness_probe(shared_db: tuple[str, Database]) -> None:
+    _url, db = shared_db
+    with db.transaction() as s:
+        for rid, age in (("gone", "8 days"), ("recent", "6 days")):
+            s.execute(text("INSERT INTO replicas (id, started_at, seen_at) VALUES (:i, now(), now() - CAST(:a AS"
+                           " interval))"), {"i": rid, "a": age})
+            s.execute(text("INSERT INTO meta (key, value) VALUES (:k, 'x')"), {"k": READY_PROBE + rid})
+    with db.transaction() as s:
+        assert forget_gone_replicas(s) == 1
+    with db.transaction() as s:
+        assert [r for (r,) in s.execute(text("SELECT id FROM replicas"))] == ["recent"]
+        assert [k for (k,) in s.execute(text("SELECT key FROM meta WHERE key LIKE 'ready_probe:%'"))] == [
+            READY_PROBE + "recent"]
