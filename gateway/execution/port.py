@@ -119,6 +119,12 @@ class Reports(Protocol):
         preemption): ledgered as a preemption, so that the `stopped` report that follows requeues it keeping its
         priority and wait (P2). False if the job was not running (nothing was recorded)."""
 
+    def preempt_for(self, session: Session, waiting: Sequence[str], ungoverned: Mapping[str, int]) -> list[int]:
+        """Jobs the executor's own scheduler holds waiting for resources (`waiting`, jobgate ids): jobgate decides
+        whether its rules preempt for one (urgent over lower tiers, as natively), on what runs (its placed jobs,
+        and `ungoverned`: node -> GPUs used there by jobs it does not govern, never victims). A plan is ledgered
+        and its victims stopped through the executor's stop with their grace window. The decisions' seqs."""
+
     def cancelled_while_waiting(self, session: Session, job_id: str, *, by: str | None, at: float, reason: str,
                                 evidence: Evidence) -> bool:
         """Someone other than jobgate cancelled a job while it still waited in the executor's own queue (Slurm's

@@ -18,7 +18,7 @@ from gateway.decisions.notifications import alert, notify
 from gateway.decisions.pipeline import decide, ledger_batch, record, record_outcome
 from gateway.execution.port import Evidence, PartEvent
 from gateway.identity.auth import SYSTEM
-from gateway.jobs import lifecycle, placement, retention, stops
+from gateway.jobs import executor_preemption, lifecycle, placement, retention, stops
 from gateway.jobs.deps import Jobs
 from gateway.jobs.preemption import ended_before_stop, executor_preempted, requeue
 from gateway.jobs.records import lock_jobs
@@ -230,6 +230,10 @@ class JobReports:
         with session.no_autoflush, ledger_batch(self.gw, session):
             executor_preempted(self.gw, session, job, preemptor=preemptor, reason=reason)
         return True
+
+    def preempt_for(self, session: Session, waiting: Sequence[str], ungoverned: Mapping[str, int]) -> list[int]:
+        with session.no_autoflush, ledger_batch(self.gw, session):
+            return executor_preemption.preempt_for(self.gw, session, waiting, ungoverned)
 
     def cancelled_while_waiting(self, session: Session, job_id: str, *, by: str | None, at: float, reason: str,
                                 evidence: Evidence) -> bool:

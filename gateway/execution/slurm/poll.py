@@ -8,14 +8,19 @@ run and whose step would change something, in its own business transaction:
 1. A waiting jobgate job with no Slurm job is submitted; one found in Slurm by its `jobgate:<id>` comment (the
    gateway stopped between sbatch and writing the row) is adopted, not submitted twice.
 2. Slurm runs it: `placed` with Slurm's nodes, then `started` per node. Slurm put a running job back in its
-   queue by itself (partition preemption): `preempted`, then `stopped` per node, which requeues it in jobgate
-   keeping its priority and wait; the priority is then set in Slurm (P2).
+   queue by itself (partition preemption, on a cluster that keeps it on; the starter turns it off): `preempted`,
+   then `stopped` per node, which requeues it in jobgate keeping its priority and wait; the priority is then set
+   in Slurm (P2).
 3. A stop jobgate asked: the prepare signal (`stopping`), and at the window's end `scancel`, or `scontrol
-   requeue` for a preemption; when Slurm says it ended, `stopped` with the evidence read back.
+   requeue` for a preemption (a victim that exited in its window is requeued then: the same Slurm job waits
+   again); when Slurm says it ended, or a victim waits again, `stopped` with the evidence read back.
 4. A job that ended by itself: `exited` with its exit status. One cancelled in Slurm by someone else while it
    waited: the jobgate job ends (cancelled out of band, who and when from accounting), never submitted again.
 5. jobgate paused a job that waits in Slurm: held there, released when it is resumed; jobgate ended it
    (stopped, deleted while waiting): cancelled there.
+6. jobgate's preemption: a governed urgent job Slurm holds waiting for resources gets a plan from the gateway's
+   rules (the pure core, as natively), whose victims are stopped as in step 3, then requeued keeping their
+   priority and wait (P2). Jobs submitted straight to Slurm are never victims.
 While slurmctld does not answer, the cycle changes nothing; the next one that reads Slurm catches up.
 """
 
@@ -53,6 +58,8 @@ ACCOUNTING_WAIT_S = 20.0  # how long an ended job's evidence waits for its accou
 REFUSED_RETRY_S = 60.0  # a submission Slurm refused is tried again after this long (its quota may have changed)
 MAX_UNSTARTED = 3  # Slurm jobs of one jobgate job that may end before they ran; then it is not submitted again
 SUBMIT_WORKERS = 4  # sbatch calls at once: slurmctld takes them concurrently; bounded to spare its RPC threads
+# Slurm's reasons for a job that waits only for nodes or GPUs (not a hold, a dependency, a limit)
+WAITS_FOR_RESOURCES = ("Resources", "Priority")
 PREEMPTOR_WAIT_S = 10.0  # how long a victim's report waits for Slurm to start the job that preempted it
 # The starter's partitions by PriorityTier (deploy/slurm): a higher one's jobs requeue a lower one's.
 TIERS = {"urgent": 3, "normal": 2, "batch": 1}
@@ -132,6 +139,7 @@ class SlurmLoop(threading.Thread):
                 return
             except SlurmError as e:
                 log.warning("Slurm refused a step of job row %s: %s", row_id, e)
+        self._preempt(queued)
         self._deletes()
         self._explain(queued)
 
@@ -251,6 +259,8 @@ class SlurmLoop(threading.Thread):
             return
         if q is None and run.state == "SUBMITTED" and (now - run.updated_at).total_seconds() < 30.0:
             return  # submitted after this cycle read the queue
+        if q is not None and q.state not in ALIVE and self._requeue_ended_victim(run, job):
+            return
         if q is None or q.state not in ALIVE:
             self._ended(session, run, job, q)
             return
@@ -323,6 +333,23 @@ class SlurmLoop(threading.Thread):
                 return
             run.forced_at = now
 
+    def _requeue_ended_victim(self, run: SlurmRun, job: Job) -> bool:
+        """A preemption's victim that exited within its window (it wrote its checkpoint on the prepare signal): the
+        same Slurm job is requeued (`scontrol requeue` takes a finished batch job), so that it keeps its Slurm job,
+        and the priority jobgate sets on it, instead of being submitted anew. Seen waiting again next cycle, it is
+        reported stopped, graceful (step 2). False if it is not such a victim, or Slurm refused (its end is read
+        from accounting then, and jobgate submits it again on its requeue)."""
+        if not (run.stop_requeue and run.stop_asked_at is not None and run.signal_sent_at is not None
+                and run.forced_at is None and job.state in ("stop_requested", "stopping")):
+            return False
+        try:
+            self.ex.client.requeue(run.slurm_job_id)
+        except SlurmRefused as e:
+            log.info("Slurm job %s ended in its preemption window and was not requeued: %s", run.slurm_job_id, e)
+            return False
+        run.requeues_made = (run.requeues_made or 0) + 1  # jobgate's own requeue (the watch counts them)
+        return True
+
     def _back_in_queue(self, session: Session, run: SlurmRun, job: Job, q: QueuedJob,
                        queued: Mapping[int, QueuedJob]) -> None:
         """Step 2's requeue: by jobgate at a preemption's window end, or by Slurm's own preemption."""
@@ -346,7 +373,7 @@ class SlurmLoop(threading.Thread):
                 return  # Slurm starts the preemptor only once its victims are gone: name it next cycle
             self._requeue_seen.pop(run.id, None)
             note = (f"preempted by Slurm's partition priority for Slurm job {preemptor.job_id} and requeued at once "
-                    "(GraceTime 0 on this cluster: no prepare signal)" if preemptor else
+                    "(Slurm's own preemption is on here, unlike the starter's: no prepare signal)" if preemptor else
                     "put back in Slurm's queue by someone other than jobgate (no job of a higher partition took "
                     "its nodes)")
             who = _jobgate_id(preemptor.comment) if preemptor else None
@@ -429,6 +456,33 @@ class SlurmLoop(threading.Thread):
         if note:
             evidence["note"] = note
         return evidence
+
+    # -- jobgate's preemption ----------------------------------------------------------------------------------
+
+    def _preempt(self, queued: Mapping[int, QueuedJob]) -> None:
+        """Step 6: jobgate, not Slurm, decides preemption (the starter turns Slurm's own off: one decider, and
+        Slurm's GraceTime with requeue loses victims as TIMEOUT). The governed jobs Slurm holds waiting for
+        resources, and the GPUs jobs jobgate does not govern use on each node (never victims), go to the gateway's
+        rules (Reports.preempt_for); a plan's victims come back as stops with `preemption` (step 3: the prepare
+        signal, the grace window, `scontrol requeue`)."""
+        ex = self.ex
+        waiting_ids = [i for i, q in queued.items() if q.state == "PENDING" and q.reason in WAITS_FOR_RESOURCES]
+        busy = [q for q in queued.values() if q.state in (*RUNS, "COMPLETING") and q.node_list]
+        if not waiting_ids:
+            return
+        with ex.transaction() as session:
+            live = {r.slurm_job_id: r.job_id for r in session.scalars(select(SlurmRun).where(
+                SlurmRun.live.is_(True), SlurmRun.cluster == ex.cluster))}
+            waiting = [live[i] for i in waiting_ids if i in live]
+            if not waiting:
+                return
+            ungoverned: dict[str, int] = {}
+            for q in busy:
+                if int(q.job_id) not in live:
+                    for node in expand(q.node_list):
+                        ungoverned[node] = ungoverned.get(node, 0) + q.gpus_per_node
+            if ex.reports.preempt_for(session, waiting, ungoverned):
+                ex.kick.set()  # the victims' prepare signals go out in the next cycle, not an interval later
 
     # -- deletes and Q10 --------------------------------------------------------------------------------------
 

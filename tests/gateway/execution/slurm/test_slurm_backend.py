@@ -1,6 +1,7 @@
 """jobgate in front of a real Slurm cluster (gateway/execution/slurm/execution.py, poll.py): the README's walk-through
-on the Slurm backend, Slurm's own preemption of an urgent gang's victims requeued keeping their priority, an
-emergency stop of an environment, and Slurm down: mutations refused, nothing half-done, caught up when it returns.
+on the Slurm backend, jobgate's preemption for an urgent gang (its victims signalled, then requeued keeping their
+priority), an emergency stop of an environment, and Slurm down: mutations refused, nothing half-done, caught up
+when it returns.
 
 One gateway on the session's cluster for the module (its Slurm loop driven by the tests, one cycle at a time, as
 the in-process executor's run() is); each test leaves the cluster and the gateway with nothing running."""
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from gateway.execution.slurm.poll import SlurmLoop
 from gateway.settings import Settings
 from gateway.store.scheduler_tables import SchedJob
 from gateway.store.slurm_tables import SlurmRun
+from scheduler.model import DEFAULT_CONFIG, QUEUES
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -119,6 +122,8 @@ def gate(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
                         policy_watch_interval_s=0)
     gen = start_api(settings, execution=slurm_execution)
     api = next(gen)
+    # A site's choice, here so that a victim may be taken seconds after it started (Q8's minimum runtime).
+    api.gateway.scheduler_config = replace(DEFAULT_CONFIG, min_runtime_s={q: 0.0 for q in QUEUES})
     try:
         yield Gate(api, slurm_cluster)
     finally:
@@ -176,10 +181,14 @@ def test_the_walk_through_on_slurm_submit_refused_stop_graceful_stop_with_its_ch
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their_priority_hold_and_lower(
+def test_jobgates_preemption_for_an_urgent_gang_signals_the_victims_requeues_them_keeping_their_priority_hold_and_lower(
         g: Gate) -> None:
-    victims = [g.submit(gpus_per_node=8, name=f"fill-{i}") for i in range(g.cluster.nodes)]
+    # A full cluster: every node but one runs a governed job, the last one a job submitted straight to Slurm.
+    victims = [g.submit(gpus_per_node=8, name=f"fill-{i}") for i in range(g.cluster.nodes - 1)]
     g.running(*victims)
+    straight = int(g.cluster.run_as("bob", "sbatch", "--parsable", "-A", "vision", "-p", "batch", "--gres=gpu:8",
+                                    "--wrap", "sleep 600").stdout.strip().split(";")[0])
+    g.until("the job straight to Slurm running", lambda: (q := g.ex.client.job(straight)) and q.state == "RUNNING")
     with g.api.gateway.transaction(immediate=False) as session:
         before = {j: session.get(SchedJob, j).priority for j in victims}  # type: ignore[union-attr]
     urgent = g.submit("carol", queue="urgent", gpus_per_node=8, nodes=2, name="urgent-eval")
@@ -189,21 +198,30 @@ def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their
                        lambda: [j for j in victims if g.state(j) == "pending"] if
                        len([j for j in victims if g.state(j) == "pending"]) == 2 else None)
     assert {g.state(j) for j in victims if j not in requeued} == {"running"}
+    # Not jobgate's to stop: the job submitted straight to Slurm was no victim (its batch tier notwithstanding).
+    assert (q := g.ex.client.job(straight)) is not None and q.state == "RUNNING" and q.restarts == 0
     for j in requeued:
         row = g.run_row(j)
         q = g.ex.client.job(row.slurm_job_id)
         # Victims lost: none. The same Slurm job waits again, its priority the one it had (P2), not restarted.
         assert q is not None and q.state == "PENDING" and q.restarts == 1 and row.live
+        assert not [a.state for a in g.ex.client.accounting([row.slurm_job_id]) if a.state == "TIMEOUT"]
         with g.api.gateway.transaction(immediate=False) as session:
             kept = session.get(SchedJob, j).priority  # type: ignore[union-attr]
         assert kept >= before[j] > 0  # jobgate's record: the priority before, plus its compensation (Q8)
         # Slurm would start its age factor again; jobgate set the kept priority as Operator, and Slurm keeps it.
         g.until(f"{j}'s priority kept in Slurm", lambda j=j, row=row, kept=kept: (
             q2 := g.ex.client.job(row.slurm_job_id)) and q2.priority == round(kept) == g.run_row(j).priority_set)
-        job = g.job(j)
-        assert job["evidence"]["last_preemption"]["outcome"] == "forced"
+        # P4: the prepare signal, and the checkpoint the job wrote in its window, read back as graceful.
+        last = g.job(j)["evidence"]["last_preemption"]
+        assert last["outcome"] == "graceful"
+        (evidence,) = last["nodes"].values()
+        assert evidence["signal"] == "SIGTERM" and evidence["signal_sent_at"] <= evidence["exited_at"]
+        assert [c["sha256"] for c in evidence["checkpoints"] if c["path"] == "last.ckpt"] == \
+            [hashlib.sha256(b"weights").hexdigest()]
         queue = g.api.get(f"/v1/jobs/{j}/queue", "alice").json()
         assert queue["preemptions"] == 1 and queue["priority"]["effective"] >= before[j]
+        assert transitions(g.api, j)[-3:] == ["stop_requested", "stopping", "pending"]
     # Q10: why it waits, in jobgate's words and beside them Slurm's own reason and estimate.
     g.until("Slurm's reason read", lambda: all(g.api.get(f"/v1/jobs/{j}/queue", "alice").json()["slurm"]["reason"]
                                                for j in requeued))
@@ -212,10 +230,11 @@ def test_slurms_preemption_for_an_urgent_gang_requeues_the_victims_keeping_their
     assert why["slurm"]["state"] == "PENDING"
     assert f"Slurm says: job {why['slurm']['slurm_job_id']} on {g.ex.cluster} PENDING ({why['slurm']['reason']})" \
         in describe_why(why)
-    preempts = [e["body"] for e in ledger_entries(g.api) if e["kind"] == "decision"
-                and e["body"].get("input", {}).get("action") == "job.preempt"]
-    assert sorted(p["input"]["targets"][0] for p in preempts) == sorted(requeued)
-    assert all(p["input"]["preemptor"] == urgent for p in preempts)
+    # jobgate decided it, as natively: one decision of the scheduler naming the urgent job and both victims.
+    (preempt,) = [e["body"] for e in ledger_entries(g.api) if e["kind"] == "decision"
+                  and e["body"].get("input", {}).get("action") == "job.preempt"]
+    assert preempt["actor"]["id"] == "scheduler" and preempt["decision"]["rules"] == ["Q8.priority_preemption"]
+    assert preempt["input"]["preemptor"] == urgent and sorted(preempt["input"]["targets"]) == sorted(requeued)
 
     # A waiting job paused in jobgate is held in Slurm, and released with its kept priority when resumed.
     paused, lowered = requeued
