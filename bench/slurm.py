@@ -19,9 +19,10 @@ its watch running as in `jobgate up --backend slurm`):
   ledger entry, per trial, beside the watch's interval and the cost of one look;
 
 and on a full cluster of `--urgent-nodes` (64) nodes x 8 GPUs started for it: an urgent 2x8-GPU job from its
-submission to running, through jobgate (POST as a queue admin, Slurm preempts, jobgate requeues and keeps the
-victims' priority) beside Slurm's own partition preemption of the same fill submitted with sbatch alone (GraceTime
-0), with the victims lost (ended instead of back in the queue) for each.
+submission to running, through jobgate (POST as a queue admin; jobgate preempts: prepare signal, window,
+`scontrol requeue`, the victims' priority kept) beside Slurm's own partition preemption of the same fill
+submitted with sbatch alone (GraceTime 0, on a cluster of the same size started with it on), with the victims
+lost (ended instead of back in the queue) for each.
 
     .venv/bin/python bench/slurm.py              # 300 jobs
     .venv/bin/python bench/slurm.py --jobs 100 --urgent-nodes 0   # no 64-node run
@@ -39,6 +40,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,7 @@ from gateway.settings import Settings  # noqa: E402
 from gateway.store.models import Job  # noqa: E402
 from gateway.store.oversight_tables import SlurmFindingRow  # noqa: E402
 from gateway.store.slurm_tables import SlurmRun  # noqa: E402
+from scheduler.model import DEFAULT_CONFIG, QUEUES  # noqa: E402
 
 SCRIPT = "#!/bin/sh\nexec sleep 600\n"
 
@@ -222,8 +225,10 @@ def _slurm_states(cluster: LocalCluster, every: bool = False) -> dict[int, str]:
 
 
 def urgent_on_a_full_cluster(nodes: int, data_dir: Path) -> dict[str, Any]:
-    """An urgent 2x8-GPU job on a full cluster: through jobgate, and with Slurm's own preemption alone."""
-    cluster, up_s = start_cluster(nodes, prefix="jobgate-slurm-bench-urgent-")
+    """An urgent 2x8-GPU job on a full cluster: through jobgate, and with Slurm's own preemption alone. The
+    baseline's cluster has Slurm's partition preemption on (JOBGATE_SLURM_PREEMPT=slurm); jobgate's, as the
+    starter sets it, off (jobgate decides): two clusters of the same size, one after the other."""
+    cluster, up_s = start_cluster(nodes, prefix="jobgate-slurm-bench-urgent-", preempt="slurm")
     try:
         # Slurm alone: the fill and the urgent job with sbatch, as jobgate's service user.
         fill = JobSpec(script=SCRIPT, account="vision", partition="normal", name="fill", gpus_per_node=8,
@@ -241,8 +246,14 @@ def urgent_on_a_full_cluster(nodes: int, data_dir: Path) -> dict[str, Any]:
         states = _slurm_states(cluster)
         slurm_lost = sum(1 for v in victims if states.get(v) not in ("RUNNING", "PENDING", "CONFIGURING"))
         cluster.cancel_everything()
-        # Through jobgate: the same fill and urgent job, submitted through the API.
+    finally:
+        stop_cluster_dir(cluster.env)
+    cluster, _ = start_cluster(nodes, prefix="jobgate-slurm-bench-urgent-")
+    try:
+        # Through jobgate: the same fill and urgent job, submitted through the API; jobgate preempts.
         gate = Gate(cluster, data_dir)
+        # A site's choice (Q8's minimum runtime, 600 s for normal by default): the fill may be taken at once.
+        gate.gw.scheduler_config = replace(DEFAULT_CONFIG, min_runtime_s={q: 0.0 for q in QUEUES})
         try:
             fill_ids = [gate.submit("alice", name=f"fill-{i}", gpus_per_node=8) for i in range(nodes)]
             until(lambda: list(gate.states(fill_ids).values()).count("running") == nodes, 300,
@@ -266,7 +277,8 @@ def urgent_on_a_full_cluster(nodes: int, data_dir: Path) -> dict[str, Any]:
             "victims_lost_through_jobgate": jobgate_lost,
             "victims_lost_slurm_alone": slurm_lost,
             "baseline": "Slurm's own partition preemption (PreemptMode=REQUEUE, GraceTime=0) of the same fill "
-                        "submitted with sbatch, same cluster, same run",
+                        "submitted with sbatch, on a cluster of the same size, same run; jobgate's preemption "
+                        "includes each victim's prepare signal and window (the fill exits on it at once)",
         }
     finally:
         stop_cluster_dir(cluster.env)

@@ -158,8 +158,10 @@ def run_starter(script: str, env: dict[str, str], *args: str) -> float:
     return time.monotonic() - t0
 
 
-def start_cluster(nodes: int = 4, *, prefix: str = "jobgate-slurm-test-") -> tuple[LocalCluster, float]:
-    """Start a fresh cluster of `nodes` nodes; it and the bring-up seconds. Raises StarterFailed."""
+def start_cluster(nodes: int = 4, *, prefix: str = "jobgate-slurm-test-",
+                  preempt: str = "jobgate") -> tuple[LocalCluster, float]:
+    """Start a fresh cluster of `nodes` nodes; it and the bring-up seconds. `preempt`: who preempts
+    (JOBGATE_SLURM_PREEMPT: jobgate, or slurm for a benchmark's baseline). Raises StarterFailed."""
     d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     d.chmod(0o755)
     tag = secrets.token_hex(4)
@@ -168,6 +170,7 @@ def start_cluster(nodes: int = 4, *, prefix: str = "jobgate-slurm-test-") -> tup
         "JOBGATE_SLURM_PORT_BASE": str(free_port_base(nodes)),
         "JOBGATE_SLURM_CLUSTER": f"t{tag}",
         "JOBGATE_SLURM_DB": f"jobgate_slurm_test_{tag}",
+        "JOBGATE_SLURM_PREEMPT": preempt,
     }
     try:
         seconds = run_starter("up", env, str(nodes))

@@ -1,9 +1,10 @@
 """The Slurm backend's parts that need no cluster: host lists read as Slurm prints them, `jobgate up --backend
-slurm` refusing in one line what it cannot use, and which map rows the loop's cycle may leave without a step."""
+slurm` and the starter refusing in one line what they cannot use, and which map rows the loop's cycle may leave without a step."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,3 +69,15 @@ def test_a_row_gets_its_step_unless_slurm_shows_it_as_last_seen_and_jobgate_want
     assert not _quiet(run, "paused", waiting)  # to be held
     run.priority_set = 50
     assert not _quiet(run, "pending", waiting)  # its priority to be set back
+
+
+def test_the_starter_refuses_in_one_line_a_preemption_setting_it_does_not_know(tmp_path: Path) -> None:
+    # Who preempts is a choice of two (jobgate, the default; slurm, for the benchmark's baseline): anything else
+    # is refused before anything is made, not taken for either.
+    starter = Path(__file__).parents[4] / "deploy" / "slurm" / "up"
+    done = subprocess.run([str(starter), "2"], capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/bin:/bin", "JOBGATE_SLURM_DIR": str(tmp_path / "c"),
+                               "JOBGATE_SLURM_PREEMPT": "both"})
+    assert done.returncode != 0
+    assert done.stderr.strip().endswith("JOBGATE_SLURM_PREEMPT must be jobgate or slurm, not 'both'")
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "c").exists()
