@@ -1,5 +1,6 @@
 """The Slurm backend's parts that need no cluster: host lists read as Slurm prints them, `jobgate up --backend
-slurm` and the starter refusing in one line what they cannot use, and which map rows the loop's cycle may leave without a step."""
+slurm` and the starter refusing in one line what they cannot use, and which map rows the loop's cycle may leave
+without a step."""
 
 from __future__ import annotations
 
