@@ -119,6 +119,10 @@ class Reports(Protocol):
         preemption): ledgered as a preemption, so that the `stopped` report that follows requeues it keeping its
         priority and wait (P2). False if the job was not running (nothing was recorded)."""
 
+    def may_preempt(self, session: Session, waiting: Sequence[str]) -> bool:
+        """Whether jobgate's rules would look for victims for any of these waiting jobs (one of a preempting
+        queue, urgent). Only reads."""
+
     def preempt_for(self, session: Session, waiting: Sequence[str], ungoverned: Mapping[str, int]) -> list[int]:
         """Jobs the executor's own scheduler holds waiting for resources (`waiting`, jobgate ids): jobgate decides
         whether its rules preempt for one (urgent over lower tiers, as natively), on what runs (its placed jobs,

@@ -103,13 +103,19 @@ def snapshot(session: Session, waiting: Sequence[str], ungoverned: Mapping[str, 
     return Snapshot(nodes=tuple(nodes), pending=tuple(pending), running=tuple(running), quotas=None, usage={})
 
 
+def may_preempt(gw: Jobs, session: Session, waiting: Sequence[str]) -> bool:
+    """Whether one of the waiting jobs is of a preempting queue (urgent): only such a job preempts here."""
+    config = scheduler_config(gw)
+    return session.scalar(select(Job.id).where(Job.id.in_(list(waiting)), Job.state == "pending",
+                                               Job.queue.in_(config.preempting_queues)).limit(1)) is not None
+
+
 def preempt_for(gw: Jobs, session: Session, waiting: Sequence[str], ungoverned: Mapping[str, int]) -> list[int]:
     """At most one plan (the core's rule 6) for the waiting jobs, carried out. Returns the decisions' ledger seqs.
     Quotas are Slurm's associations on this backend (Q4), so the core is given none: only a preempting queue's
     job (urgent) preempts, lower-priority stoppable jobs past their queue's minimum runtime, as natively."""
     config = scheduler_config(gw)
-    if not any(j.queue in config.preempting_queues for j in session.scalars(
-            select(Job).where(Job.id.in_(list(waiting)), Job.state == "pending"))):
+    if not may_preempt(gw, session, waiting):
         return []
     now = gw.clock()
     snap = snapshot(session, waiting, ungoverned, config)

@@ -231,6 +231,9 @@ class JobReports:
             executor_preempted(self.gw, session, job, preemptor=preemptor, reason=reason)
         return True
 
+    def may_preempt(self, session: Session, waiting: Sequence[str]) -> bool:
+        return executor_preemption.may_preempt(self.gw, session, waiting)
+
     def preempt_for(self, session: Session, waiting: Sequence[str], ungoverned: Mapping[str, int]) -> list[int]:
         with session.no_autoflush, ledger_batch(self.gw, session):
             return executor_preemption.preempt_for(self.gw, session, waiting, ungoverned)

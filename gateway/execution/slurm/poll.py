@@ -470,17 +470,20 @@ class SlurmLoop(threading.Thread):
         busy = [q for q in queued.values() if q.state in (*RUNS, "COMPLETING") and q.node_list]
         if not waiting_ids:
             return
-        with ex.transaction() as session:
+        # Read first: on a busy cluster jobs wait for resources every cycle, and a write transaction each cycle
+        # for none that may preempt would hold SQLite's write lock for nothing.
+        with ex.transaction(immediate=False) as session:
             live = {r.slurm_job_id: r.job_id for r in session.scalars(select(SlurmRun).where(
                 SlurmRun.live.is_(True), SlurmRun.cluster == ex.cluster))}
             waiting = [live[i] for i in waiting_ids if i in live]
-            if not waiting:
+            if not waiting or not ex.reports.may_preempt(session, waiting):
                 return
-            ungoverned: dict[str, int] = {}
-            for q in busy:
-                if int(q.job_id) not in live:
-                    for node in expand(q.node_list):
-                        ungoverned[node] = ungoverned.get(node, 0) + q.gpus_per_node
+        ungoverned: dict[str, int] = {}
+        for q in busy:
+            if int(q.job_id) not in live:
+                for node in expand(q.node_list):
+                    ungoverned[node] = ungoverned.get(node, 0) + q.gpus_per_node
+        with ex.transaction() as session:
             if ex.reports.preempt_for(session, waiting, ungoverned):
                 ex.kick.set()  # the victims' prepare signals go out in the next cycle, not an interval later
 
