@@ -62,14 +62,13 @@ slurm-down:
 	deploy/slurm/down
 
 ## jobgate in front of that cluster (as root): `deploy/slurm/up`, then the gateway on it with the demo organisation
-## (no demo node agents: Slurm's nodes run the jobs; env.sh names slurm.conf and jobgate's service user), its data
-## in var-slurm, the jobs' checkpoints where the service user and the nodes reach them. `make slurm-down` stops it.
+## (no demo node agents: Slurm's nodes run the jobs; env.sh names slurm.conf, jobgate's service user and where the
+## jobs' checkpoints go, reached by the service user and the nodes), its data in var-slurm. `make slurm-down` stops it.
 SLURM_DIR ?= /tmp/jobgate-slurm
 SLURM_DATA ?= var-slurm
 run-slurm: $(RUN_STAMP)
 	JOBGATE_SLURM_DIR=$(SLURM_DIR) deploy/slurm/up $(SLURM_NODES)
-	. $(SLURM_DIR)/env.sh && JOBGATE_SLURM_CHECKPOINT_DIR=$(SLURM_DIR)/work/checkpoints \
-	  $(BIN)/jobgate up --backend slurm --demo --port $(PORT) --data-dir $(SLURM_DATA)
+	. $(SLURM_DIR)/env.sh && $(BIN)/jobgate up --backend slurm --demo --port $(PORT) --data-dir $(SLURM_DATA)
 
 clean:
 	rm -rf $(VENV) var var-slurm .pytest_cache .mypy_cache .ruff_cache
