@@ -21,42 +21,28 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.jobs import preemption
 from gateway.jobs.deps import Jobs
-from gateway.jobs.records import lock_jobs, run_began
+from gateway.jobs.records import lock_jobs
+from gateway.jobs.sched_view import pending_job, running_job
 from gateway.jobs.scheduler_config import scheduler_config
-from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from gateway.store.models import Allocation, Job, Node
 from gateway.store.scheduler_tables import SchedJob
 from gateway.store.states import ACTIVE_STATES
 from scheduler.cycle import run_cycle
 from scheduler.model import (
-    JobId,
     NodeId,
     NodeState,
     PendingJob,
     Placement,
-    ProjectId,
     RunningJob,
     SchedulerConfig,
     Snapshot,
 )
-
-
-def _limit(job: Job) -> float | None:
-    return None if job.runtime_limit_s is None else min(job.runtime_limit_s, MAX_RUNTIME_LIMIT_S)
-
-
-def _stop_by(job: Job) -> datetime | None:
-    if job.state not in ("stop_requested", "stopping"):
-        return None
-    at = job.stop_request.get("at")
-    return (datetime.fromisoformat(at) if at else job.submitted_at) + timedelta(seconds=job.grace_seconds)
 
 
 def snapshot(session: Session, waiting: Sequence[str], ungoverned: Mapping[str, int],
@@ -87,19 +73,10 @@ def snapshot(session: Session, waiting: Sequence[str], ungoverned: Mapping[str, 
     for j, s in rows:
         own = j.base_priority + (s.contribution + s.compensation + s.manual if s else 0.0)
         if j.state == "pending":
-            pending.append(PendingJob(
-                id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
-                gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=s.queued_at if s else j.submitted_at,
-                base_priority=(s.contribution if s else 0.0) + j.base_priority, runtime_limit_s=_limit(j),
-                wait_credit_s=s.wait_credit_s if s else 0.0, compensation=s.compensation if s else 0.0,
-                manual=s.manual if s else 0.0, stoppable=j.stoppable))
+            pending.append(pending_job(j, s))
         elif j.state in ACTIVE_STATES and placements.get(j.id):
-            running.append(RunningJob(
-                id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
-                priority=config.queue_baseline[j.queue] + own, started_at=run_began(j),
-                placement=tuple(placements[j.id]), runtime_limit_s=_limit(j), borrowed=False,
-                stop_by=_stop_by(j), stoppable=j.stoppable, grace_s=min(max(j.grace_seconds, 0.0), MAX_RUNTIME_LIMIT_S),
-                occupancy_since=None))
+            running.append(running_job(j, priority=config.queue_baseline[j.queue] + own,
+                                       placement=placements[j.id], borrowed=False, occupancy_since=None))
     return Snapshot(nodes=tuple(nodes), pending=tuple(pending), running=tuple(running), quotas=None, usage={})
 
 

@@ -9,7 +9,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -19,14 +19,14 @@ from gateway.decisions.notifications import notify
 from gateway.decisions.pipeline import record_outcome
 from gateway.jobs import placement, preemption, priority_history
 from gateway.jobs.quotas import load_quotas
-from gateway.jobs.records import lock_jobs, run_began
+from gateway.jobs.records import lock_jobs
 from gateway.jobs.runtime_limits import stop_overrunning
+from gateway.jobs.sched_view import pending_job, running_job
 from gateway.jobs.scheduler_config import scheduler_config
 from gateway.jobs.stops import escalate_unconfirmed_stops, ledger_transition
 from gateway.native.commands import enqueue
 from gateway.native.deps import Native
 from gateway.native.node_health import mark_lost_nodes
-from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from gateway.store.models import Allocation, Job, Node, NodeCommand
 from gateway.store.scheduler_tables import SchedJob, TenantUsage
 from gateway.store.states import ACTIVE_STATES, ENDED_STATES, WITHHELD_STATES
@@ -46,22 +46,6 @@ from scheduler.model import (
 )
 
 log = logging.getLogger("jobgate.scheduler")
-
-
-def _stop_by(job: Job) -> datetime | None:
-    if job.state not in ("stop_requested", "stopping"):
-        return None
-    at = job.stop_request.get("at")
-    asked = datetime.fromisoformat(at) if at else job.submitted_at
-    return asked + timedelta(seconds=job.grace_seconds)
-
-
-def _limit(job: Job) -> float | None:
-    """The job's runtime limit as the scheduler may use it. Submissions are bounded (MAX_RUNTIME_LIMIT_S),
-    but a row stored before that bound existed may hold one that overflows a datetime and would fail every
-    cycle, for everybody's jobs."""
-    limit = job.runtime_limit_s
-    return None if limit is None else min(limit, MAX_RUNTIME_LIMIT_S)
 
 
 def _past_validity(job: Job, now: datetime | None) -> bool:
@@ -132,21 +116,11 @@ def _read_snapshot(session: Session, now: datetime | None,
             continue  # R4: housekeeping reclaims it; started now, it would only be stopped again
         if j.state == "pending":
             pending_rows[JobId(j.id)] = (j, s)
-            pending.append(PendingJob(
-                id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
-                gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=s.queued_at if s else j.submitted_at,
-                base_priority=(s.contribution if s else 0.0) + j.base_priority, runtime_limit_s=_limit(j),
-                wait_credit_s=s.wait_credit_s if s else 0.0, compensation=s.compensation if s else 0.0,
-                manual=s.manual if s else 0.0, stoppable=j.stoppable,
-                needs_isolation=take is not None and take.needs_isolation(j)))
+            pending.append(pending_job(j, s, needs_isolation=take is not None and take.needs_isolation(j)))
         else:
-            (withheld if j.state in WITHHELD_STATES else running).append(RunningJob(
-                id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
-                priority=s.priority if s else j.base_priority, started_at=run_began(j),
-                placement=tuple(held.get(j.id, ())),
-                runtime_limit_s=_limit(j), borrowed=bool(s and s.borrowed), stop_by=_stop_by(j),
-                stoppable=j.stoppable, grace_s=min(max(j.grace_seconds, 0.0), MAX_RUNTIME_LIMIT_S),
-                occupancy_since=preemption.occupancy_since(j, s) if s else None))
+            (withheld if j.state in WITHHELD_STATES else running).append(running_job(
+                j, priority=s.priority if s else j.base_priority, placement=held.get(j.id, ()),
+                borrowed=bool(s and s.borrowed), occupancy_since=preemption.occupancy_since(j, s) if s else None))
     quotas = load_quotas(session, now) if now is not None else None
     usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
     return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage,
