@@ -22,7 +22,9 @@ import hashlib
 import logging
 import re
 import secrets
+from collections.abc import Callable
 from functools import partial
+from typing import TypeVar
 
 import anyio.to_thread
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -51,6 +53,7 @@ _STRING_CHAR = re.compile(r'(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*')  # insid
 _HEADER_KEY = HEADER.lower().encode()
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL: FOR UPDATE NOWAIT found the row locked
 log = logging.getLogger("jobgate.idempotency")
+T = TypeVar("T")
 
 
 class BadKey(GatewayError):
@@ -112,15 +115,19 @@ Reserved = tuple[Found | None, int, list[list[str]], bytes, float]
 
 def _reserve(gw: Gateway, authorization: str | None, key: str, holder: str, print_: str) -> tuple[Claim | None,
                                                                                                  Reserved]:
-    """Who calls and, for them, the key reserved or why not: one transaction, one hop off the event loop. No claim
-    when the request does not authenticate."""
+    """Who calls and, for them, the key reserved or why not. No claim when the request does not authenticate.
+    A fresh key (nearly every request) costs one statement; a key that has a row is read in a transaction."""
     claim = None
     try:
-        with gw.db.transaction() as session:
+        with gw.db.transaction(immediate=False) as session:
             who = caller_scope(gw, session, authorization)
-            if who is None:
-                return None, (None, 0, [], b"", 0.0)
-            claim = Claim(who, key, holder)
+        if who is None:
+            return None, (None, 0, [], b"", 0.0)
+        claim = Claim(who, key, holder)
+        with gw.db.single_statement() as connection:
+            if idempotency.reserve_fresh(connection, claim, print_, gw.clock()):
+                return claim, (Found.NEW, 0, [], b"", 0.0)
+        with gw.db.transaction() as session:
             found, row = idempotency.reserve(session, claim, print_, gw.clock())
             wait = max(1.0, (row.lease_until - gw.clock()).total_seconds())
             return claim, (found, row.status or 0, list(row.headers or []), bytes(row.body or b""), wait)
@@ -136,8 +143,17 @@ def _reserve(gw: Gateway, authorization: str | None, key: str, holder: str, prin
 
 def _finish(gw: Gateway, claim: Claim, status: int, headers: list[list[str]], body: bytes) -> None:
     keep = status < 500 and status not in TRANSIENT
-    with gw.db.transaction() as session:
-        idempotency.finish(session, claim, status, headers, body, keep)
+    with gw.db.single_statement() as connection:
+        idempotency.finish(connection, claim, status, headers, body, keep)
+
+
+async def _off_loop(gw: Gateway, fn: Callable[[], T]) -> T:
+    """fn() on the event loop where it cannot wait (SQLite, its write lock free: a statement or two on a local
+    file), else in a worker thread. The hop there and back cost more than the statements (as for submissions,
+    gateway/jobs/submission.py)."""
+    if gw.db.is_sqlite and not gw.db.writer_busy:
+        return fn()
+    return await anyio.to_thread.run_sync(fn)
 
 
 class IdempotencyMiddleware:
@@ -163,8 +179,8 @@ class IdempotencyMiddleware:
         gw: Gateway = scope["app"].state.gateway
         authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         try:
-            claim, (found, status, headers, stored, wait) = await anyio.to_thread.run_sync(
-                partial(_reserve, gw, authorization, key, secrets.token_hex(16), fingerprint(scope, body)))
+            claim, (found, status, headers, stored, wait) = await _off_loop(
+                gw, partial(_reserve, gw, authorization, key, secrets.token_hex(16), fingerprint(scope, body)))
         except OperationalError as e:  # out here the app's handlers do not answer it: the same 503 they would
             log.error("%s %s: business database unavailable for its Idempotency-Key: %s", scope["method"],
                       scope["path"], e.orig)
@@ -217,14 +233,14 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, keep)
         except BaseException:  # answered as a 500 further out: not an answer to keep, unless the request acted
             idempotency.CURRENT.reset(token)
-            await anyio.to_thread.run_sync(partial(_finish, gw, claim, 500, [], b""))
+            await _off_loop(gw, partial(_finish, gw, claim, 500, [], b""))
             raise
         idempotency.CURRENT.reset(token)
         assert start is not None, "the app answered nothing"
         body = b"".join(parts)
         headers = [[n.decode("latin-1"), v.decode("latin-1")] for n, v in start.get("headers", [])]
         try:
-            await anyio.to_thread.run_sync(partial(_finish, gw, claim, int(start["status"]), headers, body))
+            await _off_loop(gw, partial(_finish, gw, claim, int(start["status"]), headers, body))
         except Exception:  # the answer still goes out; a retry finds the key acted (409) or reserved until its lease
             log.exception("the answer to Idempotency-Key %r could not be kept", claim.key)
         await send(start)

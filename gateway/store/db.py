@@ -191,8 +191,13 @@ class Database:
 
     @contextmanager
     def single_statement(self) -> Iterator[Connection]:
-        """SQLite: a connection, under the write lock, on which each statement commits on its own (no BEGIN);
-        for a write done by one statement (gateway/store/submission_rows.py)."""
+        """A connection on which each statement commits on its own, for a write done by one statement
+        (gateway/store/submission_rows.py, gateway/store/idempotency.py): one round trip on PostgreSQL instead of
+        BEGIN, statement, COMMIT; on SQLite no BEGIN, and the write lock held for that one statement only."""
+        if not self.is_sqlite:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+                yield connection
+            return
         with self._write_lock, self._immediate_engine.connect() as connection:
             yield connection.execution_options(**{SINGLE_STATEMENT: True})
             connection.commit()  # nothing left to commit; ends SQLAlchemy's view of a transaction

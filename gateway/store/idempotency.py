@@ -3,10 +3,11 @@ business database, so that a retry on any replica finds the first request's answ
 
 A row is reserved (`processing`) before the request runs, by this attempt's `holder` token. Every write
 transaction the request then opens takes the row in its first statement and marks it `acted` (Database.transaction
-calls `claim_row`): the mark commits with the action or rolls back with it, so a crash between the action and the
-answer being stored leaves `acted`, never "done but not recorded". The answer is stored (`done`) after the action.
-`holder` fences: a retry may take over a reservation whose lease ran out (its replica died before acting), and the
-first attempt's transactions then find the row no longer theirs and roll back, so the action happens once.
+calls `claim_row`; a submission on SQLite marks it in the one statement that writes its rows): the mark commits
+with the action or rolls back with it, so a crash between the action and the answer being stored leaves `acted`,
+never "done but not recorded". The answer is stored (`done`) after the action. `holder` fences: a retry may take
+over a reservation whose lease ran out (its replica died before acting), and the first attempt's transactions then
+find the row no longer theirs and roll back, so the action happens once.
 """
 
 from __future__ import annotations
@@ -15,9 +16,22 @@ import enum
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, Integer, LargeBinary, String, delete, select, update
+from sqlalchemy import (
+    JSON,
+    Connection,
+    Integer,
+    LargeBinary,
+    String,
+    Table,
+    delete,
+    exists,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from gateway.errors import Conflict
@@ -60,12 +74,33 @@ class Superseded(Conflict):
     kind, title = "idempotency-key-superseded", "A retry with this Idempotency-Key took over"
 
 
+SUPERSEDED_DETAIL = ("a retry with the same Idempotency-Key took this request over while it waited; it acts instead,"
+                     " and nothing was done here")
+
+
 class Found(enum.Enum):
     NEW = "new"  # reserved for this attempt: run the request
     REPLAY = "replay"  # answered before: send that answer again
     MISMATCH = "mismatch"  # the key was used for another request
     BUSY = "busy"  # the first request is still being processed
     LOST = "lost"  # the first request acted, and its replica died before its answer was stored
+
+
+def reserve_fresh(connection: Connection, claim: Claim, fingerprint: str, now: datetime) -> bool:
+    """Reserve a key nobody used (the common case) by one statement on a connection that commits each statement
+    (Database.single_statement); False when the key has a row, which reserve() then reads. The row is inserted
+    only if none is there when the statement starts, so that on PostgreSQL the insert never waits for a row the
+    first request's write transaction holds (reserve() answers that at once, with NOWAIT). A concurrent first use
+    of the same key raises IntegrityError, as in reserve()."""
+    table = cast(Table, IdempotencyKey.__table__)
+    fresh = select(*(literal(v, table.c[k].type) for k, v in (
+        ("scope", claim.scope), ("key", claim.key), ("fingerprint", fingerprint), ("holder", claim.holder),
+        ("state", PROCESSING), ("created_at", now), ("lease_until", now + LEASE)))).where(
+        ~exists().where(table.c.scope == claim.scope, table.c.key == claim.key))
+    done = connection.execute(insert(table).from_select(
+        ["scope", "key", "fingerprint", "holder", "state", "created_at", "lease_until"], fresh)
+        .execution_options(preserve_rowcount=True))  # an INSERT's count is otherwise not kept (psycopg: -1)
+    return bool(done.rowcount == 1)
 
 
 def reserve(session: Session, claim: Claim, fingerprint: str, now: datetime) -> tuple[Found, IdempotencyKey]:
@@ -107,23 +142,22 @@ def claim_row(session: Session) -> None:
                IdempotencyKey.holder == claim.holder, IdempotencyKey.state.in_((PROCESSING, ACTED)))
         .values(state=ACTED))
     if done.rowcount != 1:
-        raise Superseded("a retry with the same Idempotency-Key took this request over while it waited; it acts"
-                         " instead, and nothing was done here")
+        raise Superseded(SUPERSEDED_DETAIL)
 
 
-def finish(session: Session, claim: Claim, status: int, headers: list[list[str]], body: bytes,
+def finish(connection: Connection, claim: Claim, status: int, headers: list[list[str]], body: bytes,
            keep: bool) -> bool:
     """Store the answer under the key; or, when it need not be kept (`keep` False: an answer a retry may
     change, such as a 503) and the request did not act, forget the key so that a retry runs again. Returns
-    whether the answer was stored."""
-    row = session.get(IdempotencyKey, (claim.scope, claim.key), with_for_update=True)
-    if row is None or row.holder != claim.holder:
+    whether the answer was stored. On a connection that commits each statement (Database.single_statement): each
+    statement is fenced by `holder`, so a retry that took the key over keeps it."""
+    table = cast(Table, IdempotencyKey.__table__)
+    mine = (table.c.scope == claim.scope, table.c.key == claim.key, table.c.holder == claim.holder)
+    if not keep and connection.execute(delete(table).where(*mine, table.c.state == PROCESSING)).rowcount:
         return False
-    if not keep and row.state == PROCESSING:
-        session.delete(row)
-        return False
-    row.state, row.status, row.headers, row.body = DONE, status, headers, body
-    return True
+    done = connection.execute(update(table).where(*mine).values(state=DONE, status=status, headers=headers,
+                                                                 body=body))
+    return bool(done.rowcount == 1)
 
 
 def purge(session: Session, now: datetime) -> int:

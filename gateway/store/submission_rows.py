@@ -5,7 +5,9 @@ other request threads hold it. Under load a submission's BEGIN, three INSERTs an
 for about 4 ms, mostly waiting, and that capped submissions near 200/s. So on SQLite the three rows go into
 `submission_rows`, an always-empty view whose INSTEAD OF trigger inserts them into their tables: one
 statement in autocommit mode is one transaction (all three rows or none), with one wait for the interpreter
-lock instead of five. The ledger's batches are written the same way (ledger/store.py).
+lock instead of five. The ledger's batches are written the same way (ledger/store.py). A request holding an
+Idempotency-Key has its key's row marked acted by that statement too, as a write transaction would mark it
+(gateway/store/idempotency.py).
 
 The view and its trigger are generated from the three tables' columns when the schema is created, so a
 column added to a model is written without touching this file.
@@ -15,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import Column, Insert, MetaData, Table
+from sqlalchemy import Column, Insert, MetaData, String, Table
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from gateway.store import idempotency
 from gateway.store.db import Database, insert_new, row_values
@@ -36,8 +39,13 @@ def _name(table: Table, column: Column[Any]) -> str:
     return f"{table.name}__{column.name}"
 
 
+# The Idempotency-Key a request holds (gateway/store/idempotency.py): its row is marked acted by the same statement,
+# or, when a retry has taken the key over, the statement is refused and writes nothing.
+_CLAIM = tuple(f"claim__{field}" for field in ("scope", "key", "holder"))
+SUPERSEDED = "jobgate: idempotency key superseded"
 # The view as SQLAlchemy sees it: the tables' column types, so values are converted as for the tables.
-_VIEW = Table(VIEW, MetaData(), *(Column(_name(t, c), c.type) for t in _TABLES for c in _written(t)))
+_VIEW = Table(VIEW, MetaData(), *(Column(_name(t, c), c.type) for t in _TABLES for c in _written(t)),
+              *(Column(name, String) for name in _CLAIM))
 _INSERT: Insert = _VIEW.insert()
 # Per table, its written columns' keys and their names in the view: worked out once, not per submission.
 _KEYS = tuple(tuple((c.key, _name(t, c)) for c in _written(t)) for t in _TABLES)
@@ -45,8 +53,14 @@ _KEYS = tuple(tuple((c.key, _name(t, c)) for c in _written(t)) for t in _TABLES)
 
 def add_submission_view(connection: Connection) -> None:
     """SQLite: (re)create the view and its trigger for the tables' current columns."""
-    names = [_name(t, c) for t in _TABLES for c in _written(t)]
-    inserts = " ".join(
+    names = [_name(t, c) for t in _TABLES for c in _written(t)] + list(_CLAIM)
+    keys = idempotency.IdempotencyKey.__tablename__
+    mine = (f"scope = NEW.{_CLAIM[0]} AND key = NEW.{_CLAIM[1]} AND holder = NEW.{_CLAIM[2]}"
+            f" AND state IN ('{idempotency.PROCESSING}', '{idempotency.ACTED}')")
+    claim = (f"SELECT RAISE(ABORT, '{SUPERSEDED}') WHERE NEW.{_CLAIM[2]} IS NOT NULL"
+             f" AND NOT EXISTS (SELECT 1 FROM {keys} WHERE {mine});"
+             f" UPDATE {keys} SET state = '{idempotency.ACTED}' WHERE NEW.{_CLAIM[2]} IS NOT NULL AND {mine};")
+    inserts = claim + " " + " ".join(
         f"INSERT INTO {t.name} ({', '.join(c.name for c in _written(t))})"
         f" VALUES ({', '.join('NEW.' + _name(t, c) for c in _written(t))});"
         for t in _TABLES
@@ -60,15 +74,21 @@ def add_submission_view(connection: Connection) -> None:
 def insert_submission(db: Database, job: Job, sched: SchedJob, change: PriorityChange) -> None:
     """Insert a new job's rows in a transaction of their own (db.insert_new's conventions: defaults filled into
     the objects, which stay outside any session). Raises SQLAlchemy's errors."""
-    # PostgreSQL: row locks, no single writer. A request holding an Idempotency-Key: its key's row is marked in
-    # the same transaction as the rows (gateway/store/idempotency.py), which one statement cannot do.
-    if not db.is_sqlite or idempotency.CURRENT.get() is not None:
+    # PostgreSQL: row locks, no single writer (a transaction marks a held Idempotency-Key's row first).
+    if not db.is_sqlite:
         with db.transaction() as session:
             insert_new(session, job, sched, change)
         return
-    values: dict[str, Any] = {}
+    claim = idempotency.CURRENT.get()
+    values: dict[str, Any] = dict(zip(_CLAIM, (claim.scope, claim.key, claim.holder) if claim else (None,) * 3,
+                                      strict=True))
     for keys, obj in zip(_KEYS, (job, sched, change), strict=True):
         given = row_values(obj)
         values.update((name, given[key]) for key, name in keys)
-    with db.single_statement() as connection:
-        connection.execute(_INSERT, values)
+    try:
+        with db.single_statement() as connection:
+            connection.execute(_INSERT, values)
+    except IntegrityError as e:
+        if SUPERSEDED in str(e.orig):
+            raise idempotency.Superseded(idempotency.SUPERSEDED_DETAIL) from None
+        raise

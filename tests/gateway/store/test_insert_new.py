@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
+from gateway.store import idempotency
 from gateway.store.db import Database, insert_new
 from gateway.store.models import Job, Principal, Project
 from gateway.store.scheduler_tables import PriorityChange, SchedJob
@@ -127,3 +128,52 @@ def test_the_submission_view_follows_the_tables_when_the_schema_is_created_again
     insert_submission(db, *submission("j-2"))
     with db.transaction(immediate=False) as session:
         assert session.get(Job, "j-2") is not None
+
+
+def _reserved(db: Database, holder: str) -> idempotency.Claim:
+    """A key reserved by `holder` (as the API's middleware reserves it before the request runs)."""
+    claim = idempotency.Claim("principal:alice", f"k-{holder}", holder)
+    with db.single_statement() as connection:
+        assert idempotency.reserve_fresh(connection, claim, "print", NOW)
+    return claim
+
+
+def test_a_submission_holding_an_idempotency_key_marks_it_acted_with_its_rows(db: Database) -> None:
+    claim = _reserved(db, "first")
+    token = idempotency.CURRENT.set(claim)
+    try:
+        insert_submission(db, *submission())
+    finally:
+        idempotency.CURRENT.reset(token)
+    with db.transaction(immediate=False) as session:
+        row = idempotency.held(session, claim.scope, claim.key)
+        assert row is not None and row.state == idempotency.ACTED and session.get(Job, "j-1") is not None
+
+
+def test_a_submission_whose_key_a_retry_took_over_writes_nothing(db: Database) -> None:
+    """The retry holds the key now: the first attempt's write is refused whole (on SQLite by the one statement's
+    trigger, on PostgreSQL by its transaction's first statement) and the key stays the retry's."""
+    claim = _reserved(db, "first")
+    with db.single_statement() as connection:
+        connection.execute(update(idempotency.IdempotencyKey).values(holder="retry"))
+    token = idempotency.CURRENT.set(claim)
+    try:
+        with pytest.raises(idempotency.Superseded):
+            insert_submission(db, *submission())
+    finally:
+        idempotency.CURRENT.reset(token)
+    with db.transaction(immediate=False) as session:
+        row = idempotency.held(session, claim.scope, claim.key)
+        assert row is not None and (row.state, row.holder) == (idempotency.PROCESSING, "retry")
+        assert session.get(Job, "j-1") is None and session.scalars(select(SchedJob)).all() == []
+
+
+def test_a_fresh_key_is_reserved_once(db: Database) -> None:
+    """reserve_fresh inserts only where the key has no row: the second attempt leaves the first's reservation."""
+    claim = _reserved(db, "first")
+    with db.single_statement() as connection:
+        assert not idempotency.reserve_fresh(connection, idempotency.Claim(claim.scope, claim.key, "second"),
+                                             "print", NOW)
+    with db.transaction(immediate=False) as session:
+        row = idempotency.held(session, claim.scope, claim.key)
+        assert row is not None and row.holder == "first"
