@@ -89,9 +89,10 @@ class Found(enum.Enum):
 def reserve_fresh(connection: Connection, claim: Claim, fingerprint: str, now: datetime) -> bool:
     """Reserve a key nobody used (the common case) by one statement on a connection that commits each statement
     (Database.single_statement); False when the key has a row, which reserve() then reads. The row is inserted
-    only if none is there when the statement starts, so that on PostgreSQL the insert never waits for a row the
-    first request's write transaction holds (reserve() answers that at once, with NOWAIT). A concurrent first use
-    of the same key raises IntegrityError, as in reserve()."""
+    only if none is there when the statement starts, so that on PostgreSQL the insert does not wait for a row the
+    first request's write transaction holds (reserve() answers that at once, with NOWAIT); only a first use that
+    reserves and starts writing within this statement's few microseconds can make it wait, for that write. A
+    concurrent first use of the same key raises IntegrityError, as in reserve()."""
     table = cast(Table, IdempotencyKey.__table__)
     fresh = select(*(literal(v, table.c[k].type) for k, v in (
         ("scope", claim.scope), ("key", claim.key), ("fingerprint", fingerprint), ("holder", claim.holder),
