@@ -26,6 +26,7 @@ class Replica:
     port: int
     proc: subprocess.Popen[bytes]
     log: Path
+    token: str | None = None  # a valid one: /readyz then names the replicas and why a check failed
 
     @property
     def url(self) -> str:
@@ -39,7 +40,8 @@ class Replica:
         if self.proc.poll() is not None:
             return None
         try:
-            r = httpx.get(self.url + "/readyz", timeout=2)
+            r = httpx.get(self.url + "/readyz", timeout=2,
+                          headers={"Authorization": f"Bearer {self.token}"} if self.token else None)
         except httpx.HTTPError:
             return None
         return r.status_code, r.json()
@@ -70,7 +72,7 @@ class Replicas:
             proc = subprocess.Popen([*JOBGATE, "up", *(["--demo"] if demo else []), "--port", str(port),
                                      "--data-dir", str(self.data_dir)], stdout=out, stderr=subprocess.STDOUT,
                                     env=self.env)
-        replica = Replica(port, proc, log)
+        replica = Replica(port, proc, log, self.tokens.get("alice"))
         self.replicas.append(replica)
         if wait_ready:
             self.wait_ready(replica)
@@ -86,6 +88,8 @@ class Replicas:
         wait_for(ready, timeout, f"replica {replica.port} to be ready", interval=0.1)
         if not self.tokens and (self.data_dir / "demo-tokens.json").exists():
             self.tokens = json.loads((self.data_dir / "demo-tokens.json").read_text())
+        for started in self.replicas:
+            started.token = started.token or self.tokens.get("alice")
 
     def start_agents(self, url: str) -> None:
         """The demo's two node agents, on `url` (a replica that is to survive the test)."""
