@@ -57,6 +57,9 @@ def write_secret_text(path: Path, text: str) -> None:
 
 
 _SEED_LOCK = 7305621  # transaction advisory lock (PostgreSQL): one replica seeds the demo
+# Session advisory lock (PostgreSQL): the replica holding it runs the demo's node agents, the first to start; one
+# that seeded is not enough, since replicas restarted on a seeded database each found the seeding done.
+AGENTS_LOCK = 7305622
 
 
 def prepare_demo(settings: Settings) -> bool:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import click
 
-from gateway.demo import DEMO_GPUS_PER_NODE, DEMO_NODES
+from gateway.demo import AGENTS_LOCK, DEMO_GPUS_PER_NODE, DEMO_NODES
 from gateway.settings import Settings
 from nodeagent.layout import private_state_dir
 
@@ -230,7 +230,7 @@ def _banner(url: str, settings: Settings, demo: bool, isolated: bool = True, age
             "  node agents     none: Slurm's nodes run the jobs" if settings.backend == "slurm" else
             (f"  node agents     {', '.join(DEMO_NODES)} ({DEMO_GPUS_PER_NODE} virtual GPUs each; "
              + ("each job under a uid of its own)" if isolated else "isolation: none)")) if agents else
-            "  node agents     beside the replica that seeded the demo",
+            "  node agents     beside the first replica started",
             f"  demo tokens     {data_dir / 'demo-tokens.json'}",
             "",
             "Try, in another terminal:",
@@ -266,7 +266,6 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.bootstrap import is_replicated
 
     data_dir = data_dir.resolve()
     if policy_engine == "opa" and not opa_url:
@@ -279,7 +278,6 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     _check_startable(settings.policies_dir, settings.rate_limit_storage)
     url = f"http://{host}:{port}"
     gateway, seeded = _open(settings, demo)
-    replicated = is_replicated(settings)
     _lead_or_follow(gateway)
     agents: list[subprocess.Popen[bytes]] = []
     unisolated = None
@@ -287,15 +285,15 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
         click.echo("seeded the demo organisation" if seeded else "demo organisation already seeded; keeping data")
         if backend != "native":
             pass  # on Slurm, Slurm's nodes run the jobs: no demo agents
-        elif seeded or not replicated:
+        elif gateway.db.hold(AGENTS_LOCK):  # the first replica to start (alone: always this one)
             unisolated = demo_isolation(data_dir)
             if unisolated:
                 click.echo(f"node agents: isolation none ({unisolated}): every demo job runs as your own user")
             agents = _start_agents(data_dir, url, isolate=unisolated is None)
         else:
-            # Another replica seeded it and runs its agents, which any replica serves: two agents per node would
-            # each run the node's jobs.
-            click.echo("node agents: none started here; the demo's run beside the replica that seeded it")
+            # Another replica runs them, and any replica serves them: two agents per node would each run the
+            # node's jobs.
+            click.echo("node agents: none started here; the demo's run beside the first replica started")
     click.echo(_role_line(gateway))
     if gateway.leadership.status()["mode"] != "single" and settings.rate_limit_storage.startswith("memory"):
         # Not refused: one replica alone on a shared database is a fine way to start. But each replica counting

@@ -138,6 +138,7 @@ class Database:
         self._immediate_sessions = sessionmaker(self._immediate_engine, expire_on_commit=False)
         self._write_lock = threading.Lock()
         self._claim: Connection | None = None
+        self._held: list[Connection] = []  # sessions holding advisory locks of hold()
         file = self.engine.url.database if self.is_sqlite else None
         self._checkpointer = (WalCheckpointer(Path(file), interval_s=CHECKPOINT_INTERVAL_S)
                               if file and file != ":memory:" else None)
@@ -168,6 +169,19 @@ class Database:
                 " process's ledger is one only it may write: SQLite); stop it first, or run every replica on one"
                 " PostgreSQL ledger (JOBGATE_LEDGER_URL)")
         self._claim = conn
+
+    def hold(self, key: int) -> bool:
+        """PostgreSQL: take the session advisory lock `key` for as long as this process lives (or until close()),
+        unless another process holds it; whether this one holds it now. A process killed with kill -9 lets it go
+        with its session. SQLite: True (one process per data dir)."""
+        if self.is_sqlite:
+            return True
+        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+            conn.close()
+            return False
+        self._held.append(conn)
+        return True
 
     @contextmanager
     def transaction(self, *, immediate: bool = True) -> Iterator[Session]:
@@ -206,6 +220,9 @@ class Database:
         if self._claim is not None:
             self._claim.close()  # ends the session, and the claim with it
             self._claim = None
+        for held in self._held:
+            held.close()
+        self._held.clear()
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.engine.dispose()
