@@ -6,7 +6,8 @@ of at most 255 characters. It is optional: without one a request is served as it
 scoped to the authenticated caller (a key of yours never finds my answer), and a request is fingerprinted by its method,
 path, query and body:
 
-- first use: the key is reserved, the request runs, and its answer is stored before it is sent;
+- first use: the key is reserved, the request runs (its reservation's lease renewed while it does), and its answer
+  is stored before it is sent;
 - the same key and fingerprint again, once answered: the stored answer (status, headers, body), marked
   `Idempotent-Replayed: true`; nothing is decided, ledgered or done again;
 - the same key with another request: 422; while the first is still being processed: 409 with Retry-After;
@@ -18,6 +19,8 @@ crash between the action and its answer is covered is said there and in gateway/
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import re
@@ -229,13 +232,16 @@ class IdempotencyMiddleware:
                 parts.append(message.get("body", b""))
 
         token = idempotency.CURRENT.set(claim)
+        renewing = asyncio.create_task(_renew_lease(gw, claim))
         try:
             await self.app(scope, receive, keep)
         except BaseException:  # answered as a 500 further out: not an answer to keep, unless the request acted
             idempotency.CURRENT.reset(token)
+            await _stop(renewing)
             await _off_loop(gw, partial(_finish, gw, claim, 500, [], b""))
             raise
         idempotency.CURRENT.reset(token)
+        await _stop(renewing)
         assert start is not None, "the app answered nothing"
         body = b"".join(parts)
         headers = [[n.decode("latin-1"), v.decode("latin-1")] for n, v in start.get("headers", [])]
@@ -245,6 +251,30 @@ class IdempotencyMiddleware:
             log.exception("the answer to Idempotency-Key %r could not be kept", claim.key)
         await send(start)
         await send({"type": "http.response.body", "body": body})
+
+
+async def _renew_lease(gw: Gateway, claim: Claim) -> None:
+    """Keep the reservation while the request runs: a retry takes over only once this replica stops renewing it
+    (it died), never from a request that is merely slow, which would then decide twice."""
+    every = idempotency.RENEW_EVERY.total_seconds()
+    while True:
+        await asyncio.sleep(every)
+        try:
+            if not await _off_loop(gw, partial(_renew, gw, claim)):
+                return  # answered, or taken over by a retry: the request's own write then finds out
+        except Exception:  # the database is away: the request's own statements will say so
+            log.warning("the lease of Idempotency-Key %r could not be renewed", claim.key, exc_info=True)
+
+
+def _renew(gw: Gateway, claim: Claim) -> bool:
+    with gw.db.single_statement() as connection:
+        return idempotency.renew(connection, claim, gw.clock())
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, Receive]:

@@ -39,6 +39,9 @@ from gateway.store.models import Base
 
 RETENTION = timedelta(hours=24)  # a key is remembered this long after its first use, then forgotten (purged)
 LEASE = timedelta(seconds=10)  # a reservation nobody acted on may be taken over by a retry after this long
+# While its request runs, a reservation's lease is renewed this often (gateway/api/idempotency.py), so that only a
+# request whose replica died is taken over, not one that is slow (a stop of many jobs, a policy server that lags).
+RENEW_EVERY = LEASE / 3
 PROCESSING, ACTED, DONE = "processing", "acted", "done"
 
 
@@ -129,6 +132,16 @@ def reserve(session: Session, claim: Claim, fingerprint: str, now: datetime) -> 
         return Found.LOST, row
     row.holder, row.lease_until = claim.holder, now + LEASE  # its holder died before acting: this attempt acts
     return Found.NEW, row
+
+
+def renew(connection: Connection, claim: Claim, now: datetime) -> bool:
+    """Extend the lease of a reservation this attempt still holds, by one statement on a connection that commits
+    each statement (Database.single_statement). False when a retry has taken it over, or it is answered."""
+    table = cast(Table, IdempotencyKey.__table__)
+    done = connection.execute(update(table).where(
+        table.c.scope == claim.scope, table.c.key == claim.key, table.c.holder == claim.holder,
+        table.c.state.in_((PROCESSING, ACTED))).values(lease_until=now + LEASE))
+    return bool(done.rowcount == 1)
 
 
 def claim_row(session: Session) -> None:

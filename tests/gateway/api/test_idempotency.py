@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -289,6 +290,27 @@ def test_a_retry_takes_over_from_a_replica_that_stopped_before_acting(
     assert jobs_named(api, "taken-over") == 1
     replay = api.post("/v1/jobs", "alice", json=job_spec(name="taken-over"), headers=keyed("k-dead"))
     assert replay.json() == took_over.json() and replay.headers["idempotent-replayed"] == "true"
+
+
+def test_a_slow_first_attempt_keeps_its_key_past_the_lease(
+        api: Api, second_replica: TestClient, held_decisions: tuple[threading.Event, threading.Event],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first attempt lives but is slow (its decision held longer than the lease): its replica renews the lease,
+    so the retry on the other replica is told to wait rather than taking over and deciding a second time."""
+    monkeypatch.setattr(idempotency, "LEASE", timedelta(seconds=1))
+    monkeypatch.setattr(idempotency, "RENEW_EVERY", timedelta(seconds=0.2))
+    entered, release = held_decisions
+    first = InBackground(lambda: api.post("/v1/jobs", "alice", json=job_spec(name="slow"), headers=keyed("k-slow")))
+    assert entered.wait(20)
+    time.sleep(2.5)  # past the lease, more than twice
+    busy = _on(second_replica, api, "alice", json=job_spec(name="slow"), headers=keyed("k-slow"))
+    assert_problem(busy, 409, "idempotency-key-in-use")
+    release.set()
+    first.wait(20)
+    assert first.answer.status_code == 201, first.answer.text
+    again = _on(second_replica, api, "alice", json=job_spec(name="slow"), headers=keyed("k-slow"))
+    assert again.json() == first.answer.json() and again.headers["idempotent-replayed"] == "true"
+    assert jobs_named(api, "slow") == 1 and len(submit_decisions(api, "slow")) == 1
 
 
 def test_an_action_whose_answer_was_lost_is_not_done_again(api: Api, second_replica: TestClient,
