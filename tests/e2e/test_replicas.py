@@ -100,6 +100,20 @@ def test_a_job_submitted_through_one_replica_is_stopped_through_the_other_with_i
     assert [h["to"] for h in done["history"]][-3:] == ["stop_requested", "stopping", "stopped"]
 
 
+def test_replicas_restarted_together_on_a_seeded_database_still_get_the_demo_agents(
+        pair: tuple[Replicas, Replica, Replica]) -> None:
+    """Both replicas stop; the first to start again, on the demo seeded long ago, runs the demo's node agents
+    (they ran only beside the replica that seeded, so after a restart of all of them no node ever came back).
+    Last of the tests on `pair`: it stops the pair's replicas."""
+    replicas = pair[0]
+    replicas.stop()
+    again = replicas.start(demo=True)
+    beside = replicas.start(demo=True)
+    assert "demo organisation already seeded" in again.output() and "none started here" not in again.output()
+    assert "none started here" in beside.output()
+    replicas.wait_nodes_alive(beside)
+
+
 def _ledger(url: str) -> dict[int, dict[str, Any]]:
     with psycopg.connect(url) as conn:
         return {seq: json.loads(bytes(data)) for seq, data in conn.execute("SELECT seq, data FROM ledger_entries")}
