@@ -19,8 +19,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.api.openapi_doc import BEARER
 from gateway.errors import problem
-from gateway.identity.auth import bearer_secret, token_facts
-from gateway.identity.tokens import hash_token
+from gateway.identity.auth import bearer_facts
 from gateway.leadership import READY_PROBE
 from gateway.store.models import Meta
 
@@ -35,7 +34,7 @@ def _told_where(gw: Any, authorization: str | None) -> bool:
         return False
     try:
         with gw.db.transaction(immediate=False) as session:
-            token_facts(session, hash_token(bearer_secret(authorization)), gw.clock(), cache=gw.token_cache)
+            bearer_facts(session, authorization, gw.clock(), cache=gw.token_cache)
         return True
     except Exception:  # Unauthenticated, or the database unreachable
         return False
@@ -110,19 +109,20 @@ def readyz(request: Request) -> Any:
     _check("leader", problems, gw.leadership.leader_known)
     if problems:
         log.warning("not ready: %s", "; ".join(f"{k}: {v}" for k, v in problems.items()))
-    told = _told_where(gw, request.headers.get("authorization"))
-    try:
-        replicas: dict[str, Any] | None = gw.leadership.status()
-    except Exception:  # the database is down: the database check says so
-        replicas = None
-    if not told:
+    replicas: dict[str, Any] | None
+    if _told_where(gw, request.headers.get("authorization")):
+        try:
+            replicas = gw.leadership.status()
+        except Exception:  # the database is down: the database check says so
+            replicas = None
+        detail = "; ".join(f"{k}: {v}" for k, v in problems.items())
+    else:  # a load balancer's probe, every second: no read of the replicas' table for it
         replicas = {"role": "leader" if gw.leadership.leads() else "follower"}
         problems = {name: "failed (a caller with a valid token is told why)" for name in problems}
+        detail = "failed: " + ", ".join(problems) + " (a caller with a valid token is told why)"
     body = {"policy_hash": gw.policy.policy_hash, "replicas": replicas}
     if not problems:
         return {"status": "ready", **body}
-    detail = ("; ".join(f"{k}: {v}" for k, v in problems.items()) if told
-              else "failed: " + ", ".join(problems) + " (a caller with a valid token is told why)")
     response: JSONResponse = problem(503, "not-ready", "Not ready: this replica cannot decide and record now", detail,
                                      request.url.path, checks=problems, **body)
     return response

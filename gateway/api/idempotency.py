@@ -37,8 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.access.breakglass import PREFIX as BREAKGLASS_PREFIX
 from gateway.context import Gateway
 from gateway.errors import GatewayError, problem
-from gateway.identity.auth import bearer_secret, token_facts
-from gateway.identity.tokens import hash_token
+from gateway.identity.auth import bearer_facts
 from gateway.store import idempotency
 from gateway.store.idempotency import Claim, Found
 
@@ -107,8 +106,7 @@ def caller_scope(gw: Gateway, session: Session, authorization: str | None) -> st
     if scheme.lower() == "bearer" and secret.startswith(BREAKGLASS_PREFIX):
         return "breakglass:" + hashlib.sha256(secret.encode()).hexdigest()
     try:
-        token_hash = hash_token(bearer_secret(authorization))
-        return "principal:" + token_facts(session, token_hash, gw.clock(), cache=gw.token_cache).principal_id
+        return "principal:" + bearer_facts(session, authorization, gw.clock(), cache=gw.token_cache).principal_id
     except GatewayError:
         return None
 

@@ -121,6 +121,12 @@ def bearer_secret(authorization: str | None) -> str:
     return secret
 
 
+def bearer_facts(session: Session, authorization: str | None, now: datetime, *,
+                 cache: TokenCache | None = None) -> TokenFacts:
+    """The facts of the usable token an `Authorization: Bearer ...` header carries. Raises Unauthenticated."""
+    return token_facts(session, hash_token(bearer_secret(authorization)), now, cache=cache)
+
+
 def authenticate(
     session: Session,
     authorization: str | None,
@@ -131,7 +137,7 @@ def authenticate(
     cache: TokenCache | None = None,
 ) -> Caller:
     """Resolve an `Authorization: Bearer ...` header. Raises Unauthenticated or Invalid."""
-    facts = token_facts(session, hash_token(bearer_secret(authorization)), now, cache=cache)
+    facts = bearer_facts(session, authorization, now, cache=cache)
     trigger = trigger.strip() if trigger else None
     if trigger and (len(trigger) > MAX_TRIGGER or not trigger.isprintable()):
         # Checked here, not where it is stored: PostgreSQL refused a longer one only once the decision was ledgered.

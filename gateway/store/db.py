@@ -137,8 +137,8 @@ class Database:
         self._immediate_engine = make_engine(url, immediate=True) if self.is_sqlite else self.engine
         self._immediate_sessions = sessionmaker(self._immediate_engine, expire_on_commit=False)
         self._write_lock = threading.Lock()
-        self._claim: Connection | None = None
-        self._held: list[Connection] = []  # sessions holding advisory locks of hold()
+        self._claimed = False  # claim() took the gateway lock
+        self._held: list[Connection] = []  # sessions holding advisory locks of hold(), claim()'s among them
         file = self.engine.url.database if self.is_sqlite else None
         self._checkpointer = (WalCheckpointer(Path(file), interval_s=CHECKPOINT_INTERVAL_S)
                               if file and file != ":memory:" else None)
@@ -156,28 +156,26 @@ class Database:
         ledger's identity recorded here.) The claim is a session advisory lock, so it ends with the process, even
         one killed with kill -9. SQLite: the ledger's own claim already keeps a second `jobgate up` on one data
         dir out. Raises DatabaseInUse."""
-        if self.is_sqlite or self._claim is not None:
+        if self.is_sqlite or self._claimed:
             return
-        conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        take = "pg_try_advisory_lock_shared" if shared else "pg_try_advisory_lock"
-        if not conn.execute(text(f"SELECT {take}(:k)"), {"k": _GATEWAY_LOCK}).scalar():
-            conn.close()
+        if not self.hold(_GATEWAY_LOCK, shared=shared):
             raise DatabaseInUse(
                 "another gateway process runs on this business database with a ledger only it may write (SQLite);"
                 " stop it first, or run every replica on one PostgreSQL ledger (JOBGATE_LEDGER_URL)" if shared else
                 "another gateway process runs on this business database (its records cite one ledger, and this"
                 " process's ledger is one only it may write: SQLite); stop it first, or run every replica on one"
                 " PostgreSQL ledger (JOBGATE_LEDGER_URL)")
-        self._claim = conn
+        self._claimed = True
 
-    def hold(self, key: int) -> bool:
-        """PostgreSQL: take the session advisory lock `key` for as long as this process lives (or until close()),
-        unless another process holds it; whether this one holds it now. A process killed with kill -9 lets it go
-        with its session. SQLite: True (one process per data dir)."""
+    def hold(self, key: int, *, shared: bool = False) -> bool:
+        """PostgreSQL: take the session advisory lock `key` (alone, or `shared` with other holders) for as long as
+        this process lives (or until close()), unless another process holds it so; whether this one holds it now.
+        A process killed with kill -9 lets it go with its session. SQLite: True (one process per data dir)."""
         if self.is_sqlite:
             return True
         conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        if not conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+        take = "pg_try_advisory_lock_shared" if shared else "pg_try_advisory_lock"
+        if not conn.execute(text(f"SELECT {take}(:k)"), {"k": key}).scalar():
             conn.close()
             return False
         self._held.append(conn)
@@ -217,12 +215,10 @@ class Database:
             connection.commit()  # nothing left to commit; ends SQLAlchemy's view of a transaction
 
     def close(self) -> None:
-        if self._claim is not None:
-            self._claim.close()  # ends the session, and the claim with it
-            self._claim = None
         for held in self._held:
-            held.close()
+            held.close()  # ends the session, and its lock with it
         self._held.clear()
+        self._claimed = False
         if self._checkpointer is not None:
             self._checkpointer.close()
         self.engine.dispose()
