@@ -32,6 +32,9 @@ DECISION_SECONDS = Histogram("jobgate_decision_seconds", "Time to decide one req
 LEDGER_APPEND_SECONDS = Histogram("jobgate_ledger_append_seconds", "Time until a ledger append is durable",
                                   registry=REGISTRY,
                                   buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5))
+SCHEDULER_CYCLE_SECONDS = Histogram(
+    "jobgate_scheduler_cycle_seconds", "Time one scheduling cycle took (the leader's; it grows with the queue)",
+    registry=REGISTRY, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
 BREAK_GLASS_USES = Counter("jobgate_break_glass_uses_total", "Calls made with a break-glass grant (F3 alert)",
                            ["holder"], registry=REGISTRY)
 

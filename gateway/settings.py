@@ -39,7 +39,16 @@ class Settings(BaseSettings):
                               "name).")
     command_ttl_s: float = Field(300.0, gt=0, le=MAX_COMMAND_TTL_S,
                                  description="How long a signed node command stays valid (agents refuse longer).")
-    scheduler_interval_s: float = Field(1.0, gt=0)
+    scheduler_interval_s: float = Field(1.0, gt=0, description="Longest time between two scheduling cycles.")
+    scheduler_max_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="Most of the wall time the scheduling cycles may take. A submission or a release starts a cycle"
+        " at once, unless the last cycle was so long that a new one now would take more than this share: then it"
+        " waits. Under a burst of submissions on a long queue, cycles back to back took two thirds of a replica's"
+        " CPU from the requests.",
+    )
     max_long_poll_s: float = Field(30.0, gt=0)
     service_token_max_days: int = Field(90, gt=0)
     api_threads: int = Field(

@@ -6,15 +6,62 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from gateway.jobs.records import run_began
 from gateway.schemas import MAX_RUNTIME_LIMIT_S
 from gateway.store.models import Job
-from gateway.store.scheduler_tables import SchedJob
 from scheduler.model import JobId, PendingJob, Placement, ProjectId, RunningJob
 
 
-def runtime_limit(job: Job) -> float | None:
+class WaitingFacts(Protocol):
+    """What the planners read of a waiting job: its jobs row, or a plain row of these columns (a scheduler cycle
+    reads a long queue without building ORM objects)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def project(self) -> str: ...
+    @property
+    def owner(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def gpus_per_node(self) -> int: ...
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def submitted_at(self) -> datetime: ...
+    @property
+    def base_priority(self) -> float: ...
+    @property
+    def runtime_limit_s(self) -> float | None: ...
+    @property
+    def stoppable(self) -> bool: ...
+    @property
+    def external_rights(self) -> bool: ...
+    @property
+    def auto_offline(self) -> bool: ...
+    @property
+    def valid_until(self) -> datetime | None: ...
+
+
+class QueueFacts(Protocol):
+    """What the planners read of a waiting job's scheduler row (gateway/store/scheduler_tables.py: SchedJob)."""
+
+    @property
+    def queued_at(self) -> datetime: ...
+    @property
+    def contribution(self) -> float: ...
+    @property
+    def wait_credit_s(self) -> float: ...
+    @property
+    def compensation(self) -> float: ...
+    @property
+    def manual(self) -> float: ...
+
+
+def runtime_limit(job: WaitingFacts) -> float | None:
     """The job's runtime limit as the scheduler may use it. Submissions are bounded (MAX_RUNTIME_LIMIT_S), but a
     row stored before that bound existed may hold one that overflows a datetime and would fail every cycle, for
     everybody's jobs."""
@@ -31,7 +78,7 @@ def stop_by(job: Job) -> datetime | None:
     return asked + timedelta(seconds=job.grace_seconds)
 
 
-def pending_job(j: Job, s: SchedJob | None, *, needs_isolation: bool = False) -> PendingJob:
+def pending_job(j: WaitingFacts, s: QueueFacts | None, *, needs_isolation: bool = False) -> PendingJob:
     return PendingJob(
         id=JobId(j.id), project=ProjectId(j.project), user=j.owner, queue=j.queue,
         gpus_per_node=j.gpus_per_node, nodes=j.nodes, submitted_at=s.queued_at if s else j.submitted_at,

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select, update
 from sqlalchemy.orm import Session, defer
 
 from gateway.decisions.notifications import notify
@@ -21,9 +22,10 @@ from gateway.jobs import placement, preemption, priority_history
 from gateway.jobs.quotas import load_quotas
 from gateway.jobs.records import lock_jobs
 from gateway.jobs.runtime_limits import stop_overrunning
-from gateway.jobs.sched_view import pending_job, running_job
+from gateway.jobs.sched_view import WaitingFacts, pending_job, running_job
 from gateway.jobs.scheduler_config import scheduler_config
 from gateway.jobs.stops import escalate_unconfirmed_stops, ledger_transition
+from gateway.metrics import SCHEDULER_CYCLE_SECONDS
 from gateway.native.commands import enqueue
 from gateway.native.deps import Native
 from gateway.native.node_health import mark_lost_nodes
@@ -48,7 +50,7 @@ from scheduler.model import (
 log = logging.getLogger("jobgate.scheduler")
 
 
-def _past_validity(job: Job, now: datetime | None) -> bool:
+def _past_validity(job: WaitingFacts, now: datetime | None) -> bool:
     return bool(now is not None and job.auto_offline and job.valid_until is not None and job.valid_until <= now)
 
 
@@ -65,33 +67,37 @@ class UnisolatedNodesTake:
         take = data.get("isolation", {}).get("unisolated_nodes_take", {})
         return cls(bool(take.get("external_rights", False)), frozenset(take.get("projects", ["*"])))
 
-    def needs_isolation(self, job: Job) -> bool:
+    def needs_isolation(self, job: WaitingFacts) -> bool:
         return (job.external_rights and not self.external_rights) or \
             ("*" not in self.projects and job.project not in self.projects)
 
 
-# Job columns neither the plan nor the explanation reads: JSON every cycle decoded for every waiting job, a
-# third of a cycle's CPU with a long queue. Deferred, not refused: the few jobs the cycle starts or stops read
-# theirs when they need them.
+# Job columns neither the plan nor the explanation of a job holding GPUs reads: deferred, not refused (a job the
+# cycle stops reads its own when it needs them).
 _UNPLANNED = (Job.command, Job.env, Job.dependencies, Job.downstream, Job.labels, Job.submitted_via, Job.evidence,
               Job.history)
 
+# What the plan and the explanation read of a waiting job and of its scheduler row (`scheduled` is None until it
+# has one): plain rows, not ORM objects. Loading 1,000 waiting jobs as objects of both tables (their JSON
+# decoded) and writing the explanation back through the unit of work were two thirds of a cycle, which runs up
+# to every second and, on SQLite, holds the write lock all along.
+_WAITING = (
+    select(Job.id, Job.project, Job.owner, Job.queue, Job.gpus_per_node, Job.nodes, Job.submitted_at,
+           Job.base_priority, Job.runtime_limit_s, Job.stoppable, Job.external_rights, Job.auto_offline,
+           Job.valid_until, Job.state_reason, SchedJob.job_id.label("scheduled"), SchedJob.queued_at,
+           SchedJob.contribution, SchedJob.wait_credit_s, SchedJob.compensation, SchedJob.manual,
+           SchedJob.priority, SchedJob.recorded_priority, SchedJob.restart_notice_pending)
+    .join(SchedJob, SchedJob.job_id == Job.id, isouter=True).where(Job.state == "pending"))
 
-def build_snapshot(session: Session, now: datetime | None = None,
-                   take: UnisolatedNodesTake | None = None) -> Snapshot:
-    """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage; `take` says
-    which waiting jobs may run only on nodes that isolate jobs."""
-    return _read_snapshot(session, now, take)[0]
-
-
-# A waiting job's rows as the snapshot read them: its job and its scheduler row (None until it has one).
-PendingRows = dict[JobId, tuple[Job, SchedJob | None]]
+# A waiting job's row as the snapshot read it (_WAITING), by id.
+WaitingRows = dict[JobId, Row[*tuple[Any, ...]]]
 
 
 def _read_snapshot(session: Session, now: datetime | None,
-                   take: UnisolatedNodesTake | None) -> tuple[Snapshot, PendingRows]:
-    """build_snapshot, and the waiting jobs' rows it read: the cycle explains each of them from these, where it
-    used to read every waiting job's rows a second time (half of a cycle's CPU with a long queue)."""
+                   take: UnisolatedNodesTake | None) -> tuple[Snapshot, WaitingRows]:
+    """A frozen copy of nodes, waiting and GPU-holding jobs, quotas in effect and decayed usage (`take` says which
+    waiting jobs may run only on nodes that isolate jobs), and the waiting jobs' rows it read: the cycle explains
+    each of them from these, where it used to read every waiting job's rows a second time."""
     used: dict[str, set[int]] = defaultdict(set)
     # A job holds what its unreleased allocations hold, not its whole placement: one gang member may have
     # exited or stopped (released on the node's evidence) while the others still run.
@@ -103,28 +109,27 @@ def _read_snapshot(session: Session, now: datetime | None,
         used[node_id].update(gpus)
         held[job_id].append(Placement(node=NodeId(node_id), gpus=tuple(gpus)))
     nodes = tuple(_node_state(n, used[n.id]) for n in session.scalars(select(Node).order_by(Node.id)).all())
-    rows = session.execute(
-        select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
-        .where(Job.state.in_(("pending", *ACTIVE_STATES, *WITHHELD_STATES)))
-        .options(*(defer(c) for c in _UNPLANNED))).all()
     pending: list[PendingJob] = []
+    waiting: WaitingRows = {}
+    for w in session.execute(_WAITING).all():
+        if _past_validity(w, now):
+            continue  # R4: housekeeping reclaims it; started now, it would only be stopped again
+        waiting[JobId(w.id)] = w
+        pending.append(pending_job(w, w if w.scheduled is not None else None,
+                                   needs_isolation=take is not None and take.needs_isolation(w)))
     running: list[RunningJob] = []
     withheld: list[RunningJob] = []
-    pending_rows: PendingRows = {}
-    for j, s in rows:
-        if j.state == "pending" and _past_validity(j, now):
-            continue  # R4: housekeeping reclaims it; started now, it would only be stopped again
-        if j.state == "pending":
-            pending_rows[JobId(j.id)] = (j, s)
-            pending.append(pending_job(j, s, needs_isolation=take is not None and take.needs_isolation(j)))
-        else:
-            (withheld if j.state in WITHHELD_STATES else running).append(running_job(
-                j, priority=s.priority if s else j.base_priority, placement=held.get(j.id, ()),
-                borrowed=bool(s and s.borrowed), occupancy_since=preemption.occupancy_since(j, s) if s else None))
+    for j, s in session.execute(
+        select(Job, SchedJob).join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+        .where(Job.state.in_((*ACTIVE_STATES, *WITHHELD_STATES)))
+        .options(*(defer(c) for c in _UNPLANNED), defer(SchedJob.mounts), defer(SchedJob.datasets))).all():
+        (withheld if j.state in WITHHELD_STATES else running).append(running_job(
+            j, priority=s.priority if s else j.base_priority, placement=held.get(j.id, ()),
+            borrowed=bool(s and s.borrowed), occupancy_since=preemption.occupancy_since(j, s) if s else None))
     quotas = load_quotas(session, now) if now is not None else None
     usage = {ProjectId(u.project): u.gpu_hours for u in session.scalars(select(TenantUsage)).all()}
     return Snapshot(nodes=nodes, pending=tuple(pending), running=tuple(running), quotas=quotas, usage=usage,
-                    withheld=tuple(withheld)), pending_rows
+                    withheld=tuple(withheld)), waiting
 
 
 def _node_state(node: Node, used: set[int]) -> NodeState:
@@ -162,8 +167,10 @@ def run_once(gw: Native) -> int:
             # Every job the cycle may change, locked at once in id order (as a stop or a batch locks them): its
             # steps used to lock theirs one round after another, holding some while waiting for others, which
             # deadlocked with a request holding one of those and waiting for one the cycle held. SQLite's write
-            # lock already serialises the cycle with every request.
-            lock_jobs(session, session.scalars(select(Job.id).where(Job.state.not_in(ENDED_STATES))).all())
+            # lock already serialises the cycle with every request. Only their ids are read: loading whole rows
+            # (each waiting job's command, env and history as JSON) was a fifth of a cycle's CPU, and each step
+            # below reads what it needs, after the lock.
+            session.execute(select(Job.id).where(Job.state.not_in(ENDED_STATES)).order_by(Job.id).with_for_update())
         now = gw.clock()
         cycle_chores(gw, session, now)  # node health, stop escalation, runtime limits
         break_partial_holds(gw, session)  # Q7
@@ -171,7 +178,7 @@ def run_once(gw: Native) -> int:
         config = scheduler_config(gw)
         decay_usage(session, now, config.fairshare_half_life_s)
         preemption.check_occupancy(gw, session, now, config)  # P3
-        snapshot, pending_rows = _read_snapshot(session, now, UnisolatedNodesTake.of(gw.policy_set.data))
+        snapshot, waiting = _read_snapshot(session, now, UnisolatedNodesTake.of(gw.policy_set.data))
         result = run_cycle(snapshot, now=now, config=config)
         # The plan was made from rows read without a lock: on PostgreSQL a stop or a node's report may have
         # committed since. The jobs it changes are locked and read again, so _admit and preemption.execute skip
@@ -181,7 +188,7 @@ def run_once(gw: Native) -> int:
         _admit(gw, session, result, now)
         for plan in result.preemptions:
             preemption.execute(gw, session, plan, snapshot, now)
-        _explain(session, snapshot, pending_rows, result, now, config)
+        _explain(session, snapshot, waiting, result, now, config)
         return len(result.admits)
 
 
@@ -268,7 +275,7 @@ def _admit(gw: Native, session: Session, result: CycleResult, now: datetime) -> 
                 "run_as": job.creator if job.creator_kind == "person" else None})
 
 
-def _explain(session: Session, snapshot: Snapshot, pending_rows: PendingRows, result: CycleResult, now: datetime,
+def _explain(session: Session, snapshot: Snapshot, waiting: WaitingRows, result: CycleResult, now: datetime,
              config: SchedulerConfig) -> None:
     """Q10: keep each waiting job's position, priority parts, reason and estimated start (cached per cycle);
     Q3: record a priority change when it moved by at least AGING_STEP."""
@@ -289,35 +296,65 @@ def _explain(session: Session, snapshot: Snapshot, pending_rows: PendingRows, re
         estimates[job_id] = wait.start
         reason_of[job_id] += reasons.quota_allows(wait.allowed_at, wait.ending, wait.start, wait.ending_count)
     # The rows the snapshot read, not read again: this transaction holds every job the cycle may change (the
-    # write lock on SQLite, the rows' locks on PostgreSQL), so a job still waiting here is as the snapshot read
-    # it, or as this cycle changed it. One the cycle started or requeued is skipped, as the re-read skipped it.
-    for job_id, (job, row) in pending_rows.items():
+    # write lock on SQLite, the rows' locks on PostgreSQL), so a job still waiting is as the snapshot read it.
+    # Those the cycle started are not among the blocked. The explanations are written by primary key in one
+    # statement per table, not object by object through the unit of work.
+    explained: list[dict[str, Any]] = []
+    reasons_changed: list[dict[str, Any]] = []
+    aged: dict[str, tuple[float, dict[str, float]]] = {}
+    for job_id, w in waiting.items():
         b = blocked.get(job_id)
-        if b is None or job_id not in by_id or job.state != "pending":
+        if b is None or job_id not in by_id:
             continue
-        if row is None:
-            row = priority_history.ensure(session, job)
-        parts = result.priorities[JobId(job.id)].as_dict()
-        last = row.recorded_priority if row.recorded_priority is not None else row.priority
-        if abs(parts["total"] - last) >= priority_history.AGING_STEP:
-            basis = priority_history.basis_of_change(row.parts or {}, parts)
-            priority_history.record(session, job.id, now, basis, last, parts)
-            row.recorded_priority = parts["total"]
-        row.priority, row.parts = parts["total"], parts
-        reason = reason_of[b.job_id]
-        if job.state_reason != reason:
-            job.state_reason = reason
-        row.position, row.blocked_reason = b.position, reason
-        row.estimated_start, row.estimated_at = estimates.get(JobId(job.id)), now
-        if row.restart_notice_pending:  # Q9: tell a preempted job's owner when it is expected to run again
-            row.restart_notice_pending = False
-            notify(session, job.owner, "expected_restart", {
-                "job_id": job.id, "position": b.position, "queue": job.queue, "reason": reason,
-                "expected_restart": row.estimated_start.isoformat() if row.estimated_start else None}, now)
+        parts = result.priorities[job_id].as_dict()
+        reason = reason_of[job_id]
+        last = w.recorded_priority if w.recorded_priority is not None else w.priority
+        if w.scheduled is not None and abs(parts["total"] - last) >= priority_history.AGING_STEP:
+            aged[w.id] = (last, parts)
+        if w.state_reason != reason:
+            reasons_changed.append({"id": w.id, "state_reason": reason})
+        explanation = {"priority": parts["total"], "parts": parts, "position": b.position, "blocked_reason": reason,
+                       "estimated_start": estimates.get(job_id), "estimated_at": now}
+        if w.scheduled is None:  # a job submitted before the scheduler kept a row for each
+            session.add(SchedJob(job_id=w.id, queued_at=w.submitted_at, contribution=w.base_priority, **explanation))
+        else:
+            explained.append({"job_id": w.id, **explanation})
+        if w.restart_notice_pending:  # Q9: tell a preempted job's owner when it is expected to run again
+            session.execute(update(SchedJob).where(SchedJob.job_id == w.id).values(restart_notice_pending=False))
+            start = estimates.get(job_id)
+            notify(session, w.owner, "expected_restart", {
+                "job_id": w.id, "position": b.position, "queue": w.queue, "reason": reason,
+                "expected_restart": start.isoformat() if start else None}, now)
+    _record_aging(session, aged, now)
+    if explained:
+        session.execute(update(SchedJob), explained)
+    if reasons_changed:
+        session.execute(update(Job), reasons_changed)
+
+
+def _record_aging(session: Session, aged: dict[str, tuple[float, dict[str, float]]], now: datetime) -> None:
+    """Q3: a priority entry for each job whose priority moved by AGING_STEP since its last one, named for the
+    part that moved the most; the old parts are read only for these."""
+    if not aged:
+        return
+    old: dict[str, dict[str, Any]] = {
+        job_id: parts for job_id, parts in session.execute(
+            select(SchedJob.job_id, SchedJob.parts).where(SchedJob.job_id.in_(list(aged))))}
+    recorded = []
+    for job_id, (last, parts) in aged.items():
+        priority_history.record(session, job_id, now, priority_history.basis_of_change(old.get(job_id) or {}, parts),
+                                last, parts)
+        recorded.append({"job_id": job_id, "recorded_priority": parts["total"]})
+    if recorded:
+        session.execute(update(SchedJob), recorded)
 
 
 class SchedulerLoop(threading.Thread):
-    """Runs a cycle every interval, or sooner when something changed (submit, release, new node)."""
+    """Runs a cycle every interval, or sooner when something changed (submit, release, new node), but never so
+    often that cycles take more than `scheduler_max_share` of the time. A kick used to start a cycle at once, so
+    a burst of submissions ran them back to back: with 1,000 jobs waiting on PostgreSQL each took ~100 ms, and
+    together two thirds of the replica's CPU, which its requests then lacked. Like Slurm's `sched_min_interval`,
+    but sized from the last cycle: on a short queue a submitted job still starts within milliseconds."""
 
     def __init__(self, gw: Native, *, leads: Callable[[], bool] = lambda: True) -> None:
         super().__init__(name="jobgate-scheduler", daemon=True)
@@ -326,17 +363,26 @@ class SchedulerLoop(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
+        settings = self.gw.settings
+        ready_at = 0.0  # monotonic time before which no cycle starts: the rest after the last one
         while not self._stop_event.is_set():
-            self.gw.scheduler_kick.wait(self.gw.settings.scheduler_interval_s)
-            self.gw.scheduler_kick.clear()
+            self.gw.scheduler_kick.wait(settings.scheduler_interval_s)
+            rest = ready_at - time.monotonic()
+            if rest > 0 and self._stop_event.wait(rest):
+                break
+            self.gw.scheduler_kick.clear()  # after the rest: the kicks during it are served by this one cycle
             if self._stop_event.is_set():
                 break
             if not self.leads():
                 continue
+            began = time.monotonic()
             try:
                 run_once(self.gw)
             except Exception:  # the loop must outlive one bad cycle; the error is logged with its trace
                 log.exception("scheduler cycle failed")
+            took = time.monotonic() - began
+            SCHEDULER_CYCLE_SECONDS.observe(took)
+            ready_at = began + took / settings.scheduler_max_share
 
     def stop(self) -> None:
         self._stop_event.set()

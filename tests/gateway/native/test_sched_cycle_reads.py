@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from gateway_testkit import Api, job_spec
 from sched_testkit import bring_up_nodes, full_cluster_an_hour_on
 from sqlalchemy import Engine, event, select
@@ -14,7 +16,7 @@ from gateway.native.scheduler_loop import run_once
 from gateway.store.models import NodeCommand
 from gateway.store.scheduler_tables import SchedJob
 
-WAITING_ROWS = re.compile(r"\bFROM jobs LEFT OUTER JOIN sched_jobs\b")
+WAITING_ROWS = re.compile(r"\bFROM jobs LEFT OUTER JOIN sched_jobs\b.*\bWHERE jobs\.state = ", re.DOTALL)
 
 
 def test_a_cycle_reads_the_waiting_jobs_once_and_explains_each(api: Api) -> None:
@@ -34,6 +36,7 @@ def test_a_cycle_reads_the_waiting_jobs_once_and_explains_each(api: Api) -> None
     reads = [s for s in statements if s.startswith("SELECT") and WAITING_ROWS.search(s)]
     assert len(reads) == 1, reads  # the explanation used to read every waiting job's rows a second time
     assert not re.search(r"\bjobs\.(history|evidence|command|env|labels)\b", reads[0])
+    assert not re.search(r"\bsched_jobs\.(parts|mounts|datasets|renewals)\b", reads[0])  # JSON no plan reads
     now = api.gateway.clock()
     with api.gateway.transaction(immediate=False) as s:
         rows = {r.job_id: r for r in s.scalars(select(SchedJob).where(SchedJob.job_id.in_(waiting)))}
@@ -51,3 +54,27 @@ def test_a_job_the_cycle_starts_gets_its_whole_start_command(api: Api) -> None:
         (start,) = s.scalars(select(NodeCommand).where(NodeCommand.job_id == job_id, NodeCommand.kind == "start"))
         params = start.envelope_params()
     assert params["argv"] == spec["command"] and params["env"] == {"SEED": "7"}
+
+
+def test_the_cycle_locks_the_waiting_jobs_without_reading_their_rows(api: Api) -> None:
+    """PostgreSQL: the cycle locks every job it may change first, in id order. That lock used to load each whole
+    row, every waiting job's command, env and history decoded from JSON, each cycle; the steps after it read
+    what they need."""
+    if api.gateway.db.is_sqlite:
+        pytest.skip("SQLite: the cycle's transaction holds the write lock, there are no row locks")
+    full_cluster_an_hour_on(api)
+    for i in range(3):
+        api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=1, name=f"w{i}"))
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", seen)
+    try:
+        assert run_once(api.gateway) == 0
+    finally:
+        event.remove(Engine, "before_cursor_execute", seen)
+    locks = [s for s in statements if "FOR UPDATE" in s and re.search(r"\bFROM jobs\b", s)]
+    assert locks, statements
+    assert all(re.match(r"SELECT jobs\.id\s+FROM jobs\b", s) for s in locks), locks
