@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from gateway_testkit import Api, job_spec
 from sched_testkit import bring_up_nodes, full_cluster_an_hour_on
 from sqlalchemy import Engine, event, select
