@@ -280,7 +280,6 @@ def _explain(session: Session, snapshot: Snapshot, waiting: WaitingRows, result:
     """Q10: keep each waiting job's position, priority parts, reason and estimated start (cached per cycle);
     Q3: record a priority change when it moved by at least AGING_STEP."""
     blocked = {b.job_id: b for b in result.blocked}
-    by_id = {j.id: j for j in snapshot.pending}
     # A job a quota holds back takes no GPUs in the simulation of the others: that says when GPUs are free, so it
     # told such a job it would start now, and pushed the jobs behind it back. It is estimated on its own, below.
     order = sorted((j for j in snapshot.pending if j.id in blocked and not blocked[j.id].quota_tier),
@@ -297,35 +296,37 @@ def _explain(session: Session, snapshot: Snapshot, waiting: WaitingRows, result:
         reason_of[job_id] += reasons.quota_allows(wait.allowed_at, wait.ending, wait.start, wait.ending_count)
     # The rows the snapshot read, not read again: this transaction holds every job the cycle may change (the
     # write lock on SQLite, the rows' locks on PostgreSQL), so a job still waiting is as the snapshot read it.
-    # Those the cycle started are not among the blocked. The explanations are written by primary key in one
-    # statement per table, not object by object through the unit of work.
+    # Those the cycle started are not among the blocked. The explanations (with the notice and aging marks) are
+    # written by primary key in one statement per table, not object by object through the unit of work.
     explained: list[dict[str, Any]] = []
     reasons_changed: list[dict[str, Any]] = []
     aged: dict[str, tuple[float, dict[str, float]]] = {}
     for job_id, w in waiting.items():
         b = blocked.get(job_id)
-        if b is None or job_id not in by_id:
+        if b is None:
             continue
         parts = result.priorities[job_id].as_dict()
         reason = reason_of[job_id]
         last = w.recorded_priority if w.recorded_priority is not None else w.priority
+        recorded = w.recorded_priority
         if w.scheduled is not None and abs(parts["total"] - last) >= priority_history.AGING_STEP:
             aged[w.id] = (last, parts)
+            recorded = parts["total"]
         if w.state_reason != reason:
             reasons_changed.append({"id": w.id, "state_reason": reason})
-        explanation = {"priority": parts["total"], "parts": parts, "position": b.position, "blocked_reason": reason,
-                       "estimated_start": estimates.get(job_id), "estimated_at": now}
+        explanation = {"priority": parts["total"], "parts": parts, "recorded_priority": recorded,
+                       "position": b.position, "blocked_reason": reason, "estimated_start": estimates.get(job_id),
+                       "estimated_at": now, "restart_notice_pending": False}
         if w.scheduled is None:  # a job submitted before the scheduler kept a row for each
             session.add(SchedJob(job_id=w.id, queued_at=w.submitted_at, contribution=w.base_priority, **explanation))
         else:
             explained.append({"job_id": w.id, **explanation})
         if w.restart_notice_pending:  # Q9: tell a preempted job's owner when it is expected to run again
-            session.execute(update(SchedJob).where(SchedJob.job_id == w.id).values(restart_notice_pending=False))
             start = estimates.get(job_id)
             notify(session, w.owner, "expected_restart", {
                 "job_id": w.id, "position": b.position, "queue": w.queue, "reason": reason,
                 "expected_restart": start.isoformat() if start else None}, now)
-    _record_aging(session, aged, now)
+    _record_aging(session, aged, now)  # before the parts it compares with are written over
     if explained:
         session.execute(update(SchedJob), explained)
     if reasons_changed:
@@ -340,13 +341,9 @@ def _record_aging(session: Session, aged: dict[str, tuple[float, dict[str, float
     old: dict[str, dict[str, Any]] = {
         job_id: parts for job_id, parts in session.execute(
             select(SchedJob.job_id, SchedJob.parts).where(SchedJob.job_id.in_(list(aged))))}
-    recorded = []
     for job_id, (last, parts) in aged.items():
         priority_history.record(session, job_id, now, priority_history.basis_of_change(old.get(job_id) or {}, parts),
                                 last, parts)
-        recorded.append({"job_id": job_id, "recorded_priority": parts["total"]})
-    if recorded:
-        session.execute(update(SchedJob), recorded)
 
 
 class SchedulerLoop(threading.Thread):

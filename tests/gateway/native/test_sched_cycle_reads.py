@@ -18,10 +18,7 @@ from gateway.store.scheduler_tables import SchedJob
 WAITING_ROWS = re.compile(r"\bFROM jobs LEFT OUTER JOIN sched_jobs\b.*\bWHERE jobs\.state = ", re.DOTALL)
 
 
-def test_a_cycle_reads_the_waiting_jobs_once_and_explains_each(api: Api) -> None:
-    full_cluster_an_hour_on(api)
-    waiting = [api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=1, name=f"w{i}")).json()["id"]
-               for i in range(3)]
+def statements_of_a_cycle_that_starts_nothing(api: Api) -> list[str]:
     statements: list[str] = []
 
     def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
@@ -32,6 +29,14 @@ def test_a_cycle_reads_the_waiting_jobs_once_and_explains_each(api: Api) -> None
         assert run_once(api.gateway) == 0
     finally:
         event.remove(Engine, "before_cursor_execute", seen)
+    return statements
+
+
+def test_a_cycle_reads_the_waiting_jobs_once_and_explains_each(api: Api) -> None:
+    full_cluster_an_hour_on(api)
+    waiting = [api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=1, name=f"w{i}")).json()["id"]
+               for i in range(3)]
+    statements = statements_of_a_cycle_that_starts_nothing(api)
     reads = [s for s in statements if s.startswith("SELECT") and WAITING_ROWS.search(s)]
     assert len(reads) == 1, reads  # the explanation used to read every waiting job's rows a second time
     assert not re.search(r"\bjobs\.(history|evidence|command|env|labels)\b", reads[0])
@@ -64,16 +69,7 @@ def test_the_cycle_locks_the_waiting_jobs_without_reading_their_rows(api: Api) -
     full_cluster_an_hour_on(api)
     for i in range(3):
         api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=1, name=f"w{i}"))
-    statements: list[str] = []
-
-    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
-        statements.append(statement)
-
-    event.listen(Engine, "before_cursor_execute", seen)
-    try:
-        assert run_once(api.gateway) == 0
-    finally:
-        event.remove(Engine, "before_cursor_execute", seen)
+    statements = statements_of_a_cycle_that_starts_nothing(api)
     locks = [s for s in statements if "FOR UPDATE" in s and re.search(r"\bFROM jobs\b", s)]
     assert locks, statements
     assert all(re.match(r"SELECT jobs\.id\s+FROM jobs\b", s) for s in locks), locks
