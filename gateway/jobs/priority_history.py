@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from gateway.jobs.deps import Jobs
 from gateway.jobs.quotas import contribution_of
 from gateway.jobs.scheduler_config import scheduler_config
+from gateway.store.db import transient
 from gateway.store.models import Job
 from gateway.store.scheduler_tables import PastRun, PriorityChange, SchedJob
 
@@ -34,9 +35,9 @@ def on_submit(gw: Jobs, job: Job, *, submitter: str, mounts: list[str],
     baseline = config.queue_baseline[job.queue]
     parts = {"baseline": baseline, "contribution": contribution, "aging": 0.0, "manual": 0.0,
              "compensation": 0.0, "fairshare": 0.0, "total": baseline + contribution}
-    row = SchedJob(job_id=job.id, contribution=contribution, queued_at=now, mounts=list(mounts),
-                   datasets=list(datasets), priority=baseline + contribution, parts=parts,
-                   recorded_priority=baseline + contribution)
+    row = transient(SchedJob, job_id=job.id, contribution=contribution, queued_at=now, mounts=list(mounts),
+                    datasets=list(datasets), priority=baseline + contribution, parts=parts,
+                    recorded_priority=baseline + contribution)
     return row, change(job.id, now, "submit", None, parts, note=f"queue {job.queue} baseline {baseline:g} + "
                        f"contribution of {whose} {contribution:g}")
 
@@ -73,8 +74,8 @@ def record(session: Session, job_id: str, at: datetime, basis: str, before: floa
 
 def change(job_id: str, at: datetime, basis: str, before: float | None, parts: dict[str, Any],
            note: str = "") -> PriorityChange:
-    return PriorityChange(job_id=job_id, at=at, basis=basis, before=before, after=float(parts["total"]),
-                          parts=dict(parts), note=note)
+    return transient(PriorityChange, job_id=job_id, at=at, basis=basis, before=before, after=float(parts["total"]),
+                     parts=dict(parts), note=note)
 
 
 def history(session: Session, job_id: str) -> list[dict[str, Any]]:

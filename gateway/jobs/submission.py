@@ -21,6 +21,7 @@ from gateway.jobs.deps import Jobs
 from gateway.jobs.priority_history import on_submit
 from gateway.jobs.quotas import admission_problems
 from gateway.schemas import JobSubmit
+from gateway.store.db import transient
 from gateway.store.models import Job, Node, Principal, Project
 from gateway.store.submission_rows import insert_submission
 from ledger.errors import LedgerError
@@ -168,7 +169,8 @@ def _admit(gw: Jobs, session: Session, caller: Caller, spec: JobSubmit) -> tuple
                                    submitter=caller.real_identity, stoppable=spec.stoppable)
     if problems:
         return None, rec, problems
-    job = Job(
+    job = transient(
+        Job,
         id=job_id,
         name=spec.name,
         project=spec.project,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -78,6 +78,8 @@ def sqlalchemy_url(url: str) -> str:
     return url
 
 
+T = TypeVar("T")
+
 _INSERTS: dict[Table, Insert] = {}
 _GATEWAY_LOCK = 7305617  # advisory lock key of the gateway processes on a business database (see Database.claim)
 
@@ -100,12 +102,31 @@ def insert_new(session: Session, *objects: Any) -> None:
         conn.execute(statement, row_values(obj))
 
 
+def transient(model: Callable[..., T], **values: Any) -> T:
+    """A new, unsaved `model` object holding these column values and every unset column default: what
+    `model(**values)` makes once row_values has filled its defaults in, built without the ORM's event per
+    attribute set (a job: 8 µs against 47 µs; a submission builds three such objects). Nothing is validated
+    or converted on the way, as the ORM's constructor does not either (the mapped classes declare no
+    validators). The object may be inserted (insert_new) or added to a session like any other."""
+    obj = cast(Any, model).__mapper__.class_manager.new_instance()
+    fields = obj.__dict__  # what a set attribute writes to; the ORM's instance state lives beside it
+    fields.update(values)
+    for key, default, _ in _column_plan(obj.__table__):
+        if default is not None and fields.get(key) is None:
+            fields[key] = default.arg(None) if default.is_callable else default.arg
+    return cast(T, obj)
+
+
 def row_values(obj: Any) -> dict[str, Any]:
     """A new object's column values by key, its unset column defaults filled in (into the object too); an
-    unset autoincrement key is left out."""
+    unset autoincrement key is left out.
+
+    Read from the object's __dict__, which for a new object (transient, never loaded) holds every value set
+    and nothing else: the instrumented attributes cost a call each."""
+    fields = obj.__dict__
     values: dict[str, Any] = {}
     for key, default, database_assigns in _column_plan(obj.__table__):
-        value = getattr(obj, key)
+        value = fields.get(key)
         if value is None:
             if default is not None:
                 # SQLAlchemy wraps a callable default (list, dict) to take an execution context.

@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from gateway.store import idempotency
-from gateway.store.db import Database, insert_new
+from gateway.store.db import Database, insert_new, row_values, transient
 from gateway.store.models import Job, Principal, Project
 from gateway.store.scheduler_tables import PriorityChange, SchedJob
 from gateway.store.schema import create_schema
@@ -39,6 +39,12 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
 
 
 
+SUBMITTED = dict(id="j-1", name="train", project="vision", queue="normal", gpus_per_node=2, nodes=1,
+                 command=["python", "train.py"], grace_seconds=30.0, stop_signal="SIGTERM", creator="alice",
+                 creator_kind="person", owner="alice", beneficiary_project="vision", rights_holder="vision",
+                 contact="alice", environment="prod", state="pending", submitted_at=NOW)
+
+
 def new_job() -> Job:
     """A job with only the columns a submission sets; the rest have column defaults."""
     return Job(id="j-1", name="train", project="vision", queue="normal", gpus_per_node=2, nodes=1,
@@ -62,6 +68,21 @@ def test_defaults_are_filled_into_the_object_and_stored(db: Database) -> None:
             if isinstance(want, datetime):  # SQLite hands datetimes back without their zone
                 got, want = got.replace(tzinfo=None), want.replace(tzinfo=None)
             assert got == want, column.key
+
+
+def test_a_transient_object_reads_as_the_constructed_one_with_its_defaults(db: Database) -> None:
+    """transient() skips the ORM's per-attribute events: it must still read, insert and flush as Job(...) does."""
+    built, constructed = transient(Job, **SUBMITTED), Job(**SUBMITTED)
+    row_values(constructed)  # fills its defaults in; transient() did so already
+    assert {c.key: getattr(built, c.key) for c in Job.__table__.columns} == {
+        c.key: getattr(constructed, c.key) for c in Job.__table__.columns}
+    with db.transaction() as session:
+        insert_new(session, built)
+        session.add(transient(Job, **{**SUBMITTED, "id": "j-2", "labels": {"team": "a"}}))  # the unit of work's insert
+    with db.transaction(immediate=False) as session:
+        stored = {j.id: j for j in session.scalars(select(Job))}
+    assert (stored["j-1"].command, stored["j-1"].labels) == (["python", "train.py"], {})
+    assert (stored["j-2"].labels, stored["j-2"].history, stored["j-2"].base_priority) == ({"team": "a"}, [], 0.0)
 
 
 def test_rows_go_in_in_order_and_an_unset_autoincrement_key_is_assigned(db: Database) -> None:
