@@ -19,12 +19,13 @@ Two measures per endpoint:
 Capacity figures also give the server's CPU time per request, which bounds what one gateway process can
 serve on this machine, and its context switches per request (hand-offs between its threads). Approvals run
 on a second fresh gateway whose queue length is set (--queued): every decision on an existing job records
-the whole queue (H3), so its cost grows with the queue.
+the whole queue (H3), so its cost grows with the queue. Both gateways run without the scheduler's loop;
+--with-scheduler measures the approvals again on a third whose loop runs, as `jobgate up` runs it.
 
 Each measure is taken in rounds (--rounds), the no-op and the mutation side by side in each, and the round
 with the median figure is reported beside every round's figures (bench.machine.median_round says why).
 Prints one JSON object. Usage: python bench/gateway.py [--only submissions|approvals] [--seconds 5]
-[--clients 32] [--rate 500] [--queued 1000] [--rounds 3]
+[--clients 32] [--rate 500] [--queued 1000] [--rounds 3] [--with-scheduler]
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ from gateway.api.deps import Ctx  # noqa: E402  (resolved by FastAPI from this m
 Response = tuple[int, bytes]
 
 
-def serve(data_dir: Path, policies: Path, port: int) -> None:
-    """Child process: seed the demo cast and serve the app with an added no-op route."""
+def serve(data_dir: Path, policies: Path, port: int, scheduler: bool) -> None:
+    """Child process: seed the demo cast and serve the app with an added no-op route (and the scheduler's loop
+    if `scheduler`, as `jobgate up` runs it)."""
     import uvicorn
 
     from gateway.app import create_app
@@ -66,7 +68,7 @@ def serve(data_dir: Path, policies: Path, port: int) -> None:
 
     settings = Settings(data_dir=data_dir, policies_dir=policies)
     prepare_demo(settings)
-    app = create_app(settings, run_scheduler=False)
+    app = create_app(settings, run_scheduler=scheduler)
 
     @app.get("/bench/noop")
     def noop(ctx: Ctx) -> dict[str, bool]:
@@ -233,10 +235,14 @@ def main() -> None:
                         help="jobs that stay queued while approvals run (each decision records the queue)")
     parser.add_argument("--only", choices=["submissions", "approvals"], help="measure only these")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each measure; the median one is reported")
-    parser.add_argument("--serve", nargs=3, metavar=("DATA_DIR", "POLICIES", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--with-scheduler", action="store_true",
+                        help="approvals also on a gateway whose scheduler loop runs, as `jobgate up` runs it (each"
+                             " approval changes the queue, so the loop plans again beside them)")
+    parser.add_argument("--serve", nargs=4, metavar=("DATA_DIR", "POLICIES", "PORT", "SCHEDULER"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(Path(args.serve[0]), Path(args.serve[1]), int(args.serve[2]))
+        serve(Path(args.serve[0]), Path(args.serve[1]), int(args.serve[2]), args.serve[3] == "scheduler")
         return
     try:
         import uvloop
@@ -249,8 +255,10 @@ def main() -> None:
 
 
 @contextlib.asynccontextmanager
-async def gateway_under_test() -> AsyncIterator[tuple[int, dict[str, str], int]]:
-    """A fresh gateway (its own data dir, the demo cast) in a subprocess: yields port, tokens and pid."""
+async def gateway_under_test(*, scheduler: bool = False) -> AsyncIterator[tuple[int, dict[str, str], int]]:
+    """A fresh gateway (its own data dir, the demo cast; no node agents) in a subprocess: yields port, tokens and
+    pid. Its scheduler's loop runs only if `scheduler`: with no node agents up it places nothing, but it still
+    plans and explains the whole queue after every change, as it would on a full cluster."""
     tmp = Path(tempfile.mkdtemp(prefix="jobgate-bench-"))
     policies = tmp / "policies"
     shutil.copytree(ROOT / "policies", policies)
@@ -262,7 +270,8 @@ async def gateway_under_test() -> AsyncIterator[tuple[int, dict[str, str], int]]
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(tmp / "var"), str(policies), str(port)],
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(tmp / "var"), str(policies), str(port),
+                               "scheduler" if scheduler else "-"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield port, await wait_ready(server, port, tmp / "var" / "demo-tokens.json"), server.pid
@@ -314,6 +323,9 @@ async def run(args: argparse.Namespace) -> None:
     if args.only in (None, "approvals"):
         async with gateway_under_test() as (port, tokens, pid):
             approvals = {"approve": await measure_approvals(port, tokens, args, pid)}
+        if args.with_scheduler:
+            async with gateway_under_test(scheduler=True) as (port, tokens, pid):
+                approvals["approve_with_scheduler"] = await measure_approvals(port, tokens, args, pid)
     print(json.dumps({
         "bench": "gateway",
         "clients": args.clients,

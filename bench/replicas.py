@@ -586,6 +586,9 @@ def main() -> None:
     server = os.environ.get("JOBGATE_BENCH_PG_URL") or os.environ.get("JOBGATE_TEST_PG_URL")
     if not server:
         ap.error("set JOBGATE_BENCH_PG_URL (or JOBGATE_TEST_PG_URL) to a PostgreSQL server URL")
+    if args.submissions and not (shutil.which("haproxy") or Path("/usr/sbin/haproxy").exists()):
+        ap.error("the submission measure puts HAProxy in front of the replicas and it is not installed"
+                 " (apt-get install haproxy)")
     out: dict[str, Any] = {"benchmark": "replicas", "quick": args.quick, "cpus": os.cpu_count(),
                            "loadavg_start": os.getloadavg(), "machine": calibration()}
     seconds = args.seconds or (2.0 if args.quick else 5.0)
