@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -120,6 +121,8 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         gc.freeze()
         loops: list[SchedulerLoop | SlurmLoop | SlurmWatchLoop | HousekeepingLoop] = []
         if run_scheduler:
+            # The loops' cycles run Python for tens of ms at a time beside the requests (gil_switch_interval_s).
+            sys.setswitchinterval(settings.gil_switch_interval_s)
             # Every replica has its loops; each round runs only where it leads, and fenced (gateway/leadership.py).
             # jobgate's scheduler places only on its own nodes; on Slurm, Slurm places and the loop reads it.
             leads = gw.leadership.leads

@@ -49,6 +49,16 @@ class Settings(BaseSettings):
         " waits. Under a burst of submissions on a long queue, cycles back to back took two thirds of a replica's"
         " CPU from the requests.",
     )
+    gil_switch_interval_s: float = Field(
+        0.001,
+        gt=0,
+        le=0.1,
+        description="How long one thread of the gateway may run Python before another that waits takes its turn"
+        " (sys.setswitchinterval; Python's own is 0.005), set where the scheduling and housekeeping loops run beside"
+        " the requests. A request gives the interpreter up at every database call and waits for it back; while a"
+        " cycle planned a long queue, each such wait took up to the whole interval. With 1,750 jobs queued,"
+        " approvals at 10/s had a p99 of 92-159 ms at Python's interval and 38-57 ms at 1 ms.",
+    )
     max_long_poll_s: float = Field(30.0, gt=0)
     service_token_max_days: int = Field(90, gt=0)
     api_threads: int = Field(

@@ -194,7 +194,6 @@ def run_once(gw: Native) -> int:
 
 # How many waiting jobs' explanations one SQLite write transaction writes: each holds the write lock for a few ms.
 EXPLAINED_PER_TRANSACTION = 200
-HAND_OVER_S = 0.001
 
 
 def _run_planned_apart(gw: Native) -> int:
@@ -218,9 +217,6 @@ def _run_planned_apart(gw: Native) -> int:
         _write_marks(session, explanation, now)
     rows = explanation.rows
     for i in range(0, len(rows), EXPLAINED_PER_TRANSACTION):
-        # The write lock is not fair: taken again at once, it went to this thread each time, and a request waiting
-        # for it waited for the whole explanation. A pause lets a waiting writer have it first.
-        time.sleep(HAND_OVER_S)
         with gw.transaction() as session:
             _write_explanations(session, rows[i:i + EXPLAINED_PER_TRANSACTION])
     return len(result.admits)

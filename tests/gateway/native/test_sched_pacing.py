@@ -3,15 +3,19 @@ serving them, and its cycles take no more than `scheduler_max_share` of the time
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from gateway_testkit import Api, job_spec, start_api
 from sched_testkit import full_cluster_an_hour_on
 
+from gateway.app import create_app
+from gateway.demo import prepare_demo
 from gateway.metrics import REGISTRY
 from gateway.native.scheduler_loop import SchedulerLoop
 from gateway.settings import Settings
@@ -58,3 +62,16 @@ def test_kicked_cycles_take_at_most_their_share_of_the_time(api: Api) -> None:
     # Each cycle is followed by a rest of took × (1 − share) / share before the next may start; the last one's
     # rest may be cut short by the stop, so the bound allows it once.
     assert busy <= SHARE * elapsed + busy / count, (count, busy, elapsed)
+
+
+def test_where_the_loops_run_threads_take_turns_at_the_interpreter_as_set(tmp_path: Path) -> None:
+    """A request waits for the interpreter after every database call; beside a cycle planning a long queue, each
+    wait could take Python's whole switch interval (5 ms)."""
+    before = sys.getswitchinterval()
+    settings = Settings(data_dir=tmp_path, gil_switch_interval_s=0.002)
+    prepare_demo(settings)
+    try:
+        with TestClient(create_app(settings)):
+            assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)
