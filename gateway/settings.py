@@ -57,7 +57,8 @@ class Settings(BaseSettings):
         " (sys.setswitchinterval; Python's own is 0.005), set where the scheduling and housekeeping loops run beside"
         " the requests. A request gives the interpreter up at every database call and waits for it back; while a"
         " cycle planned a long queue, each such wait took up to the whole interval. With 1,750 jobs queued,"
-        " approvals at 10/s had a p99 of 92-159 ms at Python's interval and 38-57 ms at 1 ms.",
+        " approvals at 10/s had a p99 of 92-159 and 97-115 ms at Python's interval, 38-57 and 49-86 ms at 1 ms"
+        " (two runs of each, interleaved).",
     )
     max_long_poll_s: float = Field(30.0, gt=0)
     service_token_max_days: int = Field(90, gt=0)

@@ -167,7 +167,8 @@ def run_once(gw: Native) -> int:
     one write lock and every request that writes waits for it: the plan is made in a read transaction, with the
     write lock free, and written in short transactions of its own. A whole cycle under the write lock (with 1,750
     jobs waiting, ~190 ms on this machine, two fifths of it the explanation's write) kept every approval and stop
-    waiting for it: p99 of approvals at a person's pace 170-270 ms with the scheduler's loop running, 29 ms without.
+    waiting for it: approvals at a person's pace had a p99 of 172-269 ms with the loop running, 29-34 ms without it
+    (bench/gateway.py --with-scheduler); planned apart, 72-107 ms.
     """
     if gw.db.is_sqlite:
         return _run_planned_apart(gw)
