@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nodeagent.protocol import MAX_COMMAND_TTL_S
@@ -122,3 +122,14 @@ class Settings(BaseSettings):
     @property
     def keys_dir(self) -> Path:
         return self.data_dir / "keys"
+
+
+def settings_refused(error: ValidationError) -> str:
+    """The settings refused, one clause each: the setting, the variable that sets it, the value given and why."""
+    clauses = []
+    for problem in error.errors():
+        name = ".".join(str(part) for part in problem["loc"])
+        prefix = str(Settings.model_config.get("env_prefix", ""))
+        variable = name.upper() if name.upper().startswith(prefix) else f"{prefix}{name}".upper()  # (an alias)
+        clauses.append(f"{name} ({variable}) = {problem.get('input')!r}: {problem['msg']}")
+    return "invalid setting " + "; ".join(clauses)

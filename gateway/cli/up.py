@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import click
+from pydantic import ValidationError
 
 from gateway.demo import AGENTS_LOCK, DEMO_GPUS_PER_NODE, DEMO_NODES
-from gateway.settings import Settings
+from gateway.settings import Settings, settings_refused
 from nodeagent.layout import private_state_dir
 
 if TYPE_CHECKING:
@@ -271,8 +272,11 @@ def up(demo: bool, host: str, port: int, data_dir: Path, policy_engine: str, opa
     if policy_engine == "opa" and not opa_url:
         raise click.ClickException("--policy-engine opa needs --opa-url (or JOBGATE_OPA_URL)")
     _check_port_free(host, port)
-    settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url,
-                        backend=backend)
+    try:
+        settings = Settings(data_dir=data_dir, host=host, port=port, policy_engine=policy_engine, opa_url=opa_url,
+                            backend=backend)
+    except ValidationError as e:  # a JOBGATE_* variable with a value it cannot take: one line, not a traceback
+        raise click.ClickException(settings_refused(e)) from e
     if backend == "slurm":
         _check_slurm(settings)
     _check_startable(settings.policies_dir, settings.rate_limit_storage)

@@ -277,6 +277,19 @@ def test_up_on_a_taken_port_says_so_before_seeding_or_printing_the_banner(tmp_pa
     assert "Try, in another terminal" not in r.stdout and not data_dir.exists()
 
 
+def test_up_with_a_setting_it_cannot_take_names_the_variable_in_one_line(tmp_path: Path) -> None:
+    """A mistyped JOBGATE_* value was a pydantic traceback of some forty lines, the variable's name deep inside."""
+    data_dir = tmp_path / "var"
+    r = subprocess.run([sys.executable, "-m", "gateway.cli", "up", "--demo", "--port", "1", "--data-dir",
+                        str(data_dir)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "JOBGATE_URL": "", "JOBGATE_SCHEDULER_MAX_SHARE": "a quarter"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "Error: invalid setting scheduler_max_share (JOBGATE_SCHEDULER_MAX_SHARE) = 'a quarter': Input should be a"
+        " valid number, unable to parse string as a number"], r.stderr
+    assert not data_dir.exists()
+
+
 def _up(port: int, data_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "gateway.cli", "up", "--demo", "--port", str(port),
                            "--data-dir", str(data_dir)], capture_output=True, text=True, timeout=120,
