@@ -22,6 +22,7 @@ from gateway.execution.inprocess import InProcessExecution
 from gateway.execution.port import Execution
 from gateway.execution.slurm import SlurmClient, SlurmConfigError, SlurmConnection
 from gateway.execution.slurm.execution import SlurmExecution
+from gateway.housekeeping import Chore
 from gateway.identity.token_cache import TokenCache
 from gateway.jobs import emergency, figures, lifecycle, priority, quotas, stops
 from gateway.jobs.reports import JobReports
@@ -239,13 +240,15 @@ def register_executors(gateway: Gateway) -> None:
 def register_chores(gateway: Gateway) -> None:
     """The periodic chores of every room (gateway/housekeeping.py runs them), bound to this gateway, in the order
     they run."""
-    chores: list[tuple[str, Callable[[Gateway, Session], object]]] = [
-        ("receipts", obligations.sweep_timed_out_receipts), ("break-glass expiry", breakglass.sweep_expired),
-        ("approval expiry", approvals.expire_due), ("decisions without an outcome", reconcile.reconcile_task),
-        ("idempotency keys past retention", lambda gw, session: idempotency.purge(session, gw.clock())),
-        *lifecycle.CHORES]
+    chores: list[tuple[str, Chore]] = [
+        ("receipts", partial(obligations.sweep_timed_out_receipts, gateway)),
+        ("break-glass expiry", partial(breakglass.sweep_expired, gateway)),
+        ("approval expiry", partial(approvals.expire_due, gateway)),
+        ("decisions without an outcome", reconcile.reconcile_chore(gateway)),  # reads the ledger before it locks
+        ("idempotency keys past retention", lambda session: idempotency.purge(session, gateway.clock())),
+        *((name, partial(chore, gateway)) for name, chore in lifecycle.CHORES)]
     if not gateway.db.is_sqlite:  # replicas announce themselves only in a PostgreSQL business database
-        chores.append(("replicas gone for a week", lambda _gw, session: forget_gone_replicas(session)))
-    gateway.chores.extend((name, partial(chore, gateway)) for name, chore in chores)
+        chores.append(("replicas gone for a week", forget_gone_replicas))
+    gateway.chores.extend(chores)
     # The counts are in this process's memory: a follower writes its own (the leader's chores are not its to run).
     gateway.own_chores.append(("counts of repeated refusals", partial(refusals.flush_counts, gateway)))

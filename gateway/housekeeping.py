@@ -11,13 +11,29 @@ import logging
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
 log = logging.getLogger("jobgate.housekeeping")
 
 Chore = Callable[[Session], object]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ReadFirst(Generic[T]):
+    """A chore whose reads need no lock: `read()` runs before its transaction opens, `write(session, what_read)`
+    in it. A write transaction on SQLite holds the one write lock, so a chore that read a lot inside one kept every
+    request that writes waiting meanwhile."""
+
+    read: Callable[[], T]
+    write: Callable[[Session, T], object]
+
+    def __call__(self, session: Session) -> object:
+        """Read and write in this one transaction."""
+        return self.write(session, self.read())
 
 
 OwnChore = Callable[[], object]
@@ -36,6 +52,11 @@ class Chores(Protocol):
 def run_all(gw: Chores) -> None:
     for name, chore in list(gw.chores):
         try:
+            if isinstance(chore, ReadFirst):
+                read = chore.read()
+                with gw.transaction() as session:
+                    chore.write(session, read)
+                continue
             with gw.transaction() as session:
                 chore(session)
         except Exception:  # one chore's failure is logged with its trace; the others still run

@@ -9,15 +9,18 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
-from gateway_testkit import Api, job_spec, ledger_entries
+from gateway_testkit import Api, job_spec, ledger_entries, start_api
 
 from gateway.app import create_app
-from gateway.decisions.reconcile import SETTLE_S, find_open
+from gateway.decisions import reconcile
+from gateway.decisions.reconcile import SETTLE_S, find_open, read_ledger
 from gateway.demo import prepare_demo
 from gateway.housekeeping import run_all
 from gateway.settings import Settings
@@ -82,6 +85,51 @@ def test_an_allow_left_by_a_refusal_after_deciding_is_closed_once_by_housekeepin
     size = len(entries)
     run_all(gw)  # idempotent
     assert len(ledger_entries(api)) == size
+
+
+def _one_left_open(api: Api) -> int:
+    """An allowed grant refused after deciding (already held), older than the settle time: open, to be closed."""
+    grant = {"principal": "mallory", "role": "researcher", "project": "vision", "reason": "joins vision"}
+    assert api.post("/v1/roles", "erin", json=grant).status_code == 201
+    assert api.post("/v1/roles", "erin", json=grant).status_code == 409
+    now = api.gateway.clock()
+    api.gateway.clock = lambda: now + timedelta(seconds=SETTLE_S + 1)
+    return allowed_decisions(ledger_entries(api), "role.manage")[-1]
+
+
+@pytest.fixture
+def sqlite_api(tmp_path: Path) -> Iterator[Api]:
+    yield from start_api(Settings(data_dir=tmp_path))
+
+
+def test_housekeeping_reads_the_ledger_before_it_takes_the_write_lock(sqlite_api: Api,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass rescans every young decision's range each time; on SQLite, read inside the chore's write transaction,
+    that held the one write lock and kept every stop and approval waiting (76-130 ms with 1,750 jobs submitted)."""
+    api = sqlite_api
+    left_open = _one_left_open(api)
+    real, locked = reconcile._read, []
+
+    def reading(*args: Any) -> Any:
+        locked.append(api.gateway.db.writer_busy)
+        return real(*args)
+
+    monkeypatch.setattr(reconcile, "_read", reading)
+    run_all(api.gateway)
+    assert locked == [False]
+    assert list(reconciled(ledger_entries(api))) == [left_open]
+
+
+def test_a_pass_whose_watermark_moved_after_it_read_scans_again_and_closes_nothing_twice(api: Api) -> None:
+    """Another pass (another replica's) closed what this one read before its transaction: this one must not close it
+    a second time."""
+    left_open = _one_left_open(api)
+    read = read_ledger(api.gateway)
+    assert [d.seq for d in read.scan.open] == [left_open]
+    run_all(api.gateway)  # the other pass: closes it, moves the watermark
+    with api.gateway.transaction() as session:
+        assert reconcile.reconcile(api.gateway, session, read=read) == 0
+    assert {seq: len(bodies) for seq, bodies in reconciled(ledger_entries(api)).items()} == {left_open: 1}
 
 
 DIES_AFTER_DECIDING = textwrap.dedent("""
