@@ -312,6 +312,12 @@ def bench_ledger(server: str, rounds: int, seconds: float) -> dict[str, Any]:
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPROXY_CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
+
+
+def haproxy_binary() -> str | None:
+    """Debian's HAProxy (in /usr/sbin, off a user's PATH), or one on PATH; None if neither is installed."""
+    debian = Path("/usr/sbin/haproxy")
+    return shutil.which("haproxy") or (str(debian) if debian.exists() else None)
 TARGET_SUBMISSIONS_PER_S = 500
 TARGET_CPU_RATIO = 1.15
 TARGET_P99_MS_AT_80_PERCENT = 30
@@ -367,7 +373,7 @@ class ReplicaSet:
                 if self.n == 1:  # the config names two replicas; a second that is never there stays DOWN
                     hp_env["JOBGATE_REPLICA_2"] = f"127.0.0.1:{free_port()}"
                 with (self.tmp / "haproxy.log").open("wb") as log:
-                    self.haproxy = subprocess.Popen([shutil.which("haproxy") or "/usr/sbin/haproxy", "-db", "-f",
+                    self.haproxy = subprocess.Popen([haproxy_binary() or "haproxy", "-db", "-f",
                                                      str(HAPROXY_CONFIG)], stdout=log, stderr=subprocess.STDOUT,
                                                     env=hp_env)
                 await self._replicas_up(f"http://127.0.0.1:{admin}/stats;csv")
@@ -586,7 +592,7 @@ def main() -> None:
     server = os.environ.get("JOBGATE_BENCH_PG_URL") or os.environ.get("JOBGATE_TEST_PG_URL")
     if not server:
         ap.error("set JOBGATE_BENCH_PG_URL (or JOBGATE_TEST_PG_URL) to a PostgreSQL server URL")
-    if args.submissions and not (shutil.which("haproxy") or Path("/usr/sbin/haproxy").exists()):
+    if args.submissions and haproxy_binary() is None:
         ap.error("the submission measure puts HAProxy in front of the replicas and it is not installed"
                  " (apt-get install haproxy)")
     out: dict[str, Any] = {"benchmark": "replicas", "quick": args.quick, "cpus": os.cpu_count(),

@@ -126,10 +126,10 @@ class Settings(BaseSettings):
 
 def settings_refused(error: ValidationError) -> str:
     """The settings refused, one clause each: the setting, the variable that sets it, the value given and why."""
+    prefix = str(Settings.model_config.get("env_prefix", ""))
     clauses = []
     for problem in error.errors():
         name = ".".join(str(part) for part in problem["loc"])
-        prefix = str(Settings.model_config.get("env_prefix", ""))
         variable = name.upper() if name.upper().startswith(prefix) else f"{prefix}{name}".upper()  # (an alias)
         clauses.append(f"{name} ({variable}) = {problem.get('input')!r}: {problem['msg']}")
     return "invalid setting " + "; ".join(clauses)

@@ -168,7 +168,7 @@ def run_once(gw: Native) -> int:
     write lock free, and written in short transactions of its own. A whole cycle under the write lock (with 1,750
     jobs waiting, ~190 ms on this machine, two fifths of it the explanation's write) kept every approval and stop
     waiting for it: approvals at a person's pace had a p99 of 172-269 ms with the loop running, 29-34 ms without it
-    (bench/gateway.py --with-scheduler); planned apart, 72-107 ms.
+    (bench/gateway.py --with-scheduler); planned apart, 72-107 ms (57-70 ms with gil_switch_interval_s at 1 ms).
     """
     if gw.db.is_sqlite:
         return _run_planned_apart(gw)
@@ -204,9 +204,10 @@ def _run_planned_apart(gw: Native) -> int:
     Requests may commit between the read and the writes: a job stopped, paused or reprioritised meanwhile. The
     writes therefore check what they change, as the PostgreSQL cycle does after it locks: _admit admits only a job
     still waiting, preemption.execute stops only victims still running and only for a preemptor still waiting, and
-    an explanation is written only onto a job still waiting. Only this loop places jobs, so no GPUs the plan hands
-    out can have been taken meanwhile; a node lost meanwhile gets a start it never takes up, which
-    requeue_undelivered_starts answers as for any start a node did not take."""
+    an explanation (with its aging entry) is written only onto a job still waiting and not reprioritised since.
+    Only this loop places jobs, so no GPUs the plan hands out can have been taken meanwhile; a node lost meanwhile
+    gets a start it never takes up, which requeue_undelivered_starts answers as for any start a node did not
+    take."""
     with gw.transaction() as session:
         now, config = _chores(gw, session)
     with gw.transaction(immediate=False) as session:
@@ -334,13 +335,16 @@ class Explanation:
     `rows`: per job, its priority, parts, position, reason and estimated start (by job id); `reasons`: the jobs
     whose state_reason changed; `aged`: (last recorded priority, parts) of each job whose priority moved by
     AGING_STEP since its last history entry; `notices`: jobs whose owner awaits their expected restart (Q9), with
-    what to tell; `unscheduled`: jobs submitted before the scheduler kept a row for each, and their first row."""
+    what to tell; `unscheduled`: jobs submitted before the scheduler kept a row for each, and their first row;
+    `read`: what the plan read of each explained job's scheduler row, (its job id, its manual part), (None, None)
+    where it had none: a row that no longer reads so was reprioritised since (A2, A3), and keeps what that wrote."""
 
     rows: list[dict[str, Any]]
     reasons: dict[str, str]
     aged: dict[str, tuple[float, dict[str, float]]]
     notices: dict[str, tuple[str, dict[str, Any]]]
     unscheduled: dict[str, dict[str, Any]]
+    read: dict[str, tuple[str | None, float | None]]
 
 
 def _explain(snapshot: Snapshot, waiting: WaitingRows, result: CycleResult, now: datetime,
@@ -363,13 +367,14 @@ def _explain(snapshot: Snapshot, waiting: WaitingRows, result: CycleResult, now:
         estimates[job_id] = wait.start
         reason_of[job_id] += reasons.quota_allows(wait.allowed_at, wait.ending, wait.start, wait.ending_count)
     # From the rows the snapshot read, not read again. Those the cycle started are not among the blocked.
-    out = Explanation(rows=[], reasons={}, aged={}, notices={}, unscheduled={})
+    out = Explanation(rows=[], reasons={}, aged={}, notices={}, unscheduled={}, read={})
     for job_id, w in waiting.items():
         b = blocked.get(job_id)
         if b is None:
             continue
         parts = result.priorities[job_id].as_dict()
         reason = reason_of[job_id]
+        out.read[w.id] = (w.scheduled, w.manual)
         last = w.recorded_priority if w.recorded_priority is not None else w.priority
         if w.scheduled is not None and abs(parts["total"] - last) >= priority_history.AGING_STEP:
             out.aged[w.id] = (last, parts)
@@ -380,7 +385,8 @@ def _explain(snapshot: Snapshot, waiting: WaitingRows, result: CycleResult, now:
         if w.scheduled is None:  # a job submitted before the scheduler kept a row for each
             out.unscheduled[w.id] = {"queued_at": w.submitted_at, "contribution": w.base_priority, **explanation}
         else:
-            out.rows.append({"b_job_id": w.id, **{f"b_{k}": v for k, v in explanation.items()}})
+            out.rows.append({"b_job_id": w.id, "b_read_manual": w.manual,
+                             **{f"b_{k}": v for k, v in explanation.items()}})
         if w.restart_notice_pending:  # Q9: tell a preempted job's owner when it is expected to run again
             start = estimates.get(job_id)
             out.notices[w.id] = (w.owner, {
@@ -389,12 +395,14 @@ def _explain(snapshot: Snapshot, waiting: WaitingRows, result: CycleResult, now:
     return out
 
 
-# An explanation is written only onto a job still waiting: on SQLite the plan was read in a transaction before
-# this one, and a job stopped or paused since keeps what its stop or pause wrote.
+# An explanation is written only onto a job still waiting and not reprioritised since the plan read it: on SQLite
+# the plan was read in a transaction before this one, and a job stopped, paused or given a priority since keeps what
+# that wrote.
 _SCHED_TABLE, _JOB_TABLE = cast(Table, SchedJob.__table__), cast(Table, Job.__table__)
 _SCHED, _JOB = _SCHED_TABLE.c, _JOB_TABLE.c
 _STILL_WAITING = select(Job.id).where(Job.id == bindparam("b_job_id"), Job.state == "pending").exists()
-_EXPLAIN = (update(_SCHED_TABLE).where(_SCHED.job_id == bindparam("b_job_id"), _STILL_WAITING)
+_EXPLAIN = (update(_SCHED_TABLE).where(_SCHED.job_id == bindparam("b_job_id"), _STILL_WAITING,
+                                       _SCHED.manual == bindparam("b_read_manual"))
             .values({c: bindparam(f"b_{c.key}") for c in (_SCHED.priority, _SCHED.parts, _SCHED.position,
                                                            _SCHED.blocked_reason, _SCHED.estimated_start,
                                                            _SCHED.estimated_at)}))
@@ -419,7 +427,10 @@ def _write_marks(session: Session, ex: Explanation, now: datetime) -> None:
     ids = set(ex.aged) | set(ex.notices) | set(ex.unscheduled) | set(ex.reasons)
     if not ids:
         return
-    still = set(session.scalars(select(Job.id).where(Job.id.in_(ids), Job.state == "pending")))
+    now_read = session.execute(select(Job.id, SchedJob.job_id, SchedJob.manual)
+                               .join(SchedJob, SchedJob.job_id == Job.id, isouter=True)
+                               .where(Job.id.in_(ids), Job.state == "pending"))
+    still = {job_id for job_id, scheduled, manual in now_read if (scheduled, manual) == ex.read[job_id]}
     aged = {job_id: v for job_id, v in ex.aged.items() if job_id in still}
     _record_aging(session, aged, now)
     for job_id, (owner, body) in ex.notices.items():

@@ -113,7 +113,7 @@ def transient(model: Callable[..., T], **values: Any) -> T:
     fields.update(values)
     for key, default, _ in _column_plan(obj.__table__):
         if default is not None and fields.get(key) is None:
-            fields[key] = default.arg(None) if default.is_callable else default.arg
+            fields[key] = _default_value(default)
     return cast(T, obj)
 
 
@@ -129,13 +129,17 @@ def row_values(obj: Any) -> dict[str, Any]:
         value = fields.get(key)
         if value is None:
             if default is not None:
-                # SQLAlchemy wraps a callable default (list, dict) to take an execution context.
-                value = default.arg(None) if default.is_callable else default.arg
+                value = _default_value(default)
                 setattr(obj, key, value)
             elif database_assigns:
                 continue
         values[key] = value
     return values
+
+
+def _default_value(default: ColumnDefault) -> Any:
+    # SQLAlchemy wraps a callable default (list, dict) to take an execution context.
+    return default.arg(None) if default.is_callable else default.arg
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from gateway.native import scheduler_loop
 from gateway.native.scheduler_loop import run_once
 from gateway.settings import Settings
 from gateway.store.models import Allocation, NodeCommand
-from gateway.store.scheduler_tables import SchedJob
+from gateway.store.scheduler_tables import PriorityChange, SchedJob
 
 # How long a request made while the cycle plans may take: far more than it needs, far less than "never".
 PATIENCE_S = 20.0
@@ -87,6 +87,27 @@ def test_a_preemption_for_a_job_stopped_while_the_cycle_plans_stops_no_one(
     run_once(api.gateway)  # its plan preempts the cheaper running job for the urgent one
     assert [job(api, j)["state"] for j in running] == ["running", "running"]
     assert job(api, urgent)["state"] == "stopped"
+
+
+def test_a_priority_set_while_the_cycle_plans_is_not_written_over(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A2: the owner lowers her waiting job while the cycle plans; the plan, read before, must not put the old
+    value back (or record aging from it) until a cycle that reads the new one."""
+    full_cluster_an_hour_on(api)
+    waiting = api.post("/v1/jobs", "alice", json=job_spec(gpus_per_node=8, name="w")).json()["id"]
+    run_once(api.gateway)
+
+    def lower() -> None:
+        call = InBackground(lambda: api.post(f"/v1/jobs/{waiting}/priority", "alice", json={"priority": 1}))
+        assert call.wait(PATIENCE_S) < PATIENCE_S and call.answer.status_code == 200, call.answer.text
+
+    while_planning(monkeypatch, lower)
+    run_once(api.gateway)
+    with api.gateway.transaction(immediate=False) as s:
+        row = s.get(SchedJob, waiting)
+        assert (row.priority, row.parts["total"], row.recorded_priority) == (1, 1, 1)
+        last = s.scalars(select(PriorityChange).where(PriorityChange.job_id == waiting)
+                         .order_by(PriorityChange.id.desc())).first()
+    assert last is not None and last.basis == "manual" and last.after == 1
 
 
 def test_without_changes_meanwhile_the_plan_is_written_whole(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
