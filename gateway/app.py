@@ -35,6 +35,7 @@ from gateway.jobs.oversight import JobOversight
 from gateway.leadership import FencedWork
 from gateway.logging_setup import RequestIdMiddleware, configure_json_logging
 from gateway.native.execution import NativeExecution
+from gateway.native.planner_process import PlannerProcess
 from gateway.native.scheduler_loop import SchedulerLoop
 from gateway.settings import Settings
 
@@ -120,6 +121,7 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
         # stalled requests for 60-90 ms every few seconds under load.
         gc.freeze()
         loops: list[SchedulerLoop | SlurmLoop | SlurmWatchLoop | HousekeepingLoop] = []
+        planner: PlannerProcess | None = None
         if run_scheduler:
             # The loops' cycles run Python for tens of ms at a time beside the requests (gil_switch_interval_s).
             sys.setswitchinterval(settings.gil_switch_interval_s)
@@ -128,7 +130,10 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
             leads = gw.leadership.leads
             loops = [HousekeepingLoop(cast(Gateway, FencedWork(gw, gw.leadership, "housekeeping")), leads=leads)]
             if isinstance(gw.execution, NativeExecution):
-                loops.insert(0, SchedulerLoop(cast(Gateway, FencedWork(gw, gw.leadership, "scheduler")), leads=leads))
+                if gw.db.is_sqlite and settings.scheduler_planner == "process":
+                    planner = PlannerProcess(gw.db.url)
+                loops.insert(0, SchedulerLoop(cast(Gateway, FencedWork(gw, gw.leadership, "scheduler")), leads=leads,
+                                              planner=planner))
             elif isinstance(gw.execution, SlurmExecution):
                 watch = SlurmWatch(gw.execution.client, gw.execution.cluster, JobOversight(gw), gw.transaction,
                                    clock=gw.clock)
@@ -142,6 +147,8 @@ def create_app(settings: Settings | None = None, *, run_scheduler: bool = True,
             gw.bus.close()
             for loop in loops:
                 loop.stop()
+            if planner is not None:
+                planner.close()
             reloader.stop()
             flush_counts(gw, everything=True)  # refusals counted in windows still open
             gw.policy.close()

@@ -49,6 +49,13 @@ class Settings(BaseSettings):
         " waits. Under a burst of submissions on a long queue, cycles back to back took two thirds of a replica's"
         " CPU from the requests.",
     )
+    scheduler_planner: Literal["process", "thread"] = Field(
+        "process",
+        description="SQLite: where each scheduling cycle makes its plan (reads the queue, places, explains every"
+        " waiting job): in a process of its own, which only reads the database, or in the scheduler loop's thread."
+        " The plan is Python that holds the interpreter; in the loop's thread, the requests that came while it"
+        " planned ran 2-5 times slower (gateway/native/planner_process.py). PostgreSQL plans in its thread.",
+    )
     gil_switch_interval_s: float = Field(
         0.001,
         gt=0,

@@ -100,7 +100,7 @@ def preempt_for(gw: Jobs, session: Session, waiting: Sequence[str], ungoverned: 
     lock_jobs(session, [v.job_id for plan in result.preemptions for v in plan.victims])
     seqs = []
     for plan in result.preemptions:
-        seq = preemption.execute(gw, session, plan, snap, now)
+        seq = preemption.execute(gw, session, plan, now)
         if seq is not None:
             seqs.append(seq)
     return seqs

@@ -27,14 +27,14 @@ from gateway.jobs.records import load_job, lock_jobs, run_began, transition
 from gateway.jobs.scheduler_config import scheduler_config
 from gateway.store.models import Allocation, Job
 from gateway.store.scheduler_tables import PreemptionRow, SchedJob
-from scheduler.model import SchedulerConfig, Snapshot
+from scheduler.model import SchedulerConfig
 from scheduler.occupancy import occupancy
 from scheduler.preemption import Preempt
 
 RULES = {"reclaim": "Q5.reclaim_borrowed", "priority": "Q8.priority_preemption"}
 
 
-def execute(gw: Jobs, session: Session, plan: Preempt, snapshot: Snapshot, now: datetime) -> int | None:
+def execute(gw: Jobs, session: Session, plan: Preempt, now: datetime) -> int | None:
     """Rules 1 and 2. Returns the decision's ledger seq, or None when no victim is still running."""
     victims = [j for v in plan.victims if (j := session.get(Job, v.job_id)) is not None
                and j.state in ("starting", "running")]

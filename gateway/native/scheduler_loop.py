@@ -8,12 +8,13 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, bindparam, select, update
+import orjson
+from sqlalchemy import Row, Table, bindparam, select, text, update
 from sqlalchemy.orm import Session, defer
 
 from gateway.decisions.notifications import notify
@@ -33,7 +34,7 @@ from gateway.store.models import Allocation, Job, Node, NodeCommand
 from gateway.store.scheduler_tables import SchedJob, TenantUsage
 from gateway.store.states import ACTIVE_STATES, ENDED_STATES, WITHHELD_STATES
 from scheduler import reasons
-from scheduler.cycle import CycleResult, run_cycle
+from scheduler.cycle import Admit, CycleResult, Preempt, run_cycle
 from scheduler.estimate import after_admits, estimate_starts, quota_starts
 from scheduler.model import (
     JobId,
@@ -160,7 +161,7 @@ def decay_usage(session: Session, now: datetime, half_life_s: float) -> None:
         row.updated_at = now
 
 
-def run_once(gw: Native) -> int:
+def run_once(gw: Native, planner: Planner | None = None) -> int:
     """One scheduling cycle. Returns the number of jobs admitted.
 
     PostgreSQL: one transaction, every job it may change locked first. SQLite, where a write transaction holds the
@@ -169,9 +170,10 @@ def run_once(gw: Native) -> int:
     jobs waiting, ~190 ms on this machine, two fifths of it the explanation's write) kept every approval and stop
     waiting for it: approvals at a person's pace had a p99 of 172-269 ms with the loop running, 29-34 ms without it
     (bench/gateway.py --with-scheduler); planned apart, 72-107 ms (57-70 ms with gil_switch_interval_s at 1 ms).
+    `planner` makes the plan where `jobgate up` has one (gateway/native/planner_process.py), else this thread.
     """
     if gw.db.is_sqlite:
-        return _run_planned_apart(gw)
+        return _run_planned_apart(gw, planner)
     with gw.transaction() as session:
         # Every job the cycle may change, locked at once in id order (as a stop or a batch locks them): its
         # steps used to lock theirs one round after another, holding some while waiting for others, which
@@ -186,10 +188,10 @@ def run_once(gw: Native) -> int:
         # or running rather than write over a change (lock_jobs).
         lock_jobs(session, [a.job_id for a in result.admits]
                   + [v.job_id for plan in result.preemptions for v in plan.victims])
-        _apply(gw, session, result, snapshot, now)
+        _apply(gw, session, result.admits, result.preemptions, now)
         explanation = _explain(snapshot, waiting, result, now, config)
         _write_marks(session, explanation, now)
-        _write_explanations(session, explanation.rows)
+        _write_explanations(session, explanation.rows, now)
         return len(result.admits)
 
 
@@ -197,9 +199,10 @@ def run_once(gw: Native) -> int:
 EXPLAINED_PER_TRANSACTION = 200
 
 
-def _run_planned_apart(gw: Native) -> int:
-    """run_once on SQLite: the chores, then the plan in a read transaction, then its admissions, preemptions and
-    marks in one write transaction and the explanation in short ones (EXPLAINED_PER_TRANSACTION jobs each).
+def _run_planned_apart(gw: Native, planner: Planner | None) -> int:
+    """run_once on SQLite: the chores, then the plan in a read transaction (by `planner`, else in this thread), then
+    its admissions, preemptions and marks in one write transaction and the explanation in short ones
+    (EXPLAINED_PER_TRANSACTION jobs each).
 
     Requests may commit between the read and the writes: a job stopped, paused or reprioritised meanwhile. The
     writes therefore check what they change, as the PostgreSQL cycle does after it locks: _admit admits only a job
@@ -210,18 +213,42 @@ def _run_planned_apart(gw: Native) -> int:
     take."""
     with gw.transaction() as session:
         now, config = _chores(gw, session)
-    with gw.transaction(immediate=False) as session:
-        snapshot, waiting = _read_snapshot(session, now, UnisolatedNodesTake.of(gw.policy_set.data))
-    result = run_cycle(snapshot, now=now, config=config)
-    explanation = _explain(snapshot, waiting, result, now, config)
+    take = UnisolatedNodesTake.of(gw.policy_set.data)
+    if planner is None:
+        with gw.transaction(immediate=False) as session:
+            plan = make_plan(session, now, config, take)
+    else:
+        plan = planner(now, config, take)
     with gw.transaction() as session:
-        _apply(gw, session, result, snapshot, now)
-        _write_marks(session, explanation, now)
-    rows = explanation.rows
+        _apply(gw, session, plan.admits, plan.preemptions, now)
+        _write_marks(session, plan.explanation, now)
+    rows = plan.explanation.rows
     for i in range(0, len(rows), EXPLAINED_PER_TRANSACTION):
         with gw.transaction() as session:
-            _write_explanations(session, rows[i:i + EXPLAINED_PER_TRANSACTION])
-    return len(result.admits)
+            _write_explanations(session, rows[i:i + EXPLAINED_PER_TRANSACTION], now)
+    return len(plan.admits)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a SQLite cycle planned from one read of the database: the jobs to start, the preemptions, and what to
+    write about the jobs left waiting."""
+
+    admits: tuple[Admit, ...]
+    preemptions: tuple[Preempt, ...]
+    explanation: Explanation
+
+
+# Makes a cycle's plan (make_plan) at (now, config, take) from the database as it is then; run_once on SQLite asks
+# one where it has one (gateway/native/planner_process.py: a process of its own).
+Planner = Callable[[datetime, SchedulerConfig, UnisolatedNodesTake], Plan]
+
+
+def make_plan(session: Session, now: datetime, config: SchedulerConfig, take: UnisolatedNodesTake) -> Plan:
+    """The snapshot read in `session`, the cycle run on it and the waiting jobs explained: reads only."""
+    snapshot, waiting = _read_snapshot(session, now, take)
+    result = run_cycle(snapshot, now=now, config=config)
+    return Plan(result.admits, result.preemptions, _explain(snapshot, waiting, result, now, config))
 
 
 def _chores(gw: Native, session: Session) -> tuple[datetime, SchedulerConfig]:
@@ -237,12 +264,13 @@ def _chores(gw: Native, session: Session) -> tuple[datetime, SchedulerConfig]:
     return now, config
 
 
-def _apply(gw: Native, session: Session, result: CycleResult, snapshot: Snapshot, now: datetime) -> None:
-    _admit(gw, session, result, now)
-    for plan in result.preemptions:
+def _apply(gw: Native, session: Session, admits: Sequence[Admit], preemptions: Sequence[Preempt],
+           now: datetime) -> None:
+    _admit(gw, session, admits, now)
+    for plan in preemptions:
         preemptor = session.get(Job, plan.job_id)
         if preemptor is not None and preemptor.state == "pending":  # not stopped or paused since the plan
-            preemption.execute(gw, session, plan, snapshot, now)
+            preemption.execute(gw, session, plan, now)
 
 
 def break_partial_holds(gw: Native, session: Session) -> list[str]:
@@ -312,9 +340,9 @@ def requeue_undelivered_starts(gw: Native, session: Session, now: datetime) -> l
     return requeued
 
 
-def _admit(gw: Native, session: Session, result: CycleResult, now: datetime) -> None:
+def _admit(gw: Native, session: Session, admits: Sequence[Admit], now: datetime) -> None:
     """The cycle's admissions: each job's rows (gateway/jobs/placement.py), then a signed start per part."""
-    for admit in result.admits:
+    for admit in admits:
         job = session.get(Job, admit.job_id)
         if job is None or job.state != "pending":
             continue
@@ -332,12 +360,13 @@ def _admit(gw: Native, session: Session, result: CycleResult, now: datetime) -> 
 class Explanation:
     """What a cycle writes about the jobs left waiting (Q10, Q3, Q9), made from the plan before anything is written.
 
-    `rows`: per job, its priority, parts, position, reason and estimated start (by job id); `reasons`: the jobs
-    whose state_reason changed; `aged`: (last recorded priority, parts) of each job whose priority moved by
-    AGING_STEP since its last history entry; `notices`: jobs whose owner awaits their expected restart (Q9), with
-    what to tell; `unscheduled`: jobs submitted before the scheduler kept a row for each, and their first row;
-    `read`: what the plan read of each explained job's scheduler row, (its job id, its manual part), (None, None)
-    where it had none: a row that no longer reads so was reprioritised since (A2, A3), and keeps what that wrote."""
+    `rows`: per job, its id, the manual part the plan read, its priority, parts, position, reason and estimated
+    start; `reasons`: the jobs whose state_reason changed; `aged`: (last recorded priority, parts) of each job whose
+    priority moved by AGING_STEP since its last history entry; `notices`: jobs whose owner awaits their expected
+    restart (Q9), with what to tell; `unscheduled`: jobs submitted before the scheduler kept a row for each, and
+    their first row; `read`: what the plan read of the scheduler row of each job in those four, (its job id, its
+    manual part), (None, None) where it had none: a row that no longer reads so was reprioritised since (A2, A3),
+    and keeps what that wrote."""
 
     rows: list[dict[str, Any]]
     reasons: dict[str, str]
@@ -374,38 +403,30 @@ def _explain(snapshot: Snapshot, waiting: WaitingRows, result: CycleResult, now:
             continue
         parts = result.priorities[job_id].as_dict()
         reason = reason_of[job_id]
-        out.read[w.id] = (w.scheduled, w.manual)
         last = w.recorded_priority if w.recorded_priority is not None else w.priority
         if w.scheduled is not None and abs(parts["total"] - last) >= priority_history.AGING_STEP:
             out.aged[w.id] = (last, parts)
         if w.state_reason != reason:
             out.reasons[w.id] = reason
-        explanation = {"priority": parts["total"], "parts": parts, "position": b.position, "blocked_reason": reason,
-                       "estimated_start": estimates.get(job_id), "estimated_at": now}
+        start = estimates.get(job_id)
         if w.scheduled is None:  # a job submitted before the scheduler kept a row for each
-            out.unscheduled[w.id] = {"queued_at": w.submitted_at, "contribution": w.base_priority, **explanation}
+            out.unscheduled[w.id] = {"queued_at": w.submitted_at, "contribution": w.base_priority,
+                                     "priority": parts["total"], "parts": parts, "position": b.position,
+                                     "blocked_reason": reason, "estimated_start": start, "estimated_at": now}
         else:
-            out.rows.append({"b_job_id": w.id, "b_read_manual": w.manual,
-                             **{f"b_{k}": v for k, v in explanation.items()}})
+            out.rows.append({"id": w.id, "read_manual": w.manual, "priority": parts["total"], "parts": parts,
+                             "position": b.position, "reason": reason, "estimated_start": start})
         if w.restart_notice_pending:  # Q9: tell a preempted job's owner when it is expected to run again
-            start = estimates.get(job_id)
             out.notices[w.id] = (w.owner, {
                 "job_id": w.id, "position": b.position, "queue": w.queue, "reason": reason,
                 "expected_restart": start.isoformat() if start else None})
+        if w.id in out.aged or w.id in out.reasons or w.id in out.unscheduled or w.id in out.notices:
+            out.read[w.id] = (w.scheduled, w.manual)  # what _write_marks checks before it writes these
     return out
 
 
-# An explanation is written only onto a job still waiting and not reprioritised since the plan read it: on SQLite
-# the plan was read in a transaction before this one, and a job stopped, paused or given a priority since keeps what
-# that wrote.
 _SCHED_TABLE, _JOB_TABLE = cast(Table, SchedJob.__table__), cast(Table, Job.__table__)
 _SCHED, _JOB = _SCHED_TABLE.c, _JOB_TABLE.c
-_STILL_WAITING = select(Job.id).where(Job.id == bindparam("b_job_id"), Job.state == "pending").exists()
-_EXPLAIN = (update(_SCHED_TABLE).where(_SCHED.job_id == bindparam("b_job_id"), _STILL_WAITING,
-                                       _SCHED.manual == bindparam("b_read_manual"))
-            .values({c: bindparam(f"b_{c.key}") for c in (_SCHED.priority, _SCHED.parts, _SCHED.position,
-                                                           _SCHED.blocked_reason, _SCHED.estimated_start,
-                                                           _SCHED.estimated_at)}))
 _REASON = (update(_JOB_TABLE).where(_JOB.id == bindparam("b_id"), _JOB.state == "pending")
            .values(state_reason=bindparam("b_reason")))
 _RECORDED = (update(_SCHED_TABLE).where(_SCHED.job_id == bindparam("b_job_id"))
@@ -414,10 +435,43 @@ _NOTIFIED = (update(_SCHED_TABLE).where(_SCHED.job_id == bindparam("b_job_id"))
              .values(restart_notice_pending=False))
 
 
-def _write_explanations(session: Session, rows: list[dict[str, Any]]) -> None:
-    """The explanation rows (Explanation.rows), in one statement."""
-    if rows:
-        session.connection().execute(_EXPLAIN, rows)
+# The explanation rows, written by one statement from one JSON parameter: the database unpacks the rows in C, where
+# SQLAlchemy's executemany bound each row's seven parameters in Python (parts as JSON, the start as text): with 1,750
+# jobs waiting that was 36 ms of a cycle holding the interpreter, now 8. An explanation is written only onto a job
+# still waiting and not reprioritised since the plan read it (`manual` as read: a float read back from JSON is the
+# same double in both databases): on SQLite the plan was read in a transaction before this one, and a job stopped,
+# paused or given a priority since keeps what that wrote.
+_EXPLAIN_ASSIGNMENTS = """priority = r.priority, parts = {parts}, position = r.position, blocked_reason = r.reason,
+    estimated_start = r.estimated_start, estimated_at = :at"""
+_EXPLAIN_GUARDS = """sched_jobs.job_id = r.id AND sched_jobs.manual = r.read_manual
+    AND EXISTS (SELECT 1 FROM jobs WHERE jobs.id = r.id AND jobs.state = 'pending')"""
+_EXPLAIN_SQLITE = text(f"""UPDATE sched_jobs SET {_EXPLAIN_ASSIGNMENTS.format(parts="r.parts")}
+FROM (SELECT value ->> '$.id' AS id, value ->> '$.read_manual' AS read_manual, value ->> '$.priority' AS priority,
+             value -> '$.parts' AS parts, value ->> '$.position' AS position, value ->> '$.reason' AS reason,
+             value ->> '$.estimated_start' AS estimated_start
+      FROM json_each(:rows)) AS r
+WHERE {_EXPLAIN_GUARDS}""").bindparams(bindparam("at", type_=_SCHED.estimated_at.type))
+_EXPLAIN_POSTGRES = text(f"""UPDATE sched_jobs SET {_EXPLAIN_ASSIGNMENTS.format(parts="CAST(r.parts AS json)")}
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id text, read_manual float8, priority float8, parts jsonb,
+                                                   position integer, reason text, estimated_start timestamptz)
+WHERE {_EXPLAIN_GUARDS}""").bindparams(bindparam("at", type_=_SCHED.estimated_at.type))
+
+
+def _write_explanations(session: Session, rows: list[dict[str, Any]], at: datetime) -> None:
+    """The explanation rows (Explanation.rows), estimated at `at`, in one statement."""
+    if not rows:
+        return
+    connection = session.connection()
+    if connection.dialect.name == "sqlite":
+        # As SQLAlchemy stores a datetime on SQLite (text it parses back), so the rows read back as the ORM wrote them.
+        stored = _SCHED.estimated_start.type.dialect_impl(connection.dialect).bind_processor(connection.dialect)
+        assert stored is not None
+        rows = [{**r, "estimated_start": stored(r["estimated_start"])} if r["estimated_start"] else r for r in rows]
+        statement = _EXPLAIN_SQLITE
+    else:
+        statement = _EXPLAIN_POSTGRES
+    connection.execute(statement, {"rows": orjson.dumps(rows).decode(), "at": at})
+
 
 
 def _write_marks(session: Session, ex: Explanation, now: datetime) -> None:
@@ -469,9 +523,10 @@ class SchedulerLoop(threading.Thread):
     together two thirds of the replica's CPU, which its requests then lacked. Like Slurm's `sched_min_interval`,
     but sized from the last cycle: on a short queue a submitted job still starts within milliseconds."""
 
-    def __init__(self, gw: Native, *, leads: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, gw: Native, *, leads: Callable[[], bool] = lambda: True, planner: Planner | None = None) -> None:
         super().__init__(name="jobgate-scheduler", daemon=True)
         self.gw = gw
+        self.planner = planner  # SQLite: who makes the plans (run_once)
         self.leads = leads  # the cycle is the leader's (gateway/leadership.py): a follower's loop only waits
         self._stop_event = threading.Event()
 
@@ -490,7 +545,7 @@ class SchedulerLoop(threading.Thread):
                 continue
             began = time.monotonic()
             try:
-                run_once(self.gw)
+                run_once(self.gw, self.planner)
             except Exception:  # the loop must outlive one bad cycle; the error is logged with its trace
                 log.exception("scheduler cycle failed")
             took = time.monotonic() - began
