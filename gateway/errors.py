@@ -84,6 +84,12 @@ class DatabaseInUse(GatewayError):
     status, kind, title = 503, "database-in-use", "Business database in use by another gateway"
 
 
+class SqliteTooOld(GatewayError):
+    """At start-up: the SQLite library Python was built with lacks what the gateway uses (gateway/store/db.py)."""
+
+    status, kind, title = 503, "sqlite-too-old", "SQLite library too old"
+
+
 class LedgerMismatch(GatewayError):
     """At start-up: the business database's records cite another ledger than this process's (gateway/bootstrap.py
     bind_ledger)."""

@@ -35,6 +35,9 @@ LEDGER_APPEND_SECONDS = Histogram("jobgate_ledger_append_seconds", "Time until a
 SCHEDULER_CYCLE_SECONDS = Histogram(
     "jobgate_scheduler_cycle_seconds", "Time one scheduling cycle took (the leader's; it grows with the queue)",
     registry=REGISTRY, buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+SCHEDULER_PLANS = Counter(
+    "jobgate_scheduler_plans_total", "SQLite scheduling cycles' plans by where they were made: process (the planner"
+    " process) or gateway (its planner process had died, hung or could not start)", ["made_in"], registry=REGISTRY)
 BREAK_GLASS_USES = Counter("jobgate_break_glass_uses_total", "Calls made with a break-glass grant (F3 alert)",
                            ["holder"], registry=REGISTRY)
 

@@ -54,7 +54,7 @@ class Settings(BaseSettings):
         description="SQLite: where each scheduling cycle makes its plan (reads the queue, places, explains every"
         " waiting job): in a process of its own, which only reads the database, or in the scheduler loop's thread."
         " The plan is Python that holds the interpreter; in the loop's thread, the requests that came while it"
-        " planned ran 2-5 times slower (gateway/native/planner_process.py). PostgreSQL plans in its thread.",
+        " planned waited for it (gateway/native/planner_process.py). PostgreSQL plans in its thread.",
     )
     gil_switch_interval_s: float = Field(
         0.001,

@@ -442,19 +442,20 @@ _NOTIFIED = (update(_SCHED_TABLE).where(_SCHED.job_id == bindparam("b_job_id"))
 # still waiting and not reprioritised since the plan read it (`manual` as read: a float read back from JSON is the
 # same double in both databases): on SQLite the plan was read in a transaction before this one, and a job stopped,
 # paused or given a priority since keeps what that wrote.
-_EXPLAIN_ASSIGNMENTS = """priority = r.priority, parts = {parts}, position = r.position, blocked_reason = r.reason,
+_EXPLAIN_ASSIGNMENTS = """priority = r.priority, parts = r.parts, position = r.position, blocked_reason = r.reason,
     estimated_start = r.estimated_start, estimated_at = :at"""
 _EXPLAIN_GUARDS = """sched_jobs.job_id = r.id AND sched_jobs.manual = r.read_manual
     AND EXISTS (SELECT 1 FROM jobs WHERE jobs.id = r.id AND jobs.state = 'pending')"""
-_EXPLAIN_SQLITE = text(f"""UPDATE sched_jobs SET {_EXPLAIN_ASSIGNMENTS.format(parts="r.parts")}
+_EXPLAIN_SQLITE = text(f"""UPDATE sched_jobs SET {_EXPLAIN_ASSIGNMENTS}
 FROM (SELECT value ->> '$.id' AS id, value ->> '$.read_manual' AS read_manual, value ->> '$.priority' AS priority,
              value -> '$.parts' AS parts, value ->> '$.position' AS position, value ->> '$.reason' AS reason,
              value ->> '$.estimated_start' AS estimated_start
       FROM json_each(:rows)) AS r
 WHERE {_EXPLAIN_GUARDS}""").bindparams(bindparam("at", type_=_SCHED.estimated_at.type))
-_EXPLAIN_POSTGRES = text(f"""UPDATE sched_jobs SET {_EXPLAIN_ASSIGNMENTS.format(parts="CAST(r.parts AS json)")}
-FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(id text, read_manual float8, priority float8, parts jsonb,
-                                                   position integer, reason text, estimated_start timestamptz)
+# json, not jsonb: jsonb would reorder the keys of `parts`, which the API shows as written.
+_EXPLAIN_POSTGRES = text(f"""UPDATE sched_jobs SET {_EXPLAIN_ASSIGNMENTS}
+FROM json_to_recordset(CAST(:rows AS json)) AS r(id text, read_manual float8, priority float8, parts json,
+                                                 position integer, reason text, estimated_start timestamptz)
 WHERE {_EXPLAIN_GUARDS}""").bindparams(bindparam("at", type_=_SCHED.estimated_at.type))
 
 

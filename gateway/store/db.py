@@ -9,6 +9,7 @@ wait for the ledger). PostgreSQL uses row locks (SELECT ... FOR UPDATE) instead.
 from __future__ import annotations
 
 import functools
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from typing import Any, TypeVar, cast
 from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.errors import DatabaseInUse
+from gateway.errors import DatabaseInUse, SqliteTooOld
 from gateway.store import idempotency
 from ledger.walcheckpoint import AUTOCHECKPOINT_OFF, WalCheckpointer
 
@@ -35,6 +36,8 @@ SINGLE_STATEMENT = "jobgate_single_statement"
 # a session left open in a transaction after a manual UPDATE of a job, or a migration's ALTER TABLE, otherwise
 # held every request on those rows, each an API thread, until the gateway answered nothing at all.
 LOCK_TIMEOUT_S = 30.0
+# The scheduler writes its explanations with UPDATE ... FROM json_each() and ->> (3.33 and 3.38).
+MIN_SQLITE = (3, 38)
 
 
 def make_engine(url: str, *, immediate: bool = False, lock_timeout_s: float = LOCK_TIMEOUT_S) -> Engine:
@@ -154,6 +157,12 @@ class Database:
     """Owns the engine and hands out sessions, one transaction each."""
 
     def __init__(self, url: str, *, lock_timeout_s: float = LOCK_TIMEOUT_S) -> None:
+        """Raises SqliteTooOld for a SQLite URL when Python's SQLite library is older than MIN_SQLITE."""
+        if url.startswith("sqlite") and sqlite3.sqlite_version_info < MIN_SQLITE:
+            raise SqliteTooOld(
+                f"SQLite {sqlite3.sqlite_version} is too old: the gateway needs {'.'.join(map(str, MIN_SQLITE))} or"
+                " later (Python's sqlite3 module uses the SQLite it was built with), or a PostgreSQL database"
+                " (JOBGATE_DATABASE_URL)")
         self.url = url
         self.engine = make_engine(url, lock_timeout_s=lock_timeout_s)
         self.is_sqlite = url.startswith("sqlite")

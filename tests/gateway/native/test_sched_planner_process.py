@@ -1,9 +1,10 @@
 """SQLite: the scheduler cycle's plan made in a process of its own (gateway/native/planner_process.py) is the plan the
-loop's thread makes, a planner process that dies costs no cycle, and `jobgate up` runs one and ends it, also when it
-is killed itself."""
+loop's thread makes, a planner process that dies or hangs costs no cycle, and `jobgate up` plans in one and ends it,
+also when it is killed itself."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -21,7 +22,10 @@ from gateway_testkit import Api, job_spec, start_api
 from sched_testkit import full_cluster_an_hour_on, job, report
 
 from gateway.app import create_app
+from gateway.demo import prepare_demo
 from gateway.jobs.scheduler_config import scheduler_config
+from gateway.metrics import REGISTRY
+from gateway.native import planner_process
 from gateway.native.planner_process import PARENT_CHECK_S, PlannerProcess
 from gateway.native.scheduler_loop import UnisolatedNodesTake, make_plan, run_once
 from gateway.settings import Settings
@@ -64,22 +68,67 @@ def test_the_planner_process_makes_the_plan_the_loop_thread_makes(api: Api, plan
     assert there == here
 
 
+def plans_made_in(where: str) -> float:
+    return REGISTRY.get_sample_value("jobgate_scheduler_plans_total", {"made_in": where}) or 0.0
+
+
 def test_a_cycle_whose_planner_process_died_is_planned_in_the_gateway_and_the_next_in_a_new_one(
         api: Api, planner: PlannerProcess) -> None:
     ids = a_queue_to_plan(api)
     first = planner.pid
+    assert first is not None
+    made_here = plans_made_in("gateway")
     os.kill(first, signal.SIGKILL)
     assert run_once(api.gateway, planner) == 1  # the freed node still takes a waiting job
     assert [job(api, j)["state"] for j in ids].count("pending") == 4
-    assert planner.pid not in (first, os.getpid())
+    assert plans_made_in("gateway") == made_here + 1
+    assert planner.pid not in (first, os.getpid(), None)
+
+
+def test_a_planner_process_that_hangs_is_replaced_and_its_cycle_planned_in_the_gateway(
+        api: Api, planner: PlannerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(planner_process, "PLAN_TIMEOUT_S", 1.0)
+    a_queue_to_plan(api)
+    stuck = planner.pid
+    assert stuck is not None
+    os.kill(stuck, signal.SIGSTOP)  # as a process whose disk stopped answering
+    try:
+        assert run_once(api.gateway, planner) == 1
+        assert not alive(stuck)
+        assert planner.pid not in (stuck, None)
+    finally:
+        if alive(stuck):
+            os.kill(stuck, signal.SIGKILL)
+
+
+def test_after_planner_processes_fail_in_a_row_the_gateway_plans(
+        api: Api, planner: PlannerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(planner_process, "MAX_RESTARTS", 1)
+    a_queue_to_plan(api)
+    pid = planner.pid
+    assert pid is not None
+    made_here = plans_made_in("gateway")
+    os.kill(pid, signal.SIGKILL)
+    assert run_once(api.gateway, planner) == 1
+    assert planner.pid is None  # none started again
+    run_once(api.gateway, planner)
+    assert plans_made_in("gateway") == made_here + 2
 
 
 def test_jobgate_up_on_sqlite_plans_in_a_process_it_ends_at_shutdown(tmp_path: Path) -> None:
-    before = set(multiprocessing.active_children())
-    with TestClient(create_app(Settings(data_dir=tmp_path), run_scheduler=True)) as client:
-        assert client.get("/healthz").status_code == 200
+    settings = Settings(data_dir=tmp_path)
+    prepare_demo(settings)
+    alice = json.loads((tmp_path / "demo-tokens.json").read_text())["alice"]
+    before, made = set(multiprocessing.active_children()), plans_made_in("process")
+    with TestClient(create_app(settings, run_scheduler=True)) as client:
         started = set(multiprocessing.active_children()) - before
         assert len(started) == 1
+        r = client.post("/v1/jobs", json=job_spec(), headers={"Authorization": f"Bearer {alice}"})
+        assert r.status_code == 201, r.text
+        deadline = time.monotonic() + 30
+        while plans_made_in("process") == made and time.monotonic() < deadline:  # the submission's cycle
+            time.sleep(0.05)
+        assert plans_made_in("process") > made
     assert not started & set(multiprocessing.active_children())
 
 
