@@ -43,8 +43,8 @@ from scheduler.model import SchedulerConfig
 log = logging.getLogger("jobgate.scheduler")
 
 PARENT_CHECK_S = 1.0  # how often the planner process looks whether the gateway's process still runs
-# A plan not made by then is made in the gateway, and the planner process replaced: with 10,000 jobs waiting a plan
-# takes well under a second here, so a minute means the process is stuck (stopped, or its disk hangs).
+# A plan not made by then is made in the gateway, and the planner process replaced: with 1,750 jobs waiting a plan
+# takes about 0.1 s here, so a minute means the process is stuck (stopped, or its disk hangs).
 PLAN_TIMEOUT_S = 60.0
 # After this many planner processes in a row that died, hung or could not start, the gateway plans itself.
 MAX_RESTARTS = 3
