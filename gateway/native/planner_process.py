@@ -5,8 +5,8 @@ snapshot, run_cycle and the explanation of every waiting job) is Python that hol
 length: with 1,750 jobs waiting, about 70 ms a cycle on this machine. Requests that came meanwhile took turns with
 it at the interpreter: approvals at a person's pace with 1,750 queued had a p99 of 48 and 40 ms with the loop
 planning in its thread, 17 and 21 ms with no loop (bench/gateway.py --with-scheduler, one run). Made here, the plan
-competes with the requests for a core, not for the interpreter (34 and 23 ms, against 23 and 33 ms with no loop in
-that run). The plan only reads (scheduler_loop.make_plan, in a read transaction on its own connection to the same
+competes with the requests for a core, not for the interpreter: 23-47 ms in three runs, 17-33 ms with no loop in
+those runs. The plan only reads (scheduler_loop.make_plan, in a read transaction on its own connection to the same
 SQLite file, which WAL lets read beside the gateway's writers), so this process writes nothing: the gateway applies
 and records the plan, in its own transactions, after checking what changed since (scheduler_loop.
 _run_planned_apart), exactly as when it planned in its own thread.
