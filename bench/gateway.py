@@ -123,7 +123,16 @@ def figures(latencies: list[float], errors: int, elapsed: float) -> dict[str, fl
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time the process has used so far (Linux /proc)."""
+    """User + system CPU time the process and its live child processes have used so far (Linux /proc): a gateway
+    whose scheduler loop runs plans in a child process of its own (gateway/native/planner_process.py)."""
+    total = _own_cpu_seconds(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread or a child that ended meanwhile
+            total += sum(_own_cpu_seconds(int(child)) for child in (task / "children").read_text().split())
+    return total
+
+
+def _own_cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
