@@ -32,7 +32,6 @@ from datetime import datetime
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
-from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.metrics import SCHEDULER_PLANS
@@ -106,16 +105,15 @@ class PlannerProcess:
     """A scheduler_loop.Planner that makes each plan in one long-lived child process reading the database at `url`
     (SQLite). Started at once, so the first cycle does not wait for its imports; close() ends it.
 
-    A plan the planner process does not give (it died, or has not answered within PLAN_TIMEOUT_S) is made in the
-    gateway, and the process replaced; after MAX_RESTARTS such processes in a row, or once closed, the gateway makes
-    every plan itself. jobgate_scheduler_plans_total counts the plans by where they were made."""
+    A plan the planner process does not give (it died, or has not answered within PLAN_TIMEOUT_S) is left to the
+    gateway (None), and the process replaced; after MAX_RESTARTS such processes in a row, or once closed, the gateway
+    makes every plan itself. jobgate_scheduler_plans_total counts the plans by where they were made."""
 
     def __init__(self, url: str) -> None:
         self._url = url
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = self._start()
         self._failures = 0  # planner processes in a row that gave no plan
-        self._engine: Engine | None = None  # for plans made in the gateway
 
     def _start(self) -> ProcessPoolExecutor:
         # spawn: a fork of a process with threads running (the loops, the ledger's writer) may copy a held lock.
@@ -131,9 +129,9 @@ class PlannerProcess:
             pool = self._pool
         return None if pool is None else int(pool.submit(_pid).result(START_TIMEOUT_S))
 
-    def __call__(self, now: datetime, config: SchedulerConfig, take: UnisolatedNodesTake) -> Plan:
-        """The plan at `now`, made by the planner process, or here (see the class). Raises what make_plan raises
-        (a database error)."""
+    def __call__(self, now: datetime, config: SchedulerConfig, take: UnisolatedNodesTake) -> Plan | None:
+        """The plan at `now` made by the planner process; None when it gave none and the gateway is to make it
+        (see the class). Raises what make_plan raises (a database error)."""
         with self._lock:
             pool = self._pool
         if pool is not None:
@@ -147,10 +145,7 @@ class PlannerProcess:
                 SCHEDULER_PLANS.labels("process").inc()
                 return plan
         SCHEDULER_PLANS.labels("gateway").inc()
-        if self._engine is None:
-            self._engine = make_engine(self._url)
-        with sessionmaker(self._engine)() as session, session.begin():
-            return make_plan(session, now, config, take)
+        return None
 
     def _replace(self, pool: ProcessPoolExecutor, what: str) -> None:
         with self._lock:
@@ -171,5 +166,3 @@ class PlannerProcess:
             pool, self._pool = self._pool, None
         if pool is not None:
             _end(pool, CLOSE_WAIT_S)
-        if self._engine is not None:
-            self._engine.dispose()

@@ -214,11 +214,10 @@ def _run_planned_apart(gw: Native, planner: Planner | None) -> int:
     with gw.transaction() as session:
         now, config = _chores(gw, session)
     take = UnisolatedNodesTake.of(gw.policy_set.data)
-    if planner is None:
+    plan = planner(now, config, take) if planner is not None else None
+    if plan is None:
         with gw.transaction(immediate=False) as session:
             plan = make_plan(session, now, config, take)
-    else:
-        plan = planner(now, config, take)
     with gw.transaction() as session:
         _apply(gw, session, plan.admits, plan.preemptions, now)
         _write_marks(session, plan.explanation, now)
@@ -239,9 +238,10 @@ class Plan:
     explanation: Explanation
 
 
-# Makes a cycle's plan (make_plan) at (now, config, take) from the database as it is then; run_once on SQLite asks
-# one where it has one (gateway/native/planner_process.py: a process of its own).
-Planner = Callable[[datetime, SchedulerConfig, UnisolatedNodesTake], Plan]
+# Makes a cycle's plan (make_plan) at (now, config, take) from the database as it is then, or None to leave it to the
+# loop's thread; run_once on SQLite asks one where it has one (gateway/native/planner_process.py: a process of its
+# own).
+Planner = Callable[[datetime, SchedulerConfig, UnisolatedNodesTake], Plan | None]
 
 
 def make_plan(session: Session, now: datetime, config: SchedulerConfig, take: UnisolatedNodesTake) -> Plan:

@@ -64,6 +64,7 @@ def test_the_planner_process_makes_the_plan_the_loop_thread_makes(api: Api, plan
         here = make_plan(session, now, config, take)
     there = planner(now, config, take)
     assert planner.pid != os.getpid()
+    assert there is not None
     assert there.admits and there.preemptions and there.explanation.rows  # a plan with something in each part
     assert there == here
 
@@ -72,13 +73,19 @@ def plans_made_in(where: str) -> float:
     return REGISTRY.get_sample_value("jobgate_scheduler_plans_total", {"made_in": where}) or 0.0
 
 
+def planner_killed(planner: PlannerProcess, how: signal.Signals) -> int:
+    """Send the planner process `how`; its pid."""
+    pid = planner.pid
+    assert pid is not None
+    os.kill(pid, how)
+    return pid
+
+
 def test_a_cycle_whose_planner_process_died_is_planned_in_the_gateway_and_the_next_in_a_new_one(
         api: Api, planner: PlannerProcess) -> None:
     ids = a_queue_to_plan(api)
-    first = planner.pid
-    assert first is not None
     made_here = plans_made_in("gateway")
-    os.kill(first, signal.SIGKILL)
+    first = planner_killed(planner, signal.SIGKILL)
     assert run_once(api.gateway, planner) == 1  # the freed node still takes a waiting job
     assert [job(api, j)["state"] for j in ids].count("pending") == 4
     assert plans_made_in("gateway") == made_here + 1
@@ -89,9 +96,7 @@ def test_a_planner_process_that_hangs_is_replaced_and_its_cycle_planned_in_the_g
         api: Api, planner: PlannerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planner_process, "PLAN_TIMEOUT_S", 1.0)
     a_queue_to_plan(api)
-    stuck = planner.pid
-    assert stuck is not None
-    os.kill(stuck, signal.SIGSTOP)  # as a process whose disk stopped answering
+    stuck = planner_killed(planner, signal.SIGSTOP)  # as a process whose disk stopped answering
     try:
         assert run_once(api.gateway, planner) == 1
         assert not alive(stuck)
@@ -105,10 +110,8 @@ def test_after_planner_processes_fail_in_a_row_the_gateway_plans(
         api: Api, planner: PlannerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(planner_process, "MAX_RESTARTS", 1)
     a_queue_to_plan(api)
-    pid = planner.pid
-    assert pid is not None
     made_here = plans_made_in("gateway")
-    os.kill(pid, signal.SIGKILL)
+    planner_killed(planner, signal.SIGKILL)
     assert run_once(api.gateway, planner) == 1
     assert planner.pid is None  # none started again
     run_once(api.gateway, planner)
