@@ -16,6 +16,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.identity.auth import Caller
+from ledger.service import Ticket
 
 
 @dataclass
@@ -29,7 +30,9 @@ class Attempt:
     query: list[tuple[str, str]] = field(default_factory=list)
     body: bytes | None = None
     caller: Caller | None = None
-    ledgered: list[int] = field(default_factory=list)  # seqs of entries that record this request's decision
+    # Entries that record this request's decision: seqs, or tickets of entries queued and not yet numbered (on a
+    # ledger sequenced in PostgreSQL a ticket's seq is known only once its batch commits: never waited for here).
+    ledgered: list[int | Ticket] = field(default_factory=list)
 
     def authenticated(self, caller: Caller) -> Caller:
         self.caller = caller
@@ -50,12 +53,13 @@ def current() -> Attempt | None:
     return _current.get()
 
 
-def ledgered(seq: int) -> None:
-    """The current request's decision, or its refusal, is the ledger entry `seq`: nothing more is written for
-    the refusal. A no-op outside a request (the scheduler, housekeeping)."""
+def ledgered(entry: int | Ticket) -> None:
+    """The current request's decision, or its refusal, is the ledger entry `entry` (its seq, or the ticket of an
+    entry queued): nothing more is written for the refusal. A no-op outside a request (the scheduler,
+    housekeeping)."""
     attempt = _current.get()
-    if attempt is not None and seq >= 0:
-        attempt.ledgered.append(seq)
+    if attempt is not None and (not isinstance(entry, int) or entry >= 0):
+        attempt.ledgered.append(entry)
 
 
 def refused_at(exc: GatewayError, seq: int) -> None:

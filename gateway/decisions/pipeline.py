@@ -178,7 +178,7 @@ def decide(
     try:
         if tickets is not None or not wait:
             queued = gw.ledger.enqueue("decision", body, blobs=blobs)
-            attempts.ledgered(queued.seq)  # this request's refusal, if it is one, is this entry
+            attempts.ledgered(queued)  # this request's refusal, if it is one, is this entry (its seq is not awaited)
             if tickets is not None:
                 tickets.append(queued)
             return Recorded(request_id, decision, -1, decision_input, queued, rate_refusal)

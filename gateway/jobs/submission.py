@@ -121,9 +121,9 @@ async def _record_outcome(gw: Jobs, body: dict[str, Any]) -> None:
 
 def _read_and_decide(gw: Jobs, authenticate: Callable[[Session], Caller],
                      spec: JobSubmit) -> tuple[Job | None, Recorded, list[str], str]:
-    """submit()'s read-only transaction: see _admit. Also returns the person who submitted (behind a service
-    account, its responsible person)."""
-    with gw.transaction(immediate=False) as session:
+    """submit()'s reads, in a session that only reads (Database.reading): see _admit. Also returns the person
+    who submitted (behind a service account, its responsible person)."""
+    with gw.db.reading() as session:
         caller = authenticate(session)
         return (*_admit(gw, session, caller, spec), caller.real_identity)
 

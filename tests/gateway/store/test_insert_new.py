@@ -1,4 +1,4 @@
-"""db.insert_new and submission_rows.insert_submission: a submission's rows go in through Core (on SQLite as one
+"""db.insert_new and submission_rows.insert_submission: a submission's rows go in through Core (as one
 statement), and the objects read as the stored rows do."""
 
 from __future__ import annotations
