@@ -36,6 +36,10 @@ ROW = 1
 POLICY = "policy"  # signal kinds
 BINDINGS = "bindings"
 _NAMED = f"SELECT policy_hash, bindings_version FROM {PolicyState.__tablename__} WHERE id = {ROW}"
+# The same two values as columns of another statement (a submission's first facts, gateway/jobs/submission.py).
+NAMED_COLUMNS = tuple(select(column).where(PolicyState.id == ROW).scalar_subquery().label(column.key)
+                      for column in (PolicyState.policy_hash, PolicyState.bindings_version))
+_READ_AHEAD = "policy_state_read_ahead"  # session.info: the row as the caller's statement read it (read_with)
 
 
 class PolicyOutOfStep(GatewayError):
@@ -63,8 +67,17 @@ class PolicySync:
     def enabled(self) -> bool:
         return self.signals.enabled
 
+    def read_with(self, session: Session, row: tuple[str | None, int | None]) -> None:
+        """The caller has just read NAMED_COLUMNS in a statement of its own (one round trip for several reads): the
+        next check in this session takes them from there rather than reading them again."""
+        policy_hash, version = row
+        session.info[_READ_AHEAD] = None if policy_hash is None or version is None else (policy_hash, version)
+
     def named(self, session: Session) -> tuple[str, int] | None:
         """(hash, count of role binding changes) the business database names, or None before any replica did."""
+        if _READ_AHEAD in session.info:  # read once only: a second call (refresh_bindings) reads it again
+            ahead: tuple[str, int] | None = session.info.pop(_READ_AHEAD)
+            return ahead
         # Driver SQL: read before every decision, where the ORM's statement cost several times the read itself.
         row = session.connection().exec_driver_sql(_NAMED).first()
         return None if row is None else (row[0], row[1])

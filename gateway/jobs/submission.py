@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import String, bindparam, cast, exists, func, select
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from gateway.decisions.facts import holds_on
 from gateway.decisions.pipeline import Recorded, decide, durable
+from gateway.decisions.policy_sync import NAMED_COLUMNS
 from gateway.decisions.verdict import refuse_unless_allowed
 from gateway.errors import Invalid, LedgerUnavailable
 from gateway.identity.auth import Caller
@@ -23,6 +25,7 @@ from gateway.jobs.quotas import admission_problems
 from gateway.schemas import JobSubmit
 from gateway.store.db import transient
 from gateway.store.models import Job, Node, Principal, Project
+from gateway.store.stop_tables import EmergencyHold
 from gateway.store.submission_rows import insert_submission
 from ledger.errors import LedgerError
 from scheduler.admission import precheck
@@ -35,22 +38,40 @@ def new_job_id(now: datetime) -> str:
     return f"j-{int(now.timestamp() * 1000):011x}{secrets.token_hex(4)}"
 
 
-_NODE = Node.__table__.c
-_SHAPE = select(_NODE.gpus, func.count()).where(_NODE.gpus > 0).group_by(_NODE.gpus)
-
-
-def cluster_shape(session: Session) -> list[int]:
-    """GPU counts of every registered node (lost ones too: they are expected back).
-
-    Read grouped by size on every submission: a thousand nodes come back as a handful of rows."""
-    return [gpus for gpus, count in session.connection().execute(_SHAPE) for _ in range(count)]
-
-
 # Submissions are the hottest path: these reads go through Core, without the ORM's identity map and objects.
 _PROJECT = Project.__table__.c
 _PRINCIPAL = Principal.__table__.c
+_NODE = Node.__table__.c
 _ORGANISATION = select(_PROJECT.organisation).where(_PROJECT.id == bindparam("id"))
 _KIND = select(_PRINCIPAL.kind).where(_PRINCIPAL.id == bindparam("id"))
+# The cluster's shape as "gpus:nodes,..." (one per node size: a thousand nodes are a handful of sizes).
+_SIZES = select(_NODE.gpus, func.count().label("nodes")).where(_NODE.gpus > 0).group_by(_NODE.gpus).subquery()
+_SHAPE = select(func.aggregate_strings(cast(_SIZES.c.gpus, String) + ":" + cast(_SIZES.c.nodes, String), ","))
+# A submission's first facts in one statement, one round trip on PostgreSQL rather than four: the project's
+# organisation, whether any emergency hold is in force, the cluster's shape and, where replicas share the
+# database, the policy set it names (PolicySync.read_with).
+_FACTS = select(
+    _ORGANISATION.scalar_subquery().label("organisation"),
+    exists().where(EmergencyHold.lifted_at.is_(None)).label("held"),
+    _SHAPE.scalar_subquery().label("shape"),
+)
+_FACTS_OF_REPLICAS = _FACTS.add_columns(*NAMED_COLUMNS)
+
+
+@dataclass(frozen=True)
+class _Facts:
+    organisation: str | None  # None: no such project
+    held: bool  # some emergency hold is in force (which ones, and whether they cover the job: holds_on)
+    shape: list[int]  # GPU counts of every registered node (lost ones too: they are expected back)
+
+
+def _first_facts(gw: Jobs, session: Session, project: str) -> _Facts:
+    replicas = gw.policy_sync.enabled
+    row = session.connection().execute(_FACTS_OF_REPLICAS if replicas else _FACTS, {"id": project}).one()
+    if replicas:
+        gw.policy_sync.read_with(session, (row.policy_hash, row.bindings_version))
+    sizes = (size.split(":") for size in row.shape.split(",")) if row.shape else ()
+    return _Facts(row.organisation, bool(row.held), [int(gpus) for gpus, nodes in sizes for _ in range(int(nodes))])
 
 
 def _organisation(session: Session, project: str) -> str | None:
@@ -132,7 +153,8 @@ def _admit(gw: Jobs, session: Session, caller: Caller, spec: JobSubmit) -> tuple
     """Validate, decide and build the job row (not yet added): (job, decision, problems). The decision is
     queued in the ledger, not yet durable. Unless it allows, there is no job; if it allows, `problems` says
     why the job could never run here (then there is no job either)."""
-    organisation = _organisation(session, spec.project)
+    facts = _first_facts(gw, session, spec.project)
+    organisation = facts.organisation
     if organisation is None:
         raise Invalid(f"unknown project {spec.project!r}")
     owner_id = spec.owner or caller.real_identity
@@ -156,14 +178,14 @@ def _admit(gw: Jobs, session: Session, caller: Caller, spec: JobSubmit) -> tuple
     job_id = new_job_id(now)
     # The policy sees the facts it judges; the full spec is kept beside the decision in the ledger.
     params: dict[str, Any] = {"job_id": job_id, "queue": spec.queue, "gpus": spec.gpus_per_node * spec.nodes}
-    if holds := holds_on(session, workload=spec.workload, environment=spec.environment, labels=spec.labels):
+    if facts.held and (holds := holds_on(session, workload=spec.workload, environment=spec.environment,
+                                         labels=spec.labels)):
         params["emergency_holds"] = holds  # C2: the scope of an emergency stop is closed to new jobs
     rec = decide(gw, session, caller, "job.submit", project=spec.project, params=params,
                  context={"spec": spec.model_dump(mode="json", exclude_defaults=True)}, wait=False)
     if rec.decision.effect != "allow":
         return None, rec, []
-    shape = cluster_shape(session)
-    problems = precheck(spec.gpus_per_node, spec.nodes, shape) if shape else []
+    problems = precheck(spec.gpus_per_node, spec.nodes, facts.shape) if facts.shape else []
     problems += admission_problems(session, gw.clock(), project=spec.project, owner=owner_id,  # Q1 quotas, mounts
                                    gpus=spec.gpus_per_node * spec.nodes, mounts=spec.mounts, datasets=spec.datasets,
                                    submitter=caller.real_identity, stoppable=spec.stoppable)
