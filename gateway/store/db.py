@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from psycopg.pq import ConnStatus
-from sqlalchemy import ColumnDefault, Connection, Engine, Insert, Table, create_engine, event, text
+from sqlalchemy import ColumnDefault, Connection, Engine, Table, create_engine, event, text
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -106,26 +106,7 @@ def sqlalchemy_url(url: str) -> str:
 
 T = TypeVar("T")
 
-_INSERTS: dict[Table, Insert] = {}
 _GATEWAY_LOCK = 7305617  # advisory lock key of the gateway processes on a business database (see Database.claim)
-
-
-def insert_new(session: Session, *objects: Any) -> None:
-    """INSERT new ORM objects with one Core statement each, in the given order, without adding them to
-    the session.
-
-    For the hottest write (a submission's rows), where the unit of work's flush costs more than the
-    inserts themselves. Column defaults are filled into each object first, so it reads as its stored row
-    would; an autoincrement key left unset is assigned by the database and not read back. The objects stay
-    outside the session: to change one later, load it.
-    """
-    conn = session.connection()
-    for obj in objects:
-        table: Table = obj.__table__
-        statement = _INSERTS.get(table)
-        if statement is None:
-            statement = _INSERTS[table] = table.insert()
-        conn.execute(statement, row_values(obj))
 
 
 def transient(model: Callable[..., T], **values: Any) -> T:
@@ -133,7 +114,7 @@ def transient(model: Callable[..., T], **values: Any) -> T:
     `model(**values)` makes once row_values has filled its defaults in, built without the ORM's event per
     attribute set (a job: 8 µs against 47 µs; a submission builds three such objects). Nothing is validated
     or converted on the way, as the ORM's constructor does not either (the mapped classes declare no
-    validators). The object may be inserted (insert_new) or added to a session like any other."""
+    validators). The object may be inserted with row_values or added to a session like any other."""
     obj = cast(Any, model).__mapper__.class_manager.new_instance()
     fields = obj.__dict__  # what a set attribute writes to; the ORM's instance state lives beside it
     fields.update(values)

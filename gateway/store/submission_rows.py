@@ -9,10 +9,10 @@ lock instead of five. The ledger's batches are written the same way (ledger/stor
 Idempotency-Key has its key's row marked acted by that statement too, as a write transaction would mark it
 (gateway/store/idempotency.py).
 
-On PostgreSQL the statement is the three INSERTs, two of them as data-modifying CTEs (`_PG_INSERT`): with the
-pool's ping, two round trips in autocommit mode rather than six (ping, BEGIN, three INSERTs, COMMIT), each of which
-a replica's worker thread waited for and then waited again for the interpreter lock. With an Idempotency-Key it
-runs in a transaction that marks the key's row first.
+On PostgreSQL the statement is the three INSERTs, two of them as data-modifying CTEs (`_PG_INSERT`): one round
+trip in autocommit mode rather than six (the pool's ping, BEGIN, three INSERTs, COMMIT), each of which a replica's
+worker thread waited for and then waited again for the interpreter lock. With an Idempotency-Key it runs in a
+transaction that marks the key's row first.
 
 The view and its trigger are generated from the three tables' columns when the schema is created, so a
 column added to a model is written without touching this file.
@@ -86,8 +86,8 @@ def add_submission_view(connection: Connection) -> None:
 
 
 def insert_submission(db: Database, job: Job, sched: SchedJob, change: PriorityChange) -> None:
-    """Insert a new job's rows in a transaction of their own (db.insert_new's conventions: defaults filled into
-    the objects, which stay outside any session). Raises SQLAlchemy's errors."""
+    """Insert a new job's rows in a transaction of their own (row_values' conventions: defaults filled into the
+    objects, which stay outside any session). Raises SQLAlchemy's errors."""
     claim = idempotency.CURRENT.get()
     values: dict[str, Any] = {}
     for keys, obj in zip(_KEYS, (job, sched, change), strict=True):
