@@ -539,13 +539,15 @@ FAILOVER_TARGET_S = 5.0
 def bench_failover(server: str, kills: int) -> dict[str, Any]:
     _here = Path(__file__).resolve().parent
     sys.path[:0] = [str(_here.parent / "tests"), str(_here.parent / "tests" / "e2e")]
-    from replicas_testkit import Replicas, failover
+    from replicas_testkit import Replicas, failover, seed_demo_without_agents
 
     from gateway.leadership import RETRY_S
 
     urls = [fresh_database(server), fresh_database(server)]
     tmp = Path(tempfile.mkdtemp(prefix="jobgate-failover-"))
     replicas = Replicas(tmp / "var", *urls)
+    # The demo's tokens, without its agents: /readyz tells the leader's epoch and times only to a valid token.
+    seed_demo_without_agents(tmp / "var", *urls)
     rounds: list[dict[str, float]] = []
     try:
         leader = replicas.start(demo=False)
