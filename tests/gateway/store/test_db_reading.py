@@ -4,33 +4,17 @@ transaction (no BEGIN and COMMIT round trips); on SQLite it is a read transactio
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text
 
 from gateway.store.db import Database
 from gateway.store.models import Principal
-from gateway.store.schema import create_schema
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/biz.db"
-    else:
-        make: Callable[[str], str] = request.getfixturevalue("fresh_pg_database")
-        url = make("jobgate_reading")
-    database = Database(url)
-    create_schema(database.engine)
-    with database.transaction() as session:
-        session.add(Principal(id="alice", kind="person", display_name="Alice", created_at=NOW))
-    yield database
-    database.close()
 
 
 def test_a_reading_session_reads_what_is_committed(db: Database) -> None:

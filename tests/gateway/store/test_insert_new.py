@@ -3,9 +3,7 @@ statement), and the objects read as the stored rows do."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from gateway.store import idempotency
 from gateway.store.db import Database, row_values, transient
-from gateway.store.models import Job, Principal, Project
+from gateway.store.models import Job
 from gateway.store.scheduler_tables import PriorityChange, SchedJob
 from gateway.store.schema import create_schema
 from gateway.store.submission_rows import insert_submission
@@ -23,20 +21,6 @@ from gateway.store.submission_rows import insert_submission
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path}/biz.db"
-    else:
-        make: Callable[[str], str] = request.getfixturevalue("fresh_pg_database")
-        url = make("jobgate_insert")
-    database = Database(url)
-    create_schema(database.engine)
-    with database.transaction() as session:
-        session.add(Principal(id="alice", kind="person", display_name="Alice", created_at=NOW))
-        session.add(Project(id="vision", organisation="acme"))
-    yield database
-    database.close()
 
 
 
